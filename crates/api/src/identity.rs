@@ -1,0 +1,68 @@
+//! Who wrote: identities, their role and their author class.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Whether a change came from a person or from a controller. History filters
+/// (`--external`, `--system`) select on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthorClass {
+    /// A person: an operator or a user.
+    External,
+    /// A controller or a node agent acting on its own.
+    System,
+}
+
+impl AuthorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthorClass::External => "external",
+            AuthorClass::System => "system",
+        }
+    }
+}
+
+/// What an identity may do; authorization rules key on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A person with every right, including policies and tokens.
+    Operator,
+    /// A person limited to namespaced objects.
+    User,
+    /// A controller: writes only the fields it owns.
+    Controller,
+    /// A node agent: its own Node and the pods bound to it.
+    Node,
+}
+
+impl Role {
+    /// People are external authors; controllers and nodes are system authors.
+    pub fn author_class(self) -> AuthorClass {
+        match self {
+            Role::Operator | Role::User => AuthorClass::External,
+            Role::Controller | Role::Node => AuthorClass::System,
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct Identity {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Identity {
+    pub fn new(name: impl Into<String>, role: Role) -> Self {
+        Identity {
+            name: name.into(),
+            role,
+        }
+    }
+
+    pub fn class(&self) -> AuthorClass {
+        self.role.author_class()
+    }
+}

@@ -1,0 +1,40 @@
+//! Typed specs and statuses of every kind.
+//!
+//! Specs reject unknown fields so that a typo is an error, not a silently
+//! ignored setting. Statuses are written by controllers and agents and are
+//! read leniently.
+
+mod controller;
+mod node;
+mod pinned;
+mod pod;
+mod policy;
+mod vm;
+
+pub use controller::{ControllerSpec, StepRegistration};
+pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus};
+pub use pinned::{
+    PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, Templates,
+    TemplateMeta, VersionStatus,
+};
+pub use pod::{
+    Availability, Container, ContainerState, ContainerStatus, EmptyDir, ExecProbe, HttpProbe,
+    LocalVolume, Mount, Placement, PluginVolume, PodPhase, PodSpec, PodStatus, Probe, Resources,
+    RestartPolicy, RollbackPolicy, RuntimeClass, SecurityRequest, TcpProbe, Volume,
+};
+pub use policy::PolicySpec;
+pub use vm::{BootSource, VirtualMachineSpec, VmDisk};
+
+use crate::meta::Kind;
+
+/// The JSON schema of a kind's spec, for the OpenAPI document.
+pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    match kind {
+        Kind::Pod => generator.subschema_for::<PodSpec>(),
+        Kind::Node => generator.subschema_for::<NodeSpec>(),
+        Kind::PinnedDeployment => generator.subschema_for::<PinnedDeploymentSpec>(),
+        Kind::Policy => generator.subschema_for::<PolicySpec>(),
+        Kind::Controller => generator.subschema_for::<ControllerSpec>(),
+        Kind::VirtualMachine => generator.subschema_for::<VirtualMachineSpec>(),
+    }
+}

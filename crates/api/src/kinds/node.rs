@@ -1,0 +1,66 @@
+//! `kind: Node` — a machine running the corral agent.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::kinds::RuntimeClass;
+use crate::quantity::{Cpu, Memory};
+
+/// What operators may set on a node; labels live in `metadata.labels`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSpec {
+    /// No new pods are placed on an unschedulable node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unschedulable: bool,
+}
+
+/// What the node agent and the node-lifecycle controller report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    #[serde(default)]
+    pub phase: NodePhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The node's /64 of the cluster prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub capacity: NodeCapacity,
+    #[serde(default)]
+    pub runtimes: Vec<RuntimeClass>,
+    /// Kernel and host features (`kvm`, `apparmor`, …) and whether each is usable.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub features: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent_since: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCapacity {
+    #[serde(default)]
+    pub cpu: Cpu,
+    #[serde(default)]
+    pub memory: Memory,
+    #[serde(default)]
+    pub pods: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NodePhase {
+    /// Registered, join workflow not finished.
+    #[default]
+    Joining,
+    Ready,
+    /// Missed heartbeats; pods stay bound (ha pods move after the grace).
+    Silent,
+    /// Declared gone by an operator or after `lost_after`.
+    Lost,
+}

@@ -1,0 +1,45 @@
+//! `kind: VirtualMachine` — a QEMU guest scheduled, versioned and explained
+//! like a pod.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::kinds::{Availability, Placement};
+use crate::quantity::Memory;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VirtualMachineSpec {
+    pub cpus: u32,
+    pub memory: Memory,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<VmDisk>,
+    pub boot: BootSource,
+    #[serde(default)]
+    pub availability: Availability,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmDisk {
+    /// A `local` volume holding the disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// A qcow2 image from the image store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BootSource {
+    /// A kernel from the image store; absent means boot from the disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+}

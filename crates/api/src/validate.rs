@@ -1,0 +1,423 @@
+//! Validation of objects: the typed spec of the kind must decode (so unknown
+//! fields and wrong types are refused with their path) and every semantic
+//! rule must hold. Errors name the field path and what was expected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::kinds::{
+    ControllerSpec, NodeSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe,
+    VirtualMachineSpec,
+};
+use crate::meta::Kind;
+use crate::object::Object;
+
+/// One broken rule: where, and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub struct FieldError {
+    pub path: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Collects errors under a path prefix.
+#[derive(Debug, Default)]
+struct Checker {
+    errors: Vec<FieldError>,
+}
+
+impl Checker {
+    fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(FieldError::new(path, message));
+    }
+
+    fn dns_label(&mut self, path: &str, value: &str) {
+        if value.is_empty() {
+            self.fail(path, "is required");
+        } else if !is_dns_label(value) {
+            self.fail(
+                path,
+                format!(
+                    "{value:?} is not a valid name: expected at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+                ),
+            );
+        }
+    }
+
+    fn non_empty(&mut self, path: &str, value: &str) {
+        if value.trim().is_empty() {
+            self.fail(path, "must not be empty");
+        }
+    }
+
+    fn labels(&mut self, path: &str, labels: &BTreeMap<String, String>) {
+        for key in labels.keys() {
+            if !is_label_key(key) {
+                self.fail(
+                    format!("{path}.{key}"),
+                    "invalid label key: expected letters, digits, '-', '_', '.' and at most one '/'",
+                );
+            }
+        }
+    }
+}
+
+/// Whether `value` is a DNS-1123 label.
+pub fn is_dns_label(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+fn is_label_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key.matches('/').count() <= 1
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+}
+
+/// Validates an object of any kind; all broken rules are reported together.
+pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
+    let mut checker = Checker::default();
+    checker.dns_label("metadata.name", &object.metadata.name);
+    match (&object.metadata.namespace, object.kind.is_namespaced()) {
+        (Some(namespace), true) => checker.dns_label("metadata.namespace", namespace),
+        (Some(namespace), false) if !namespace.is_empty() => checker.fail(
+            "metadata.namespace",
+            format!("{} objects are cluster-wide and take no namespace", object.kind),
+        ),
+        _ => {}
+    }
+    checker.labels("metadata.labels", &object.metadata.labels);
+    checker.labels("metadata.annotations", &object.metadata.annotations);
+    match object.kind {
+        Kind::Pod => {
+            if let Some(spec) = decode_spec::<PodSpec>(&mut checker, &object.spec) {
+                check_pod(&mut checker, "spec", &spec);
+            }
+        }
+        Kind::Node => {
+            decode_spec::<NodeSpec>(&mut checker, &object.spec);
+        }
+        Kind::PinnedDeployment => {
+            if let Some(spec) = decode_spec::<PinnedDeploymentSpec>(&mut checker, &object.spec) {
+                check_pinned(&mut checker, &spec);
+            }
+        }
+        Kind::Policy => {
+            if let Some(spec) = decode_spec::<PolicySpec>(&mut checker, &object.spec) {
+                check_policy(&mut checker, &spec);
+            }
+        }
+        Kind::Controller => {
+            if let Some(spec) = decode_spec::<ControllerSpec>(&mut checker, &object.spec) {
+                check_controller(&mut checker, &spec);
+            }
+        }
+        Kind::VirtualMachine => {
+            if let Some(spec) = decode_spec::<VirtualMachineSpec>(&mut checker, &object.spec) {
+                check_vm(&mut checker, &spec);
+            }
+        }
+    }
+    if checker.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(checker.errors)
+    }
+}
+
+fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Value) -> Option<T> {
+    let spec = if spec.is_null() {
+        Value::Object(Default::default())
+    } else {
+        spec.clone()
+    };
+    match serde_path_to_error::deserialize::<_, T>(spec) {
+        Ok(typed) => Some(typed),
+        Err(error) => {
+            let inner = error.path().to_string();
+            let path = if inner == "." {
+                "spec".to_string()
+            } else {
+                format!("spec.{inner}")
+            };
+            checker.fail(path, error.into_inner().to_string());
+            None
+        }
+    }
+}
+
+fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
+    if spec.containers.is_empty() {
+        checker.fail(format!("{prefix}.containers"), "must hold at least one container");
+    }
+    let mut volume_names = BTreeSet::new();
+    for (index, volume) in spec.volumes.iter().enumerate() {
+        let path = format!("{prefix}.volumes[{index}]");
+        checker.dns_label(&format!("{path}.name"), &volume.name);
+        if !volume_names.insert(volume.name.as_str()) {
+            checker.fail(format!("{path}.name"), format!("duplicate volume name {:?}", volume.name));
+        }
+        let sources = [
+            volume.empty_dir.is_some(),
+            volume.local.is_some(),
+            volume.plugin.is_some(),
+        ];
+        if sources.iter().filter(|set| **set).count() != 1 {
+            checker.fail(path, "must set exactly one of emptyDir, local or plugin");
+        }
+    }
+    let mut container_names = BTreeSet::new();
+    for (index, container) in spec.containers.iter().enumerate() {
+        let path = format!("{prefix}.containers[{index}]");
+        checker.dns_label(&format!("{path}.name"), &container.name);
+        if !container_names.insert(container.name.as_str()) {
+            checker.fail(
+                format!("{path}.name"),
+                format!("duplicate container name {:?}", container.name),
+            );
+        }
+        checker.non_empty(&format!("{path}.image"), &container.image);
+        for (port_index, port) in container.ports.iter().enumerate() {
+            if *port == 0 {
+                checker.fail(format!("{path}.ports[{port_index}]"), "must be between 1 and 65535");
+            }
+        }
+        for (name, probe) in [("readiness", &container.readiness), ("liveness", &container.liveness)] {
+            if let Some(probe) = probe {
+                check_probe(checker, &format!("{path}.{name}"), probe);
+            }
+        }
+        for (mount_index, mount) in container.mounts.iter().enumerate() {
+            let mount_path = format!("{path}.mounts[{mount_index}]");
+            if !volume_names.contains(mount.volume.as_str()) {
+                checker.fail(
+                    format!("{mount_path}.volume"),
+                    format!("no volume named {:?} in {prefix}.volumes", mount.volume),
+                );
+            }
+            if !mount.path.starts_with('/') {
+                checker.fail(format!("{mount_path}.path"), "must be an absolute path");
+            }
+        }
+    }
+}
+
+fn check_probe(checker: &mut Checker, path: &str, probe: &Probe) {
+    let kinds = [probe.exec.is_some(), probe.http.is_some(), probe.tcp.is_some()];
+    if kinds.iter().filter(|set| **set).count() != 1 {
+        checker.fail(path, "must set exactly one of exec, http or tcp");
+    }
+    if let Some(exec) = &probe.exec {
+        if exec.command.is_empty() {
+            checker.fail(format!("{path}.exec.command"), "must not be empty");
+        }
+    }
+}
+
+fn check_pinned(checker: &mut Checker, spec: &PinnedDeploymentSpec) {
+    if spec.replicas_percent_next > 100 {
+        checker.fail("spec.replicasPercentNext", "must be between 0 and 100");
+    }
+    if spec.selector.is_empty() {
+        checker.fail("spec.selector", "must hold at least one label");
+    }
+    checker.labels("spec.selector", &spec.selector);
+    for (name, template) in [("previous", &spec.templates.previous), ("next", &spec.templates.next)] {
+        let prefix = format!("spec.templates.{name}");
+        for (key, value) in &spec.selector {
+            if template.metadata.labels.get(key) != Some(value) {
+                checker.fail(
+                    format!("{prefix}.metadata.labels"),
+                    format!("must include the selector's label {key}={value}"),
+                );
+            }
+        }
+        check_pod(checker, &format!("{prefix}.spec"), &template.spec);
+    }
+}
+
+fn check_policy(checker: &mut Checker, spec: &PolicySpec) {
+    if spec.namespaces.is_empty() {
+        checker.fail("spec.namespaces", "must name at least one namespace");
+    }
+    for (index, namespace) in spec.namespaces.iter().enumerate() {
+        if namespace != "*" {
+            checker.dns_label(&format!("spec.namespaces[{index}]"), namespace);
+        }
+    }
+    for (index, grant) in spec.grant.iter().enumerate() {
+        checker.non_empty(&format!("spec.grant[{index}]"), grant);
+    }
+}
+
+fn check_controller(checker: &mut Checker, spec: &ControllerSpec) {
+    for (field, paths) in [("owns", &spec.owns), ("reads", &spec.reads)] {
+        for (index, path) in paths.iter().enumerate() {
+            let valid = path
+                .split_once(':')
+                .is_some_and(|(kind, field)| kind.parse::<Kind>().is_ok() && !field.is_empty());
+            if !valid {
+                checker.fail(
+                    format!("spec.{field}[{index}]"),
+                    format!("{path:?} is not a field path: expected Kind:path like Pod:status.node"),
+                );
+            }
+        }
+    }
+    for (index, step) in spec.steps.iter().enumerate() {
+        let path = format!("spec.steps[{index}]");
+        if !step.name.split_once('/').is_some_and(|(o, v)| !o.is_empty() && !v.is_empty()) {
+            checker.fail(format!("{path}.name"), "expected owner/verb, like acme/inject-sidecar");
+        }
+        if step.kind.parse::<Kind>().is_err() {
+            checker.fail(format!("{path}.kind"), format!("unknown kind {:?}", step.kind));
+        }
+        if let Some(timeout) = &step.timeout {
+            if humantime::parse_duration(timeout).is_err() {
+                checker.fail(format!("{path}.timeout"), "expected a duration like 30s or 10m");
+            }
+        }
+    }
+}
+
+fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
+    if spec.cpus == 0 {
+        checker.fail("spec.cpus", "must be at least 1");
+    }
+    if spec.memory.bytes < (16 << 20) {
+        checker.fail("spec.memory", "must be at least 16Mi");
+    }
+    if spec.boot.kernel.is_none() && spec.disk.is_none() {
+        checker.fail("spec.boot", "needs a kernel, or a disk to boot from");
+    }
+    if let Some(disk) = &spec.disk {
+        if disk.volume.is_some() == disk.image.is_some() {
+            checker.fail("spec.disk", "must set exactly one of volume or image");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(spec: Value) -> Object {
+        Object::new(Kind::Pod, None, "web", spec)
+    }
+
+    fn messages(object: &Object) -> Vec<String> {
+        validate_object(object)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn valid_pod_passes() {
+        let object = pod(json!({
+            "containers": [{"name": "web", "image": "busybox", "mounts": [{"volume": "data", "path": "/data"}],
+                            "readiness": {"http": {"port": 8080}}}],
+            "volumes": [{"name": "data", "emptyDir": {}}]
+        }));
+        assert_eq!(messages(&object), Vec::<String>::new());
+    }
+
+    #[test]
+    fn pod_rules_name_their_paths() {
+        let object = pod(json!({
+            "containers": [
+                {"name": "Web", "image": "busybox", "mounts": [{"volume": "nope", "path": "data"}]},
+                {"name": "Web", "image": " ", "readiness": {}}
+            ],
+            "volumes": [{"name": "data"}]
+        }));
+        let errors = messages(&object);
+        for expected in [
+            "spec.containers[0].name: \"Web\" is not a valid name",
+            "spec.containers[1].name: duplicate container name",
+            "spec.containers[1].image: must not be empty",
+            "spec.containers[1].readiness: must set exactly one of exec, http or tcp",
+            "spec.containers[0].mounts[0].volume: no volume named \"nope\"",
+            "spec.containers[0].mounts[0].path: must be an absolute path",
+            "spec.volumes[0]: must set exactly one of emptyDir, local or plugin",
+        ] {
+            assert!(errors.iter().any(|e| e.starts_with(expected)), "missing {expected:?} in {errors:#?}");
+        }
+    }
+
+    #[test]
+    fn cluster_wide_kinds_refuse_namespaces() {
+        let mut node = Object::new(Kind::Node, None, "node-1", json!({}));
+        node.metadata.namespace = Some("default".into());
+        assert!(messages(&node)[0].starts_with("metadata.namespace: Node objects are cluster-wide"));
+    }
+
+    #[test]
+    fn pinned_templates_must_carry_the_selector() {
+        let object = Object::new(
+            Kind::PinnedDeployment,
+            None,
+            "web",
+            json!({
+                "replicas": 4, "replicasPercentNext": 101, "selector": {"app": "web"},
+                "templates": {
+                    "previous": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+                    "next": {"metadata": {"labels": {}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+                }
+            }),
+        );
+        let errors = messages(&object);
+        assert!(errors.iter().any(|e| e.starts_with("spec.replicasPercentNext")), "{errors:?}");
+        assert!(
+            errors.iter().any(|e| e.starts_with("spec.templates.next.metadata.labels: must include the selector's label app=web")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn controller_paths_and_steps_are_checked() {
+        let object = Object::new(
+            Kind::Controller,
+            None,
+            "acme",
+            json!({"owns": ["status.node"], "steps": [{"name": "inject", "kind": "Pod", "workflow": "start", "timeout": "soon"}]}),
+        );
+        let errors = messages(&object);
+        assert!(errors.iter().any(|e| e.starts_with("spec.owns[0]")), "{errors:?}");
+        assert!(errors.iter().any(|e| e.starts_with("spec.steps[0].name")), "{errors:?}");
+        assert!(errors.iter().any(|e| e.starts_with("spec.steps[0].timeout")), "{errors:?}");
+    }
+}

@@ -1,0 +1,1 @@
+//! Workflow data types (stub, owned by the workflow work).

@@ -1,0 +1,1 @@
+//! corral-client (stub)

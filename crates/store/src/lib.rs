@@ -1,0 +1,213 @@
+//! corral's store: objects, revisions, authored history and watch.
+//!
+//! The [`Store`] trait is what the API server programs against. It is shaped
+//! so that both the embedded SQLite implementation ([`sqlite::SqliteStore`])
+//! and a later etcd implementation fit: every write gets a cluster-wide,
+//! monotonically increasing store revision (the object's `resourceVersion`,
+//! like etcd's `mod_revision`), updates are compare-and-swap on it, and watch
+//! replays every change after a given store revision.
+//!
+//! The store decides nothing about *who* may write: authentication, admission
+//! and field ownership happen in the server before a call reaches it. It
+//! does decide what a spec revision is: a write whose spec differs from the
+//! stored one bumps `metadata.revision` and appends a history record; a
+//! status-only write does not.
+
+pub mod codec;
+pub mod sqlite;
+
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use corral_api::history::CompactionPolicy;
+use corral_api::{AuthorClass, HistoryQuery, Identity, Kind, Object, ObjectKey, RevisionRecord};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+
+/// Who makes a change, why, and when. Time is passed in so that stores stay
+/// deterministic under test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeMeta {
+    pub author: String,
+    pub class: AuthorClass,
+    pub message: String,
+    pub time: DateTime<Utc>,
+}
+
+/// What happened to an object in a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change, as watchers see it. For `Deleted`, `object` is the last state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub object: Object,
+}
+
+impl WatchEvent {
+    /// The store revision of this change.
+    pub fn resource_version(&self) -> u64 {
+        self.object.metadata.resource_version
+    }
+}
+
+/// Which objects a watch follows; `None` means any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchFilter {
+    pub kind: Option<Kind>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+impl WatchFilter {
+    pub fn admits(&self, object: &Object) -> bool {
+        let key = object.key();
+        self.kind.is_none_or(|kind| kind == key.kind)
+            && self.namespace.as_ref().is_none_or(|ns| *ns == key.namespace)
+            && self.name.as_ref().is_none_or(|name| *name == key.name)
+    }
+}
+
+/// A stream of changes in store-revision order.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
+
+/// The objects of a list and the store revision they were read at; a watch
+/// started from that revision misses nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListResult {
+    pub objects: Vec<Object>,
+    pub resource_version: u64,
+}
+
+/// Sizes of the stored history, to check that compression pays.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistorySize {
+    pub revisions: u64,
+    /// Bytes of the specs as stored (encoded).
+    pub stored_bytes: u64,
+    /// Bytes the same specs take as full JSON copies.
+    pub raw_bytes: u64,
+}
+
+/// What a compaction removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionReport {
+    pub revisions_removed: u64,
+}
+
+/// A stored bearer token: only its hash is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    /// Hex SHA-256 of the token.
+    pub hash: String,
+    pub identity: Identity,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Everything that can go wrong in a store. Variants are what callers branch
+/// on; the server maps each to one HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{key} not found")]
+    NotFound { key: ObjectKey },
+    #[error("{key} already exists")]
+    AlreadyExists { key: ObjectKey },
+    #[error(
+        "{key} was changed by someone else: resourceVersion {expected} is stale, the current one is {actual}; get the object again and reapply"
+    )]
+    Conflict {
+        key: ObjectKey,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("revision {revision} of {key} is not in history (kept: {kept})")]
+    RevisionNotFound {
+        key: ObjectKey,
+        revision: u64,
+        kept: String,
+    },
+    #[error("watch from resourceVersion {requested} is no longer possible: changes up to {compacted} were compacted; list again")]
+    Expired { requested: u64, compacted: u64 },
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("sqlite")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("store task failed")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("store backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The cluster's source of truth. See the crate docs for the contract.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The newest store revision (0 for an empty store).
+    async fn current_revision(&self) -> Result<u64, StoreError>;
+
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Object>, StoreError>;
+
+    /// Objects of a kind, in one namespace or all (`None`), sorted by
+    /// namespace then name.
+    async fn list(&self, kind: Kind, namespace: Option<&str>) -> Result<ListResult, StoreError>;
+
+    /// Stores a new object. The caller sets `metadata.uid` and
+    /// `metadata.createdAt`; the store sets `revision` to 1 and
+    /// `resourceVersion`, and records revision 1 in history.
+    async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError>;
+
+    /// Replaces an object if its current `resourceVersion` is `expected`.
+    /// `uid`, `createdAt` and `revision` are kept from the stored object; a
+    /// changed spec bumps `revision` and appends a history record.
+    async fn update(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+    ) -> Result<Object, StoreError>;
+
+    /// Removes an object, if `expected` is given only at that
+    /// `resourceVersion`. History keeps a record of the deletion.
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        expected: Option<u64>,
+        change: &ChangeMeta,
+    ) -> Result<Object, StoreError>;
+
+    /// Every change after store revision `after` that passes the filter,
+    /// then live changes, in order, until the stream is dropped.
+    async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError>;
+
+    /// The revisions of the object at `key` (the live one, or the last one
+    /// deleted under that key), oldest first, without specs.
+    async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError>;
+
+    /// One revision with its spec.
+    async fn revision(&self, key: &ObjectKey, revision: u64)
+    -> Result<RevisionRecord, StoreError>;
+
+    /// Cluster-wide history, oldest first, without specs.
+    async fn query_history(&self, query: &HistoryQuery)
+    -> Result<Vec<RevisionRecord>, StoreError>;
+
+    /// Drops revisions the policy does not keep; never an object's current one.
+    async fn compact_history(
+        &self,
+        policy: CompactionPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<CompactionReport, StoreError>;
+
+    async fn history_size(&self) -> Result<HistorySize, StoreError>;
+
+    async fn put_token(&self, token: TokenRecord) -> Result<(), StoreError>;
+
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
+}
