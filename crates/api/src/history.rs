@@ -50,8 +50,8 @@ impl HistoryQuery {
     /// Whether a record passes the author and class filters (time and kind
     /// are applied by the store's index).
     pub fn admits(&self, record: &RevisionRecord) -> bool {
-        (self.authors.is_empty() || self.authors.iter().any(|a| *a == record.author))
-            && !self.exclude_authors.iter().any(|a| *a == record.author)
+        (self.authors.is_empty() || self.authors.contains(&record.author))
+            && !self.exclude_authors.contains(&record.author)
             && self.class.is_none_or(|class| class == record.class)
             && self.kind.is_none_or(|kind| kind == record.kind)
             && self.since.is_none_or(|since| record.time >= since)
@@ -69,4 +69,15 @@ pub enum CompactionPolicy {
     Last { count: u64 },
     /// Keep revisions younger than this many seconds.
     For { seconds: u64 },
+}
+
+/// The difference between two revisions of one object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RevisionDiff {
+    pub from: u64,
+    pub to: u64,
+    /// Every changed leaf, by field path.
+    pub changes: Vec<crate::fieldpath::FieldChange>,
+    /// A unified diff of the two specs rendered as YAML.
+    pub unified: String,
 }

@@ -7,6 +7,7 @@
 //! CLI all build on these types, so they must stay plain data plus pure
 //! validation.
 
+pub mod fieldpath;
 pub mod history;
 pub mod identity;
 pub mod kinds;
@@ -16,6 +17,7 @@ pub mod object;
 pub mod quantity;
 pub mod selector;
 pub mod validate;
+pub mod watch;
 pub mod workflow;
 
 pub use history::{HistoryQuery, RevisionRecord};
@@ -24,4 +26,4 @@ pub use manifest::{ManifestError, parse_manifests};
 pub use meta::{Kind, ObjectKey, ObjectMeta, UnknownKind};
 pub use object::Object;
 pub use selector::{LabelSelector, SelectorError};
-pub use validate::{FieldError, validate_object};
+pub use validate::{FieldError, canonical_spec, validate_object};

@@ -114,7 +114,12 @@ fn parse_document(document: usize, value: Value) -> Result<Object, ManifestError
         Some(Value::String(kind)) => kind
             .parse::<Kind>()
             .map_err(|e| refuse(None, vec![FieldError::new("kind", e.to_string())]))?,
-        Some(_) => return Err(refuse(None, vec![FieldError::new("kind", "must be a string")])),
+        Some(_) => {
+            return Err(refuse(
+                None,
+                vec![FieldError::new("kind", "must be a string")],
+            ));
+        }
     };
     let label = name.as_ref().map(|name| format!("{}/{name}", kind.short()));
     let object = decode_object(value).map_err(|e| refuse(label.clone(), vec![e]))?;
@@ -161,17 +166,28 @@ mod tests {
 
     #[test]
     fn errors_name_the_field_path() {
-        let error = error_of("kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: ''}]}\n");
-        assert!(error.contains("spec.containers[0].image: must not be empty"), "{error}");
+        let error = error_of(
+            "kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: ''}]}\n",
+        );
+        assert!(
+            error.contains("spec.containers[0].image: must not be empty"),
+            "{error}"
+        );
 
-        let error = error_of("kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: b, imagee: c}]}\n");
+        let error = error_of(
+            "kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: b, imagee: c}]}\n",
+        );
         assert!(error.contains("spec.containers[0]"), "{error}");
         assert!(error.contains("unknown field `imagee`"), "{error}");
 
-        let error = error_of("kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: b, ports: [http]}]}\n");
+        let error = error_of(
+            "kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: b, ports: [http]}]}\n",
+        );
         assert!(error.contains("spec.containers[0].ports[0]"), "{error}");
 
-        let error = error_of("kind: Pod\nmetadata: {labels: {a: b}}\nspec: {containers: [{name: web, image: b}]}\n");
+        let error = error_of(
+            "kind: Pod\nmetadata: {labels: {a: b}}\nspec: {containers: [{name: web, image: b}]}\n",
+        );
         assert!(error.contains("metadata.name: is required"), "{error}");
 
         let error = error_of("kind: Blob\nmetadata: {name: x}\n");

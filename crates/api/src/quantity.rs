@@ -34,7 +34,10 @@ impl FromStr for Cpu {
         };
         let text = given.trim();
         if let Some(millis) = text.strip_suffix('m') {
-            return millis.parse().map(|millis| Cpu { millis }).map_err(|_| error());
+            return millis
+                .parse()
+                .map(|millis| Cpu { millis })
+                .map_err(|_| error());
         }
         let cores: f64 = text.parse().map_err(|_| error())?;
         if !(cores.is_finite() && cores >= 0.0) {
@@ -48,7 +51,7 @@ impl FromStr for Cpu {
 
 impl fmt::Display for Cpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.millis % 1000 == 0 {
+        if self.millis.is_multiple_of(1000) {
             write!(f, "{}", self.millis / 1000)
         } else {
             write!(f, "{}m", self.millis)
@@ -87,7 +90,8 @@ impl FromStr for Memory {
         let (number, multiplier) = MEMORY_SUFFIXES
             .iter()
             .find_map(|(suffix, multiplier)| {
-                text.strip_suffix(suffix).map(|number| (number, *multiplier))
+                text.strip_suffix(suffix)
+                    .map(|number| (number, *multiplier))
             })
             .unwrap_or((text, 1));
         let number: u64 = number.parse().map_err(|_| error())?;
@@ -101,7 +105,7 @@ impl FromStr for Memory {
 impl fmt::Display for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (suffix, multiplier) in MEMORY_SUFFIXES.iter().take(4).rev() {
-            if self.bytes >= *multiplier && self.bytes % multiplier == 0 {
+            if self.bytes >= *multiplier && self.bytes.is_multiple_of(*multiplier) {
                 return write!(f, "{}{}", self.bytes / multiplier, suffix);
             }
         }

@@ -6,7 +6,9 @@ use std::str::FromStr;
 
 /// A selector string that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid label selector {given:?} at {term:?}: expected key=value, key!=value, key or !key, separated by commas")]
+#[error(
+    "invalid label selector {given:?} at {term:?}: expected key=value, key!=value, key or !key, separated by commas"
+)]
 pub struct SelectorError {
     pub given: String,
     pub term: String,
@@ -43,12 +45,14 @@ impl LabelSelector {
     }
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.requirements.iter().all(|requirement| match requirement {
-            Requirement::Equals(k, v) => labels.get(k) == Some(v),
-            Requirement::NotEquals(k, v) => labels.get(k) != Some(v),
-            Requirement::Exists(k) => labels.contains_key(k),
-            Requirement::Absent(k) => !labels.contains_key(k),
-        })
+        self.requirements
+            .iter()
+            .all(|requirement| match requirement {
+                Requirement::Equals(k, v) => labels.get(k) == Some(v),
+                Requirement::NotEquals(k, v) => labels.get(k) != Some(v),
+                Requirement::Exists(k) => labels.contains_key(k),
+                Requirement::Absent(k) => !labels.contains_key(k),
+            })
     }
 }
 
@@ -71,9 +75,8 @@ impl FromStr for LabelSelector {
             };
             let requirement = if let Some((key, value)) = term.split_once("!=") {
                 Requirement::NotEquals(key.trim().to_string(), value.trim().to_string())
-            } else if let Some((key, value)) = term
-                .split_once("==")
-                .or_else(|| term.split_once('='))
+            } else if let Some((key, value)) =
+                term.split_once("==").or_else(|| term.split_once('='))
             {
                 Requirement::Equals(key.trim().to_string(), value.trim().to_string())
             } else if let Some(key) = term.strip_prefix('!') {

@@ -9,14 +9,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ControllerSpec, NodeSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe,
-    VirtualMachineSpec,
+    ControllerSpec, NodeSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, VirtualMachineSpec,
 };
 use crate::meta::Kind;
 use crate::object::Object;
 
 /// One broken rule: where, and what was expected.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, thiserror::Error,
+)]
 pub struct FieldError {
     pub path: String,
     pub message: String,
@@ -112,7 +113,10 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
         (Some(namespace), true) => checker.dns_label("metadata.namespace", namespace),
         (Some(namespace), false) if !namespace.is_empty() => checker.fail(
             "metadata.namespace",
-            format!("{} objects are cluster-wide and take no namespace", object.kind),
+            format!(
+                "{} objects are cluster-wide and take no namespace",
+                object.kind
+            ),
         ),
         _ => {}
     }
@@ -155,6 +159,30 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
     }
 }
 
+/// The spec in canonical form: decoded into the kind's typed spec and
+/// encoded again, so defaults are explicit and equal specs are equal bytes.
+/// Call it on a validated object; an undecodable spec is returned unchanged.
+pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
+    fn round_trip<T: serde::de::DeserializeOwned + Serialize>(spec: &Value) -> Option<Value> {
+        let typed: T = serde_json::from_value(spec.clone()).ok()?;
+        serde_json::to_value(typed).ok()
+    }
+    let spec = if spec.is_null() {
+        Value::Object(Default::default())
+    } else {
+        spec.clone()
+    };
+    let canonical = match kind {
+        Kind::Pod => round_trip::<PodSpec>(&spec),
+        Kind::Node => round_trip::<NodeSpec>(&spec),
+        Kind::PinnedDeployment => round_trip::<PinnedDeploymentSpec>(&spec),
+        Kind::Policy => round_trip::<PolicySpec>(&spec),
+        Kind::Controller => round_trip::<ControllerSpec>(&spec),
+        Kind::VirtualMachine => round_trip::<VirtualMachineSpec>(&spec),
+    };
+    canonical.unwrap_or(spec)
+}
+
 fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Value) -> Option<T> {
     let spec = if spec.is_null() {
         Value::Object(Default::default())
@@ -178,14 +206,20 @@ fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Val
 
 fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
     if spec.containers.is_empty() {
-        checker.fail(format!("{prefix}.containers"), "must hold at least one container");
+        checker.fail(
+            format!("{prefix}.containers"),
+            "must hold at least one container",
+        );
     }
     let mut volume_names = BTreeSet::new();
     for (index, volume) in spec.volumes.iter().enumerate() {
         let path = format!("{prefix}.volumes[{index}]");
         checker.dns_label(&format!("{path}.name"), &volume.name);
         if !volume_names.insert(volume.name.as_str()) {
-            checker.fail(format!("{path}.name"), format!("duplicate volume name {:?}", volume.name));
+            checker.fail(
+                format!("{path}.name"),
+                format!("duplicate volume name {:?}", volume.name),
+            );
         }
         let sources = [
             volume.empty_dir.is_some(),
@@ -209,10 +243,16 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
         checker.non_empty(&format!("{path}.image"), &container.image);
         for (port_index, port) in container.ports.iter().enumerate() {
             if *port == 0 {
-                checker.fail(format!("{path}.ports[{port_index}]"), "must be between 1 and 65535");
+                checker.fail(
+                    format!("{path}.ports[{port_index}]"),
+                    "must be between 1 and 65535",
+                );
             }
         }
-        for (name, probe) in [("readiness", &container.readiness), ("liveness", &container.liveness)] {
+        for (name, probe) in [
+            ("readiness", &container.readiness),
+            ("liveness", &container.liveness),
+        ] {
             if let Some(probe) = probe {
                 check_probe(checker, &format!("{path}.{name}"), probe);
             }
@@ -233,14 +273,18 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
 }
 
 fn check_probe(checker: &mut Checker, path: &str, probe: &Probe) {
-    let kinds = [probe.exec.is_some(), probe.http.is_some(), probe.tcp.is_some()];
+    let kinds = [
+        probe.exec.is_some(),
+        probe.http.is_some(),
+        probe.tcp.is_some(),
+    ];
     if kinds.iter().filter(|set| **set).count() != 1 {
         checker.fail(path, "must set exactly one of exec, http or tcp");
     }
-    if let Some(exec) = &probe.exec {
-        if exec.command.is_empty() {
-            checker.fail(format!("{path}.exec.command"), "must not be empty");
-        }
+    if let Some(exec) = &probe.exec
+        && exec.command.is_empty()
+    {
+        checker.fail(format!("{path}.exec.command"), "must not be empty");
     }
 }
 
@@ -252,7 +296,10 @@ fn check_pinned(checker: &mut Checker, spec: &PinnedDeploymentSpec) {
         checker.fail("spec.selector", "must hold at least one label");
     }
     checker.labels("spec.selector", &spec.selector);
-    for (name, template) in [("previous", &spec.templates.previous), ("next", &spec.templates.next)] {
+    for (name, template) in [
+        ("previous", &spec.templates.previous),
+        ("next", &spec.templates.next),
+    ] {
         let prefix = format!("spec.templates.{name}");
         for (key, value) in &spec.selector {
             if template.metadata.labels.get(key) != Some(value) {
@@ -289,23 +336,38 @@ fn check_controller(checker: &mut Checker, spec: &ControllerSpec) {
             if !valid {
                 checker.fail(
                     format!("spec.{field}[{index}]"),
-                    format!("{path:?} is not a field path: expected Kind:path like Pod:status.node"),
+                    format!(
+                        "{path:?} is not a field path: expected Kind:path like Pod:status.node"
+                    ),
                 );
             }
         }
     }
     for (index, step) in spec.steps.iter().enumerate() {
         let path = format!("spec.steps[{index}]");
-        if !step.name.split_once('/').is_some_and(|(o, v)| !o.is_empty() && !v.is_empty()) {
-            checker.fail(format!("{path}.name"), "expected owner/verb, like acme/inject-sidecar");
+        if !step
+            .name
+            .split_once('/')
+            .is_some_and(|(o, v)| !o.is_empty() && !v.is_empty())
+        {
+            checker.fail(
+                format!("{path}.name"),
+                "expected owner/verb, like acme/inject-sidecar",
+            );
         }
         if step.kind.parse::<Kind>().is_err() {
-            checker.fail(format!("{path}.kind"), format!("unknown kind {:?}", step.kind));
+            checker.fail(
+                format!("{path}.kind"),
+                format!("unknown kind {:?}", step.kind),
+            );
         }
-        if let Some(timeout) = &step.timeout {
-            if humantime::parse_duration(timeout).is_err() {
-                checker.fail(format!("{path}.timeout"), "expected a duration like 30s or 10m");
-            }
+        if let Some(timeout) = &step.timeout
+            && humantime::parse_duration(timeout).is_err()
+        {
+            checker.fail(
+                format!("{path}.timeout"),
+                "expected a duration like 30s or 10m",
+            );
         }
     }
 }
@@ -320,10 +382,10 @@ fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
     if spec.boot.kernel.is_none() && spec.disk.is_none() {
         checker.fail("spec.boot", "needs a kernel, or a disk to boot from");
     }
-    if let Some(disk) = &spec.disk {
-        if disk.volume.is_some() == disk.image.is_some() {
-            checker.fail("spec.disk", "must set exactly one of volume or image");
-        }
+    if let Some(disk) = &spec.disk
+        && disk.volume.is_some() == disk.image.is_some()
+    {
+        checker.fail("spec.disk", "must set exactly one of volume or image");
     }
 }
 
@@ -343,6 +405,17 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect()
+    }
+
+    #[test]
+    fn canonical_specs_spell_out_defaults() {
+        let spec = canonical_spec(
+            Kind::Pod,
+            &json!({"containers": [{"name": "c", "image": "i", "resources": {"memory": "65536Ki"}}]}),
+        );
+        assert_eq!(spec["availability"], "best-effort");
+        assert_eq!(spec["restartPolicy"], "Always");
+        assert_eq!(spec["containers"][0]["resources"]["memory"], "64Mi");
     }
 
     #[test]
@@ -374,7 +447,10 @@ mod tests {
             "spec.containers[0].mounts[0].path: must be an absolute path",
             "spec.volumes[0]: must set exactly one of emptyDir, local or plugin",
         ] {
-            assert!(errors.iter().any(|e| e.starts_with(expected)), "missing {expected:?} in {errors:#?}");
+            assert!(
+                errors.iter().any(|e| e.starts_with(expected)),
+                "missing {expected:?} in {errors:#?}"
+            );
         }
     }
 
@@ -382,7 +458,9 @@ mod tests {
     fn cluster_wide_kinds_refuse_namespaces() {
         let mut node = Object::new(Kind::Node, None, "node-1", json!({}));
         node.metadata.namespace = Some("default".into());
-        assert!(messages(&node)[0].starts_with("metadata.namespace: Node objects are cluster-wide"));
+        assert!(
+            messages(&node)[0].starts_with("metadata.namespace: Node objects are cluster-wide")
+        );
     }
 
     #[test]
@@ -400,9 +478,16 @@ mod tests {
             }),
         );
         let errors = messages(&object);
-        assert!(errors.iter().any(|e| e.starts_with("spec.replicasPercentNext")), "{errors:?}");
         assert!(
-            errors.iter().any(|e| e.starts_with("spec.templates.next.metadata.labels: must include the selector's label app=web")),
+            errors
+                .iter()
+                .any(|e| e.starts_with("spec.replicasPercentNext")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e.starts_with(
+                "spec.templates.next.metadata.labels: must include the selector's label app=web"
+            )),
             "{errors:?}"
         );
     }
@@ -416,8 +501,19 @@ mod tests {
             json!({"owns": ["status.node"], "steps": [{"name": "inject", "kind": "Pod", "workflow": "start", "timeout": "soon"}]}),
         );
         let errors = messages(&object);
-        assert!(errors.iter().any(|e| e.starts_with("spec.owns[0]")), "{errors:?}");
-        assert!(errors.iter().any(|e| e.starts_with("spec.steps[0].name")), "{errors:?}");
-        assert!(errors.iter().any(|e| e.starts_with("spec.steps[0].timeout")), "{errors:?}");
+        assert!(
+            errors.iter().any(|e| e.starts_with("spec.owns[0]")),
+            "{errors:?}"
+        );
+        assert!(
+            errors.iter().any(|e| e.starts_with("spec.steps[0].name")),
+            "{errors:?}"
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("spec.steps[0].timeout")),
+            "{errors:?}"
+        );
     }
 }

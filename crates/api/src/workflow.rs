@@ -1,1 +1,356 @@
-//! Workflow data types (stub, owned by the workflow work).
+//! Workflow data as stored in objects' `status.workflow`: step definitions,
+//! workflow instances with per-step state, and step log entries.
+//!
+//! These are the stored contract and nothing else: the graph logic, the
+//! state machine and the renderers live in `corral-workflow`.
+//!
+//! Who writes what (enforced by `corral-workflow`'s write check):
+//! - a step's definition is snapshotted when the instance is created and
+//!   never changes afterwards;
+//! - a step's state moves to `running`, `done` or `failed` only by its owner
+//!   (through claim / complete / fail);
+//! - it moves to `waiting`, `ready`, `blocked` or `timedOut` only by the
+//!   workflow engine, which derives them from the graph and the clock.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How many finished instances an object keeps in `status.workflow`.
+pub const KEPT_INSTANCES: usize = 5;
+
+/// Whether a graph node does work (a step) or is a named synchronisation
+/// point reached when everything ordered before it is done (a target).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum StepKind {
+    #[default]
+    Step,
+    Target,
+}
+
+impl StepKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Step => "step",
+            StepKind::Target => "target",
+        }
+    }
+}
+
+/// How often a step is attempted and how long to wait between attempts.
+/// The wait doubles after every failed attempt, up to `maxBackoffMs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    /// Attempts in total, the first included; at least 1.
+    pub max_attempts: u32,
+    /// Wait before the second attempt.
+    pub backoff_ms: u64,
+    /// Upper bound of the doubling wait.
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    /// One attempt, no retry.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 1,
+            backoff_ms: 1_000,
+            max_backoff_ms: 60_000,
+        }
+    }
+}
+
+/// One node of a workflow graph, declared like a systemd unit.
+///
+/// `after` and `before` only order; `requires` orders too and propagates
+/// failure (the dependent becomes blocked). `wantedBy` makes the step a
+/// member of a target: the target is not reached until the step is done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepDefinition {
+    /// `owner/verb` for steps (`node/start-containers`), a plain word for
+    /// targets (`network`).
+    pub name: String,
+    /// The controller identity that executes the step (`scheduler`, `ipam`,
+    /// `node` for the agent of the object's node, or a registered
+    /// controller's name). Targets are owned by `workflow`, the engine.
+    pub owner: String,
+    #[serde(default)]
+    pub kind: StepKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub before: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requires: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted_by: Option<String>,
+    /// How long one attempt may run before it times out; none means forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+/// Where a step stands in one workflow instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(
+    tag = "phase",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
+pub enum StepState {
+    /// Some step ordered before this one has not settled yet.
+    Waiting {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        on: Vec<String>,
+    },
+    /// Everything ordered before is settled; the owner may claim it.
+    Ready { since: DateTime<Utc> },
+    /// Claimed by an identity and in progress.
+    Running {
+        claimed_by: String,
+        since: DateTime<Utc>,
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<DateTime<Utc>>,
+    },
+    /// Finished successfully. For targets, `started == finished`.
+    Done {
+        started: DateTime<Utc>,
+        finished: DateTime<Utc>,
+        attempt: u32,
+        /// What the owner reports, e.g. the chosen node or the address.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
+    /// The owner reported an error. With `nextRetryAt` the step is retried
+    /// then; without it the failure is final.
+    Failed {
+        error: String,
+        started: DateTime<Utc>,
+        at: DateTime<Utc>,
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_retry_at: Option<DateTime<Utc>>,
+    },
+    /// The attempt ran past its deadline. Retried like `failed`.
+    TimedOut {
+        started: DateTime<Utc>,
+        at: DateTime<Utc>,
+        attempt: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_retry_at: Option<DateTime<Utc>>,
+    },
+    /// A required dependency failed for good; this step will not run.
+    Blocked {
+        /// The direct dependency that failed or is itself blocked.
+        dependency: String,
+        /// The step whose failure started the chain.
+        cause: String,
+        at: DateTime<Utc>,
+    },
+}
+
+impl StepState {
+    /// The lowercase name of the phase, as serialized.
+    pub fn phase(&self) -> &'static str {
+        match self {
+            StepState::Waiting { .. } => "waiting",
+            StepState::Ready { .. } => "ready",
+            StepState::Running { .. } => "running",
+            StepState::Done { .. } => "done",
+            StepState::Failed { .. } => "failed",
+            StepState::TimedOut { .. } => "timedOut",
+            StepState::Blocked { .. } => "blocked",
+        }
+    }
+}
+
+/// A step of an instance: its definition as it was when the instance was
+/// created, and its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepInstance {
+    #[serde(flatten)]
+    pub definition: StepDefinition,
+    pub state: StepState,
+    /// Attempts started so far (claims); the next claim is attempt
+    /// `attempts + 1`.
+    #[serde(default)]
+    pub attempts: u32,
+    /// When the first attempt started; kept across retries for durations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_started_at: Option<DateTime<Utc>>,
+}
+
+/// How an instance ended, or that it has not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum WorkflowOutcome {
+    #[default]
+    Running,
+    /// The goal target was reached.
+    Succeeded,
+    /// The goal target can no longer be reached.
+    Failed,
+    /// A newer operation replaced this one before it finished.
+    Cancelled,
+}
+
+impl WorkflowOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkflowOutcome::Running => "running",
+            WorkflowOutcome::Succeeded => "succeeded",
+            WorkflowOutcome::Failed => "failed",
+            WorkflowOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One run of a workflow for one operation on one object (a pod start, an
+/// in-place update, a stop, a node join).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkflowInstance {
+    /// Unique per object, chosen by the server (e.g. `start-3`).
+    pub id: String,
+    /// `start`, `update`, `stop`, `join`.
+    pub workflow: String,
+    pub object_uid: String,
+    /// The spec revision this operation serves.
+    pub revision: u64,
+    /// The target whose completion completes the workflow (`running`).
+    pub goal: String,
+    pub started_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub outcome: WorkflowOutcome,
+    /// Steps in a topological order of the graph.
+    pub steps: Vec<StepInstance>,
+}
+
+impl WorkflowInstance {
+    pub fn step(&self, name: &str) -> Option<&StepInstance> {
+        self.steps.iter().find(|step| step.definition.name == name)
+    }
+}
+
+/// `status.workflow` of an object: its latest instances, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkflowStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<WorkflowInstance>,
+}
+
+impl WorkflowStatus {
+    /// The newest instance, the one `why` explains.
+    pub fn latest(&self) -> Option<&WorkflowInstance> {
+        self.instances.last()
+    }
+
+    pub fn find(&self, id: &str) -> Option<&WorkflowInstance> {
+        self.instances.iter().find(|instance| instance.id == id)
+    }
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+/// One structured log line of a step: a state transition recorded by the
+/// engine, or a line the step's owner appended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepLogEntry {
+    pub time: DateTime<Utc>,
+    pub object_uid: String,
+    pub workflow_id: String,
+    pub workflow: String,
+    pub step: String,
+    pub owner: String,
+    pub level: LogLevel,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fields: BTreeMap<String, Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_instance_serializes_flat_with_a_tagged_state() {
+        let since = DateTime::parse_from_rfc3339("2026-01-01T00:00:02Z")
+            .expect("valid time")
+            .with_timezone(&Utc);
+        let step = StepInstance {
+            definition: StepDefinition {
+                name: "acme/slow-mount".into(),
+                owner: "acme-storage".into(),
+                kind: StepKind::Step,
+                description: None,
+                after: vec!["scheduled".into()],
+                before: vec!["storage".into()],
+                requires: Vec::new(),
+                wanted_by: None,
+                timeout_ms: Some(600_000),
+                retry: RetryPolicy::default(),
+            },
+            state: StepState::Running {
+                claimed_by: "acme-storage".into(),
+                since,
+                attempt: 1,
+                deadline: None,
+            },
+            attempts: 1,
+            first_started_at: Some(since),
+        };
+        let json = serde_json::to_value(&step).expect("serializes");
+        assert_eq!(json["name"], "acme/slow-mount");
+        assert_eq!(json["timeoutMs"], 600_000);
+        assert_eq!(json["retry"]["maxAttempts"], 1);
+        assert_eq!(json["state"]["phase"], "running");
+        assert_eq!(json["state"]["claimedBy"], "acme-storage");
+        let back: StepInstance = serde_json::from_value(json).expect("deserializes");
+        assert_eq!(back, step);
+    }
+
+    #[test]
+    fn status_has_a_schema() {
+        let schema = schemars::schema_for!(WorkflowStatus);
+        let text = serde_json::to_string(&schema).expect("schema serializes");
+        assert!(
+            text.contains("timedOut") && text.contains("claimedBy"),
+            "{text}"
+        );
+    }
+}

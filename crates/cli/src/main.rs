@@ -1,1 +1,114 @@
-fn main() {}
+//! `corral` — one binary for the whole system, like k3s.
+//!
+//! `corral up` runs a single-node cluster in one process; every other
+//! subcommand is a client of the API. This crate parses the command line and
+//! prints; it holds no logic the API does not also expose.
+
+mod commands;
+mod output;
+mod target;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands::{apply, get, history, token, up};
+
+/// corral: a container and VM orchestrator you can learn in a week.
+///
+/// Start a single-node cluster with `corral up`, then in another shell run
+/// the `export CORRAL_CONFIG=…` line it prints and try:
+///
+///   corral apply -f pod.yaml -m "first version"
+///   corral get pods
+///   corral history pod/web
+///   corral diff pod/web 1 2
+///   corral rollback pod/web --to 1
+///   corral history --since 1h --external
+#[derive(Debug, Parser)]
+#[command(name = "corral", version, about, long_about, verbatim_doc_comment)]
+struct Cli {
+    /// Client config (server URL and token). Default: $CORRAL_CONFIG, else
+    /// the config `corral up` writes in its default data dir.
+    #[arg(long, global = true, env = "CORRAL_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a single-node cluster in this process: store, API server and
+    /// (as they land) controllers and the node agent.
+    Up(up::UpArgs),
+    /// Create or update the objects in a manifest (YAML or JSON, several
+    /// documents allowed). Each spec change becomes a numbered revision.
+    Apply(apply::ApplyArgs),
+    /// List objects of a kind, or show one.
+    Get(get::GetArgs),
+    /// Show one object in full, with its recent history.
+    Describe(get::DescribeArgs),
+    /// Edit an object in $EDITOR and apply it (refused if it changed meanwhile).
+    Edit(apply::EditArgs),
+    /// Delete objects, by KIND/NAME or from a manifest.
+    Delete(apply::DeleteArgs),
+    /// Show an object's revisions, or what changed cluster-wide (--since).
+    History(history::HistoryArgs),
+    /// Show what changed between two revisions of an object.
+    Diff(history::DiffArgs),
+    /// Make a new revision whose spec is an earlier revision's.
+    Rollback(history::RollbackArgs),
+    /// Manage API tokens.
+    Token(token::TokenArgs),
+    /// Show who the configured token authenticates as.
+    Whoami,
+    /// Print the API's OpenAPI document.
+    Openapi,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config;
+    match cli.command {
+        Command::Up(args) => up::run(args).await,
+        Command::Apply(args) => apply::apply(config, args).await,
+        Command::Get(args) => get::get(config, args).await,
+        Command::Describe(args) => get::describe(config, args).await,
+        Command::Edit(args) => apply::edit(config, args).await,
+        Command::Delete(args) => apply::delete(config, args).await,
+        Command::History(args) => history::history(config, args).await,
+        Command::Diff(args) => history::diff(config, args).await,
+        Command::Rollback(args) => history::rollback(config, args).await,
+        Command::Token(args) => token::run(config, args).await,
+        Command::Whoami => token::whoami(config).await,
+        Command::Openapi => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&corral_server::openapi::document())?
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,1 +1,390 @@
-//! corral-client (stub)
+//! A typed client of the corral API, used by the CLI, the node agent and
+//! controllers, and the client config file (`server`, `token`).
+//!
+//! It knows URLs and wire types; it makes no decisions. Every call has a
+//! timeout except watches, which stream until dropped.
+
+mod config;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_api::history::RevisionDiff;
+use corral_api::watch::{ObjectList, WatchEvent};
+use corral_api::{
+    FieldError, HistoryQuery, Identity, Kind, Object, ObjectKey, RevisionRecord, Role,
+};
+use futures::{Stream, StreamExt};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+pub use config::{ClientConfig, ConfigError};
+
+/// How long one request may take before it fails.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error; `message` is its explanation.
+    #[error("{message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+        fields: Vec<FieldError>,
+    },
+    #[error("cannot reach the corral API at {server}")]
+    Transport {
+        server: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("the server's answer could not be decoded")]
+    Decode(#[source] serde_json::Error),
+    #[error("watch stream failed: {0}")]
+    Watch(String),
+}
+
+impl ClientError {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+    #[serde(default)]
+    fields: Vec<FieldError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct TokenResponse {
+    pub token: String,
+    pub identity: Identity,
+}
+
+/// A connection to one corral API server.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    server: String,
+    token: String,
+}
+
+/// The URL path of a collection: `/v1/namespaces/NS/pods` or `/v1/nodes`
+/// (`/v1/pods` lists across namespaces).
+pub fn collection_path(kind: Kind, namespace: Option<&str>) -> String {
+    match namespace.filter(|_| kind.is_namespaced()) {
+        Some(namespace) => format!("/v1/namespaces/{namespace}/{}", kind.plural()),
+        None => format!("/v1/{}", kind.plural()),
+    }
+}
+
+/// The URL path of one object.
+pub fn object_path(key: &ObjectKey) -> String {
+    let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+    format!("{}/{}", collection_path(key.kind, namespace), key.name)
+}
+
+impl Client {
+    pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|source| ClientError::Transport {
+                server: config.server.clone(),
+                source,
+            })?;
+        Ok(Client {
+            http,
+            server: config.server.trim_end_matches('/').to_string(),
+            token: config.token.clone(),
+        })
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.server))
+            .bearer_auth(&self.token)
+    }
+
+    async fn send(&self, request: RequestBuilder) -> Result<Bytes, ClientError> {
+        let response = request
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|source| self.transport(source))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|source| self.transport(source))?;
+        if status.is_success() {
+            Ok(body)
+        } else {
+            Err(api_error(status, &body))
+        }
+    }
+
+    fn transport(&self, source: reqwest::Error) -> ClientError {
+        ClientError::Transport {
+            server: self.server.clone(),
+            source,
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T, ClientError> {
+        let body = self.send(request).await?;
+        serde_json::from_slice(&body).map_err(ClientError::Decode)
+    }
+
+    pub async fn get(&self, key: &ObjectKey) -> Result<Object, ClientError> {
+        self.call(self.request(Method::GET, &object_path(key)))
+            .await
+    }
+
+    /// Objects of a kind in one namespace or all, optionally by label selector.
+    pub async fn list(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        selector: Option<&str>,
+    ) -> Result<ObjectList, ClientError> {
+        let mut request = self.request(Method::GET, &collection_path(kind, namespace));
+        if let Some(selector) = selector {
+            request = request.query(&[("selector", selector)]);
+        }
+        self.call(request).await
+    }
+
+    /// Creates or updates an object (compare-and-swap when it carries a
+    /// `resourceVersion`), recording `message` in history.
+    pub async fn apply(
+        &self,
+        object: &Object,
+        message: Option<&str>,
+    ) -> Result<Object, ClientError> {
+        let request = self
+            .request(Method::PUT, &object_path(&object.key()))
+            .query(&[("message", message.unwrap_or_default())])
+            .json(object);
+        self.call(request).await
+    }
+
+    /// Creates an object; fails if it exists.
+    pub async fn create(
+        &self,
+        object: &Object,
+        message: Option<&str>,
+    ) -> Result<Object, ClientError> {
+        let key = object.key();
+        let namespace = (!key.namespace.is_empty()).then_some(key.namespace.as_str());
+        let request = self
+            .request(Method::POST, &collection_path(key.kind, namespace))
+            .query(&[("message", message.unwrap_or_default())])
+            .json(object);
+        self.call(request).await
+    }
+
+    /// Replaces an object's status (compare-and-swap when it carries a
+    /// `resourceVersion`).
+    pub async fn put_status(&self, object: &Object) -> Result<Object, ClientError> {
+        let path = format!("{}/status", object_path(&object.key()));
+        self.call(self.request(Method::PUT, &path).json(object))
+            .await
+    }
+
+    pub async fn delete(
+        &self,
+        key: &ObjectKey,
+        message: Option<&str>,
+    ) -> Result<Object, ClientError> {
+        let request = self
+            .request(Method::DELETE, &object_path(key))
+            .query(&[("message", message.unwrap_or_default())]);
+        self.call(request).await
+    }
+
+    pub async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, ClientError> {
+        let path = format!("{}/history", object_path(key));
+        self.call(self.request(Method::GET, &path)).await
+    }
+
+    pub async fn revision(
+        &self,
+        key: &ObjectKey,
+        revision: u64,
+    ) -> Result<RevisionRecord, ClientError> {
+        let path = format!("{}/history/{revision}", object_path(key));
+        self.call(self.request(Method::GET, &path)).await
+    }
+
+    pub async fn diff(
+        &self,
+        key: &ObjectKey,
+        from: u64,
+        to: Option<u64>,
+    ) -> Result<RevisionDiff, ClientError> {
+        let path = format!("{}/diff", object_path(key));
+        let mut query = vec![("from", from.to_string())];
+        if let Some(to) = to {
+            query.push(("to", to.to_string()));
+        }
+        self.call(self.request(Method::GET, &path).query(&query))
+            .await
+    }
+
+    pub async fn rollback(
+        &self,
+        key: &ObjectKey,
+        to: u64,
+        message: Option<&str>,
+    ) -> Result<Object, ClientError> {
+        let path = format!("{}/rollback", object_path(key));
+        let body = serde_json::json!({"to": to, "message": message});
+        self.call(self.request(Method::POST, &path).json(&body))
+            .await
+    }
+
+    /// Cluster-wide history, oldest first.
+    pub async fn cluster_history(
+        &self,
+        query: &HistoryQuery,
+    ) -> Result<Vec<RevisionRecord>, ClientError> {
+        let mut params: Vec<(&str, String)> = Vec::new();
+        if let Some(since) = query.since {
+            params.push(("since", since.to_rfc3339()));
+        }
+        params.extend(query.authors.iter().map(|a| ("author", a.clone())));
+        params.extend(
+            query
+                .exclude_authors
+                .iter()
+                .map(|a| ("excludeAuthor", a.clone())),
+        );
+        if let Some(class) = query.class {
+            params.push(("class", class.as_str().to_string()));
+        }
+        if let Some(kind) = query.kind {
+            params.push(("kind", kind.as_str().to_string()));
+        }
+        if let Some(limit) = query.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        self.call(self.request(Method::GET, "/v1/history").query(&params))
+            .await
+    }
+
+    pub async fn whoami(&self) -> Result<Identity, ClientError> {
+        self.call(self.request(Method::GET, "/v1/whoami")).await
+    }
+
+    pub async fn create_token(&self, name: &str, role: Role) -> Result<TokenResponse, ClientError> {
+        let body = serde_json::json!({"name": name, "role": role});
+        self.call(self.request(Method::POST, "/v1/tokens").json(&body))
+            .await
+    }
+
+    /// Changes to objects of `kind` after store revision `after`, as they
+    /// happen. The stream ends when the server ends it or on error.
+    pub async fn watch(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        name: Option<&str>,
+        after: u64,
+    ) -> Result<impl Stream<Item = Result<WatchEvent, ClientError>> + Send + use<>, ClientError>
+    {
+        let mut query = vec![
+            ("watch", "true".to_string()),
+            ("resourceVersion", after.to_string()),
+        ];
+        if let Some(name) = name {
+            query.push(("name", name.to_string()));
+        }
+        let response = self
+            .request(Method::GET, &collection_path(kind, namespace))
+            .query(&query)
+            .send()
+            .await
+            .map_err(|source| self.transport(source))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.bytes().await.unwrap_or_default();
+            return Err(api_error(status, &body));
+        }
+        let mut bytes = response.bytes_stream();
+        let (sender, receiver) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut buffer: Vec<u8> = Vec::new();
+            while let Some(chunk) = bytes.next().await {
+                let chunk = match chunk {
+                    Ok(chunk) => chunk,
+                    Err(error) => {
+                        let _ = sender
+                            .send(Err(ClientError::Watch(error.to_string())))
+                            .await;
+                        return;
+                    }
+                };
+                buffer.extend_from_slice(&chunk);
+                while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    if sender.send(decode_watch_line(&line)).await.is_err() {
+                        return; // the stream was dropped
+                    }
+                }
+            }
+        });
+        Ok(futures::stream::unfold(
+            receiver,
+            |mut receiver| async move { receiver.recv().await.map(|item| (item, receiver)) },
+        ))
+    }
+}
+
+fn decode_watch_line(line: &[u8]) -> Result<WatchEvent, ClientError> {
+    let value: serde_json::Value = serde_json::from_slice(line).map_err(ClientError::Decode)?;
+    if value.get("type").and_then(|t| t.as_str()) == Some("ERROR") {
+        let message = value
+            .pointer("/error/message")
+            .and_then(|m| m.as_str())
+            .unwrap_or("the server ended the watch");
+        return Err(ClientError::Watch(message.to_string()));
+    }
+    serde_json::from_value(value).map_err(ClientError::Decode)
+}
+
+fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(error) => ClientError::Api {
+            status: status.as_u16(),
+            code: error.code,
+            message: error.message,
+            fields: error.fields,
+        },
+        Err(_) => ClientError::Api {
+            status: status.as_u16(),
+            code: status.canonical_reason().unwrap_or("Error").to_string(),
+            message: format!(
+                "the server answered {status}: {}",
+                String::from_utf8_lossy(body).trim()
+            ),
+            fields: Vec::new(),
+        },
+    }
+}

@@ -1,1 +1,151 @@
-//! corral-server (stub)
+//! corral's API server.
+//!
+//! It owns the HTTP surface under `/v1` (objects of every kind, status,
+//! history, diff, rollback, cluster-wide history queries, watch streams),
+//! authentication of every caller by bearer token, admission (validation
+//! now; ownership and policy in their own modules as they land), `/healthz`
+//! and `/metrics`. It owns no state of its own beyond caches: everything
+//! durable goes through [`corral_store::Store`].
+//!
+//! [`app`] builds the router without a socket so tests drive it directly;
+//! [`serve`] runs it on a listener until cancelled.
+
+pub mod auth;
+pub mod clock;
+pub mod error;
+mod handlers;
+pub mod metrics;
+pub mod openapi;
+mod query;
+pub mod render;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::middleware;
+use axum::routing::{get, post, put};
+use corral_store::Store;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::{TokenIssuer, hash_token};
+pub use clock::{Clock, IdGenerator, RandomIds, SystemClock};
+pub use error::ApiError;
+
+/// Everything a request handler needs, shared by all of them.
+pub struct Server {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub ids: Arc<dyn IdGenerator>,
+    pub tokens: auth::TokenCache,
+    pub metrics: metrics::Metrics,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").finish_non_exhaustive()
+    }
+}
+
+pub type SharedServer = Arc<Server>;
+
+impl Server {
+    /// A server over `store` with the real clock and random ids.
+    pub fn new(store: Arc<dyn Store>) -> SharedServer {
+        Self::with(store, Arc::new(SystemClock), Arc::new(RandomIds))
+    }
+
+    /// A server with an injected clock and id generator (tests).
+    pub fn with(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        ids: Arc<dyn IdGenerator>,
+    ) -> SharedServer {
+        Arc::new(Server {
+            tokens: auth::TokenCache::new(store.clone()),
+            store,
+            clock,
+            ids,
+            metrics: metrics::Metrics::default(),
+        })
+    }
+}
+
+/// The whole HTTP API. Object routes exist in two shapes: namespaced kinds
+/// under `/v1/namespaces/{namespace}/{plural}`, cluster-wide kinds (and
+/// lists across all namespaces) under `/v1/{plural}`.
+pub fn app(server: SharedServer) -> Router {
+    use handlers::{history, objects, system, watch};
+
+    let object_routes = |prefix: &str| {
+        Router::new()
+            .route(
+                &format!("{prefix}/{{plural}}"),
+                get(watch::list_or_watch).post(objects::create),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}"),
+                get(objects::get_one)
+                    .put(objects::apply)
+                    .delete(objects::delete),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/status"),
+                put(objects::put_status),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/history"),
+                get(history::object_history),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/history/{{revision}}"),
+                get(history::one_revision),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/diff"),
+                get(history::diff),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/rollback"),
+                post(history::rollback),
+            )
+    };
+
+    Router::new()
+        .route("/healthz", get(system::healthz))
+        .route("/metrics", get(system::metrics))
+        .route("/v1/openapi.json", get(system::openapi))
+        .route("/v1/whoami", get(system::whoami))
+        .route("/v1/tokens", post(system::create_token))
+        .route("/v1/history", get(history::cluster_history))
+        .merge(object_routes("/v1/namespaces/{namespace}"))
+        .merge(object_routes("/v1"))
+        .layer(middleware::from_fn_with_state(
+            server.clone(),
+            metrics::record_request,
+        ))
+        .with_state(server)
+}
+
+/// Serves the API on `listener` until `shutdown` is cancelled, then lets
+/// in-flight requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    server: SharedServer,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, app(server))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+/// Checks that an identity or object name is a DNS label.
+pub(crate) fn validate_name(field: &str, name: &str) -> Result<(), ApiError> {
+    if corral_api::validate::is_dns_label(name) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "{field}: {name:?} is not a valid name: expected lowercase letters, digits and '-'"
+        )))
+    }
+}

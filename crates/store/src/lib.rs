@@ -14,6 +14,7 @@
 //! status-only write does not.
 
 pub mod codec;
+pub mod conformance;
 pub mod sqlite;
 
 use std::pin::Pin;
@@ -35,29 +36,7 @@ pub struct ChangeMeta {
     pub time: DateTime<Utc>,
 }
 
-/// What happened to an object in a watch event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum EventType {
-    Added,
-    Modified,
-    Deleted,
-}
-
-/// One change, as watchers see it. For `Deleted`, `object` is the last state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WatchEvent {
-    #[serde(rename = "type")]
-    pub event_type: EventType,
-    pub object: Object,
-}
-
-impl WatchEvent {
-    /// The store revision of this change.
-    pub fn resource_version(&self) -> u64 {
-        self.object.metadata.resource_version
-    }
-}
+pub use corral_api::watch::{EventType, WatchEvent};
 
 /// Which objects a watch follows; `None` means any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -71,7 +50,10 @@ impl WatchFilter {
     pub fn admits(&self, object: &Object) -> bool {
         let key = object.key();
         self.kind.is_none_or(|kind| kind == key.kind)
-            && self.namespace.as_ref().is_none_or(|ns| *ns == key.namespace)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == key.namespace)
             && self.name.as_ref().is_none_or(|name| *name == key.name)
     }
 }
@@ -134,7 +116,9 @@ pub enum StoreError {
         revision: u64,
         kept: String,
     },
-    #[error("watch from resourceVersion {requested} is no longer possible: changes up to {compacted} were compacted; list again")]
+    #[error(
+        "watch from resourceVersion {requested} is no longer possible: changes up to {compacted} were compacted; list again"
+    )]
     Expired { requested: u64, compacted: u64 },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
@@ -191,12 +175,10 @@ pub trait Store: Send + Sync + 'static {
     async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError>;
 
     /// One revision with its spec.
-    async fn revision(&self, key: &ObjectKey, revision: u64)
-    -> Result<RevisionRecord, StoreError>;
+    async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError>;
 
     /// Cluster-wide history, oldest first, without specs.
-    async fn query_history(&self, query: &HistoryQuery)
-    -> Result<Vec<RevisionRecord>, StoreError>;
+    async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<RevisionRecord>, StoreError>;
 
     /// Drops revisions the policy does not keep; never an object's current one.
     async fn compact_history(

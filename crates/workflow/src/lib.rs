@@ -1,1 +1,46 @@
-//! corral-workflow (stub)
+//! corral's explicit lifecycle workflows: step graphs, the engine state
+//! machine and the analyses behind `corral why` and `corral analyze`.
+//!
+//! This crate owns:
+//! - the built-in workflow definitions of every kind ([`builtin`]) and the
+//!   merging of steps registered by `Controller` objects ([`definition_for`]);
+//! - validation: unknown references and ordering cycles are errors that name
+//!   them ([`validate`]);
+//! - the engine ([`instantiate`], [`tick`]) and the owners' transitions
+//!   ([`claim`], [`complete`], [`fail`], [`append_log`]), with the rule of who
+//!   may move which step ([`may_act`], [`check_write`]);
+//! - the verdict and the renderers ([`why_text`], [`blame_text`],
+//!   [`critical_chain_text`], [`dot`], and their JSON forms).
+//!
+//! It is pure: no I/O, no clock (time is always passed in), no randomness
+//! (instance ids come from the caller). The stored types live in
+//! `corral_api::workflow`; the server persists instances and log entries.
+
+mod builtin;
+mod definition;
+mod duration;
+mod engine;
+mod graph;
+mod owner;
+mod registration;
+mod render;
+mod transition;
+mod verdict;
+
+pub use builtin::{BUILTIN_WORKFLOWS, builtin};
+pub use definition::{DefinitionError, ENGINE_OWNER, WorkflowDefinition, validate};
+pub use duration::format_duration;
+pub use engine::{backoff, cancel, instantiate, record, tick};
+pub use owner::{NODE_OWNER, WriteError, check_write, may_act, owner_description};
+pub use registration::{
+    RegisteredController, check_controller, definition_for, step_from_registration,
+};
+pub use render::{
+    blame_json, blame_text, critical_chain_json, critical_chain_text, dot, verdict_line, why_json,
+    why_text,
+};
+pub use transition::{TransitionError, append_log, claim, complete, fail};
+pub use verdict::{DEFAULT_STUCK_AFTER_SECS, Verdict, VerdictState, verdict};
+
+#[cfg(test)]
+mod tests;

@@ -14,8 +14,8 @@ mod vm;
 pub use controller::{ControllerSpec, StepRegistration};
 pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus};
 pub use pinned::{
-    PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, Templates,
-    TemplateMeta, VersionStatus,
+    PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
+    Templates, VersionStatus,
 };
 pub use pod::{
     Availability, Container, ContainerState, ContainerStatus, EmptyDir, ExecProbe, HttpProbe,

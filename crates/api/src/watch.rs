@@ -1,0 +1,38 @@
+//! Wire types of lists and watch streams.
+
+use serde::{Deserialize, Serialize};
+
+use crate::object::Object;
+
+/// What happened to an object in a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change, as watchers see it. For `Deleted`, `object` is the last state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub object: Object,
+}
+
+impl WatchEvent {
+    /// The store revision of this change.
+    pub fn resource_version(&self) -> u64 {
+        self.object.metadata.resource_version
+    }
+}
+
+/// The body of a list response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectList {
+    pub items: Vec<Object>,
+    /// Start a watch here to miss nothing after this list.
+    pub resource_version: u64,
+}

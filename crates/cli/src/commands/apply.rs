@@ -1,0 +1,178 @@
+//! `apply`, `edit` and `delete`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use corral_api::{Object, parse_manifests};
+use corral_client::Client;
+
+use super::connect;
+use crate::target::Target;
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// Manifest file (YAML or JSON; `-` reads standard input).
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    file: PathBuf,
+    /// Message recorded with each new revision, like a commit message.
+    #[arg(short = 'm', long, value_name = "MSG")]
+    message: Option<String>,
+    /// Namespace for objects whose manifest names none.
+    #[arg(short = 'n', long, value_name = "NS")]
+    namespace: Option<String>,
+}
+
+/// Reads and validates a whole manifest before anything is sent, so a bad
+/// document changes nothing.
+fn read_manifest(file: &PathBuf, namespace: Option<&str>) -> anyhow::Result<Vec<Object>> {
+    let text = if file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        text
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?
+    };
+    let mut objects = parse_manifests(&text)
+        .with_context(|| format!("{} is not a valid manifest", file.display()))?;
+    for object in &mut objects {
+        if object.kind.is_namespaced() && object.metadata.namespace.is_none() {
+            object.metadata.namespace = namespace.map(str::to_string);
+        }
+    }
+    Ok(objects)
+}
+
+pub async fn apply(config: Option<PathBuf>, args: ApplyArgs) -> anyhow::Result<()> {
+    let objects = read_manifest(&args.file, args.namespace.as_deref())?;
+    let client = connect(config)?;
+    for object in objects {
+        apply_one(&client, &object, args.message.as_deref()).await?;
+    }
+    Ok(())
+}
+
+async fn apply_one(client: &Client, object: &Object, message: Option<&str>) -> anyhow::Result<()> {
+    let key = object.key();
+    let before = match client.get(&key).await {
+        Ok(existing) => Some(existing.metadata.resource_version),
+        Err(error) if error.status() == Some(404) => None,
+        Err(error) => return Err(error).with_context(|| format!("cannot read {key}")),
+    };
+    let stored = client
+        .apply(object, message)
+        .await
+        .with_context(|| format!("{key} was not applied"))?;
+    let verb = match before {
+        None => "created",
+        Some(version) if version == stored.metadata.resource_version => "unchanged",
+        Some(_) => "configured",
+    };
+    println!("{key} {verb} (revision {})", stored.metadata.revision);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct EditArgs {
+    /// The object: KIND/NAME.
+    target: String,
+    /// Message recorded with the new revision.
+    #[arg(short = 'm', long, value_name = "MSG")]
+    message: Option<String>,
+    #[arg(short = 'n', long, value_name = "NS")]
+    namespace: Option<String>,
+}
+
+pub async fn edit(config: Option<PathBuf>, args: EditArgs) -> anyhow::Result<()> {
+    let key = Target::parse(&args.target, None)?.key(args.namespace.as_deref())?;
+    let client = connect(config)?;
+    let mut object = client.get(&key).await?;
+    object.status = serde_json::Value::Null;
+    let original = serde_yaml_ng::to_string(&object)?;
+    let file = tempfile::Builder::new()
+        .prefix("corral-edit-")
+        .suffix(".yaml")
+        .tempfile()?;
+    std::fs::write(
+        file.path(),
+        format!(
+            "# Edit {key} and save; an empty file or no change cancels.\n# resourceVersion makes the write fail if someone else changed it meanwhile.\n{original}"
+        ),
+    )?;
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .unwrap_or_else(|_| "vi".into());
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{editor} \"$1\""))
+        .arg("sh")
+        .arg(file.path())
+        .status()
+        .with_context(|| format!("cannot run the editor {editor:?}"))?;
+    if !status.success() {
+        bail!("the editor {editor:?} failed ({status}); nothing changed");
+    }
+    let edited = std::fs::read_to_string(file.path())?;
+    let body: String = edited
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if body.trim().is_empty() || body.trim() == original.trim() {
+        println!("edit cancelled, no changes made");
+        return Ok(());
+    }
+    let objects =
+        parse_manifests(&edited).context("the edited object is not valid; nothing changed")?;
+    let [edited] = objects.as_slice() else {
+        bail!("the edited file must hold exactly one object; nothing changed");
+    };
+    if edited.key() != key {
+        bail!(
+            "the edit renamed {key} to {}; names cannot change",
+            edited.key()
+        );
+    }
+    let stored = client.apply(edited, args.message.as_deref()).await?;
+    println!("{key} edited (revision {})", stored.metadata.revision);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct DeleteArgs {
+    /// KIND/NAME (or KIND NAME) of the object to delete.
+    target: Option<String>,
+    name: Option<String>,
+    /// Delete every object of a manifest instead.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE",
+        conflicts_with = "target"
+    )]
+    file: Option<PathBuf>,
+    #[arg(short = 'm', long, value_name = "MSG")]
+    message: Option<String>,
+    #[arg(short = 'n', long, value_name = "NS")]
+    namespace: Option<String>,
+}
+
+pub async fn delete(config: Option<PathBuf>, args: DeleteArgs) -> anyhow::Result<()> {
+    let keys = match (&args.file, &args.target) {
+        (Some(file), _) => read_manifest(file, args.namespace.as_deref())?
+            .iter()
+            .map(Object::key)
+            .collect(),
+        (None, Some(target)) => {
+            vec![Target::parse(target, args.name.as_deref())?.key(args.namespace.as_deref())?]
+        }
+        (None, None) => bail!("name what to delete: KIND/NAME or -f FILE"),
+    };
+    let client = connect(config)?;
+    for key in keys {
+        client.delete(&key, args.message.as_deref()).await?;
+        println!("{key} deleted");
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! `get` and `describe`.
+
+use std::path::PathBuf;
+
+use chrono::Utc;
+use clap::Args;
+use corral_api::kinds::PodStatus;
+use corral_api::{Kind, Object};
+
+use super::connect;
+use crate::output::{Format, Table, age, print_structured, timestamp};
+use crate::target::Target;
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// KIND, KIND/NAME or KIND NAME (pod, pods, pod/web, pd, vm, node, …).
+    target: String,
+    name: Option<String>,
+    #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
+    namespace: String,
+    /// List across all namespaces.
+    #[arg(short = 'A', long)]
+    all_namespaces: bool,
+    /// Only objects whose labels match, e.g. `app=web,tier!=db`.
+    #[arg(short = 'l', long, value_name = "SELECTOR")]
+    selector: Option<String>,
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    output: Format,
+}
+
+pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
+    let target = Target::parse(&args.target, args.name.as_deref())?;
+    let client = connect(config)?;
+    if target.name.is_some() {
+        let object = client.get(&target.key(Some(&args.namespace))?).await?;
+        if !print_structured(args.output, &object)? {
+            print_table(target.kind, &[object], false, args.output == Format::Wide);
+        }
+        return Ok(());
+    }
+    let namespace = (!args.all_namespaces).then_some(args.namespace.as_str());
+    let list = client
+        .list(target.kind, namespace, args.selector.as_deref())
+        .await?;
+    if !print_structured(args.output, &list)? {
+        if list.items.is_empty() {
+            eprintln!("no {} found", target.kind.plural());
+        } else {
+            let show_namespace = args.all_namespaces && target.kind.is_namespaced();
+            print_table(
+                target.kind,
+                &list.items,
+                show_namespace,
+                args.output == Format::Wide,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool) {
+    let now = Utc::now();
+    let mut headers = Vec::new();
+    if show_namespace {
+        headers.push("NAMESPACE");
+    }
+    headers.extend(["NAME", "REVISION"]);
+    if kind == Kind::Pod {
+        headers.extend(["PHASE", "NODE"]);
+        if wide {
+            headers.extend(["ADDRESS", "UID"]);
+        }
+    } else if wide {
+        headers.push("UID");
+    }
+    headers.push("AGE");
+    let mut table = Table::new(&headers);
+    for object in objects {
+        let mut row = Vec::new();
+        if show_namespace {
+            row.push(object.metadata.namespace.clone().unwrap_or_default());
+        }
+        row.push(object.metadata.name.clone());
+        row.push(object.metadata.revision.to_string());
+        if kind == Kind::Pod {
+            let status: PodStatus = object.typed_status().unwrap_or_default();
+            row.push(format!("{:?}", status.phase));
+            row.push(status.node.clone().unwrap_or_else(|| "-".into()));
+            if wide {
+                row.push(status.address.clone().unwrap_or_else(|| "-".into()));
+            }
+        }
+        if wide {
+            row.push(object.metadata.uid.clone());
+        }
+        row.push(age(object.metadata.created_at, now));
+        table.row(row);
+    }
+    table.print();
+}
+
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    /// KIND/NAME.
+    target: String,
+    name: Option<String>,
+    #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
+    namespace: String,
+}
+
+pub async fn describe(config: Option<PathBuf>, args: DescribeArgs) -> anyhow::Result<()> {
+    let key = Target::parse(&args.target, args.name.as_deref())?.key(Some(&args.namespace))?;
+    let client = connect(config)?;
+    let object = client.get(&key).await?;
+    print!("{}", serde_yaml_ng::to_string(&object)?);
+    let history = client.history(&key).await?;
+    println!(
+        "\nRecent revisions (of {}; `corral history {key}` for all):",
+        history.len()
+    );
+    let mut table = Table::new(&["REVISION", "TIME", "AUTHOR", "CLASS", "MESSAGE"]);
+    for record in history.iter().rev().take(5).rev() {
+        table.row(vec![
+            record.revision.to_string(),
+            timestamp(record.time),
+            record.author.clone(),
+            record.class.as_str().into(),
+            record.message.clone(),
+        ]);
+    }
+    table.print();
+    Ok(())
+}

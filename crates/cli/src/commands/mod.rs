@@ -1,0 +1,55 @@
+//! One module per group of subcommands.
+
+pub mod apply;
+pub mod get;
+pub mod history;
+pub mod token;
+pub mod up;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use corral_client::{Client, ClientConfig};
+
+/// The file name of the admin config `corral up` writes in its data dir.
+pub const ADMIN_CONFIG: &str = "admin.json";
+
+/// Where `corral up` keeps its data when not told: `/var/lib/corral` for
+/// root, `$XDG_DATA_HOME/corral` (or `~/.local/share/corral`) otherwise.
+pub fn default_data_dir() -> PathBuf {
+    if is_root() {
+        return PathBuf::from("/var/lib/corral");
+    }
+    if let Some(data) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(data).join("corral");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".local/share/corral")
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// The client config to use: the one given, or the default `corral up` wrote.
+pub fn config_path(given: Option<PathBuf>) -> PathBuf {
+    given.unwrap_or_else(|| default_data_dir().join(ADMIN_CONFIG))
+}
+
+/// A client for the configured cluster.
+pub fn connect(config: Option<PathBuf>) -> anyhow::Result<Client> {
+    let path = config_path(config);
+    let config = load_config(&path)?;
+    Ok(Client::new(&config)?)
+}
+
+fn load_config(path: &Path) -> anyhow::Result<ClientConfig> {
+    ClientConfig::load(path).with_context(|| {
+        format!(
+            "no usable client config at {}: start a cluster with `corral up` and run the `export CORRAL_CONFIG=…` line it prints, or pass --config",
+            path.display()
+        )
+    })
+}

@@ -1,0 +1,120 @@
+//! Authentication: every request carries `Authorization: Bearer TOKEN`.
+//! Tokens are random, stored only as their SHA-256, and map to an
+//! [`Identity`] (name and role).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use corral_api::Identity;
+use corral_store::{Store, TokenRecord};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+use crate::{Clock, SharedServer};
+
+/// Hex SHA-256 of a token, as stored.
+pub fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// Resolves token hashes to identities, remembering what it has seen.
+pub struct TokenCache {
+    store: Arc<dyn Store>,
+    known: RwLock<HashMap<String, Identity>>,
+}
+
+impl std::fmt::Debug for TokenCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCache").finish_non_exhaustive()
+    }
+}
+
+impl TokenCache {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        TokenCache {
+            store,
+            known: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The identity a token stands for, if any.
+    pub async fn resolve(&self, token: &str) -> Result<Option<Identity>, ApiError> {
+        let hash = hash_token(token);
+        if let Some(identity) = self.cached(&hash) {
+            return Ok(Some(identity));
+        }
+        let Some(record) = self.store.find_token(&hash).await? else {
+            return Ok(None);
+        };
+        if let Ok(mut known) = self.known.write() {
+            known.insert(hash, record.identity.clone());
+        }
+        Ok(Some(record.identity))
+    }
+
+    fn cached(&self, hash: &str) -> Option<Identity> {
+        self.known.read().ok()?.get(hash).cloned()
+    }
+}
+
+/// Mints tokens and stores their hashes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokenIssuer;
+
+impl TokenIssuer {
+    /// A new random token for `identity`; the plain token is returned once
+    /// and never stored.
+    pub async fn issue(
+        store: &dyn Store,
+        clock: &dyn Clock,
+        identity: Identity,
+    ) -> Result<String, ApiError> {
+        let mut bytes = [0u8; 24];
+        rand::rng().fill_bytes(&mut bytes);
+        let token = format!("corral_{}", hex::encode(bytes));
+        store
+            .put_token(TokenRecord {
+                hash: hash_token(&token),
+                identity,
+                created_at: clock.now(),
+            })
+            .await?;
+        Ok(token)
+    }
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Identity);
+
+impl FromRequestParts<SharedServer> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        server: &SharedServer,
+    ) -> Result<Self, Self::Rejection> {
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .ok_or_else(|| {
+                ApiError::Unauthenticated(
+                    "no credentials: send Authorization: Bearer TOKEN (corral token create makes one)"
+                        .into(),
+                )
+            })?
+            .to_str()
+            .map_err(|_| ApiError::Unauthenticated("Authorization header is not text".into()))?;
+        let token = header.strip_prefix("Bearer ").ok_or_else(|| {
+            ApiError::Unauthenticated("Authorization header must be `Bearer TOKEN`".into())
+        })?;
+        match server.tokens.resolve(token.trim()).await? {
+            Some(identity) => Ok(Caller(identity)),
+            None => Err(ApiError::Unauthenticated("unknown or revoked token".into())),
+        }
+    }
+}

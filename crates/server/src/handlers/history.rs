@@ -1,0 +1,168 @@
+//! History, diff and rollback of one object, and the cluster-wide
+//! "what changed?" query.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use corral_api::{AuthorClass, HistoryQuery, Kind, Object, RevisionRecord};
+use serde::Deserialize;
+
+use super::{Target, change};
+use crate::SharedServer;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::query::Params;
+use crate::render::{RevisionDiff, diff_specs};
+
+pub async fn object_history(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+) -> Result<Json<Vec<RevisionRecord>>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let records = server.store.history(&key).await?;
+    if records.is_empty() {
+        return Err(ApiError::NotFound(format!("{key} has no history")));
+    }
+    Ok(Json(records))
+}
+
+pub async fn one_revision(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+) -> Result<Json<RevisionRecord>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let revision = parse_revision(params.get("revision").map(String::as_str))?;
+    Ok(Json(server.store.revision(&key, revision).await?))
+}
+
+fn parse_revision(text: Option<&str>) -> Result<u64, ApiError> {
+    let text = text.unwrap_or_default();
+    text.parse().map_err(|_| {
+        ApiError::BadRequest(format!(
+            "revision: expected a revision number, got {text:?}"
+        ))
+    })
+}
+
+/// `GET …/diff?from=A&to=B`; `to` defaults to the current revision.
+pub async fn diff(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<RevisionDiff>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let query = Params::parse(query.as_deref());
+    let from = query
+        .number("from")?
+        .ok_or_else(|| ApiError::BadRequest("from: a revision number is required".into()))?;
+    let to = match query.number("to")? {
+        Some(to) => to,
+        None => {
+            server
+                .store
+                .get(&key)
+                .await?
+                .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?
+                .metadata
+                .revision
+        }
+    };
+    let old = server.store.revision(&key, from).await?;
+    let new = server.store.revision(&key, to).await?;
+    let null = serde_json::Value::Null;
+    Ok(Json(diff_specs(
+        from,
+        old.spec.as_ref().unwrap_or(&null),
+        to,
+        new.spec.as_ref().unwrap_or(&null),
+    )))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    pub to: u64,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// `POST …/rollback {"to": N}`: a new revision whose spec is revision N's,
+/// authored by the caller.
+pub async fn rollback(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    Json(request): Json<RollbackRequest>,
+) -> Result<Json<Object>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let current = server
+        .store
+        .get(&key)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
+    let target = server.store.revision(&key, request.to).await?;
+    if target.uid != current.metadata.uid {
+        return Err(ApiError::Conflict(format!(
+            "revision {} belongs to an earlier {key} that was deleted",
+            request.to
+        )));
+    }
+    let spec = target.spec.ok_or_else(|| {
+        ApiError::Internal(format!("revision {} of {key} has no spec", request.to))
+    })?;
+    if spec == current.spec {
+        return Err(ApiError::Conflict(format!(
+            "{key} revision {} already has the spec of revision {}: nothing to roll back",
+            current.metadata.revision, request.to
+        )));
+    }
+    let message = match request.message.filter(|m| !m.is_empty()) {
+        Some(message) => format!("rollback to revision {}: {message}", request.to),
+        None => format!("rollback to revision {}", request.to),
+    };
+    let change = change(&server, &caller, Some(&message));
+    let mut next = current.clone();
+    next.spec = spec;
+    let expected = current.metadata.resource_version;
+    Ok(Json(server.store.update(next, expected, &change).await?))
+}
+
+/// `GET /v1/history?since=1h&author=a&excludeAuthor=b&class=external&kind=Pod&limit=N`.
+pub async fn cluster_history(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<RevisionRecord>>, ApiError> {
+    let params = Params::parse(query.as_deref());
+    let class = match params.get("class") {
+        None | Some("") => None,
+        Some("external") => Some(AuthorClass::External),
+        Some("system") => Some(AuthorClass::System),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "class: expected external or system, got {other:?}"
+            )));
+        }
+    };
+    let kind = params
+        .get("kind")
+        .filter(|k| !k.is_empty())
+        .map(|k| k.parse::<Kind>())
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("kind: {e}")))?;
+    let query = HistoryQuery {
+        since: params.since("since", server.clock.now())?,
+        authors: params.all("author"),
+        exclude_authors: params.all("excludeAuthor"),
+        class,
+        kind,
+        limit: params
+            .number("limit")?
+            .map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
+    };
+    Ok(Json(server.store.query_history(&query).await?))
+}

@@ -1,0 +1,108 @@
+//! Request handlers, one module per area. Handlers parse the request into
+//! domain values, call the store, and map failures through [`ApiError`].
+
+pub mod history;
+pub mod objects;
+pub mod system;
+pub mod watch;
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use corral_api::manifest::decode_object;
+use corral_api::{Identity, Kind, Object, ObjectKey, canonical_spec, validate_object};
+use corral_store::ChangeMeta;
+
+use crate::Server;
+use crate::error::ApiError;
+
+/// The kind, namespace and name a request's path names.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub kind: Kind,
+    /// `Some` on `/v1/namespaces/{namespace}/…` routes.
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+impl Target {
+    /// Reads `plural`, `namespace` and `name` from the route's parameters and
+    /// checks the route shape fits the kind.
+    pub fn from_params(params: &HashMap<String, String>) -> Result<Self, ApiError> {
+        let plural = params.get("plural").map(String::as_str).unwrap_or_default();
+        let kind: Kind = plural
+            .parse()
+            .map_err(|e: corral_api::UnknownKind| ApiError::NotFound(e.to_string()))?;
+        let namespace = params.get("namespace").cloned();
+        let name = params.get("name").cloned();
+        match (&namespace, kind.is_namespaced(), &name) {
+            (Some(_), false, _) => Err(ApiError::NotFound(format!(
+                "{kind} objects are cluster-wide: use /v1/{}/NAME",
+                kind.plural()
+            ))),
+            (None, true, Some(name)) => Err(ApiError::NotFound(format!(
+                "{kind} objects live in namespaces: use /v1/namespaces/default/{}/{name}",
+                kind.plural()
+            ))),
+            _ => Ok(Target {
+                kind,
+                namespace,
+                name,
+            }),
+        }
+    }
+
+    /// The key of the named object.
+    pub fn key(&self) -> Result<ObjectKey, ApiError> {
+        let name = self
+            .name
+            .as_deref()
+            .ok_or_else(|| ApiError::BadRequest("the route names no object".into()))?;
+        Ok(ObjectKey::new(self.kind, self.namespace.as_deref(), name))
+    }
+}
+
+/// Who is changing what, now.
+pub fn change(server: &Server, caller: &Identity, message: Option<&str>) -> ChangeMeta {
+    ChangeMeta {
+        author: caller.name.clone(),
+        class: caller.class(),
+        message: message.unwrap_or_default().to_string(),
+        time: server.clock.now(),
+    }
+}
+
+/// Decodes and validates a request body as an object of the target's kind,
+/// at the target's key when the route names one.
+pub fn parse_object(target: &Target, body: &Bytes) -> Result<Object, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    let mut object = decode_object(value).map_err(|e| ApiError::invalid("object", vec![e]))?;
+    if object.kind != target.kind {
+        return Err(ApiError::BadRequest(format!(
+            "kind: the body is a {} but the route is for {}",
+            object.kind,
+            target.kind.plural()
+        )));
+    }
+    let key = object.key();
+    validate_object(&object).map_err(|fields| ApiError::invalid(&key.to_string(), fields))?;
+    object.spec = canonical_spec(object.kind, &object.spec);
+    if let Some(name) = &target.name
+        && *name != key.name
+    {
+        return Err(ApiError::BadRequest(format!(
+            "metadata.name: the body names {:?} but the route names {name:?}",
+            key.name
+        )));
+    }
+    if let Some(namespace) = &target.namespace
+        && *namespace != key.namespace
+    {
+        return Err(ApiError::BadRequest(format!(
+            "metadata.namespace: the body says {:?} but the route says {namespace:?}",
+            key.namespace
+        )));
+    }
+    Ok(object)
+}

@@ -1,0 +1,179 @@
+//! Create, read, apply, status writes and deletion of objects.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use bytes::Bytes;
+use corral_api::Object;
+use corral_store::StoreError;
+use serde_json::Value;
+
+use super::{Target, change, parse_object};
+use crate::SharedServer;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::query::Params;
+
+/// How many times an unconditional apply retries when a concurrent writer
+/// got in between its read and its write.
+const APPLY_ATTEMPTS: usize = 5;
+
+pub async fn get_one(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+) -> Result<Json<Object>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    server
+        .store
+        .get(&key)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))
+}
+
+/// `POST`: creates; refuses when the object exists.
+pub async fn create(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Result<Json<Object>, ApiError> {
+    let target = Target::from_params(&params)?;
+    let params = Params::parse(query.as_deref());
+    let object = parse_object(&target, &body)?;
+    let change = change(&server, &caller, params.get("message"));
+    let created = server.store.create(fresh(&server, object), &change).await?;
+    Ok(Json(created))
+}
+
+/// Readies a new object for the store: server-set metadata, no status.
+fn fresh(server: &crate::Server, mut object: Object) -> Object {
+    let key = object.key();
+    object.metadata.namespace = (!key.namespace.is_empty()).then_some(key.namespace);
+    object.metadata.uid = server.ids.uid();
+    object.metadata.created_at = Some(server.clock.now());
+    object.metadata.revision = 0;
+    object.metadata.resource_version = 0;
+    object.status = Value::Null;
+    object
+}
+
+/// `PUT`: apply. Creates the object if it does not exist; otherwise replaces
+/// its spec, labels and annotations and keeps its status. When the body
+/// carries `metadata.resourceVersion`, the write happens only at that
+/// version (409 otherwise); without it, the latest version is replaced.
+pub async fn apply(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Result<Json<Object>, ApiError> {
+    let target = Target::from_params(&params)?;
+    let params = Params::parse(query.as_deref());
+    let desired = parse_object(&target, &body)?;
+    let key = desired.key();
+    let change = change(&server, &caller, params.get("message"));
+    let pinned_version = desired.metadata.resource_version;
+
+    for _ in 0..APPLY_ATTEMPTS {
+        let Some(current) = server.store.get(&key).await? else {
+            if pinned_version != 0 {
+                return Err(ApiError::NotFound(format!(
+                    "{key} not found (the body asks for resourceVersion {pinned_version})"
+                )));
+            }
+            match server
+                .store
+                .create(fresh(&server, desired.clone()), &change)
+                .await
+            {
+                Err(StoreError::AlreadyExists { .. }) => continue,
+                other => return Ok(Json(other?)),
+            }
+        };
+        if !desired.metadata.uid.is_empty() && desired.metadata.uid != current.metadata.uid {
+            return Err(ApiError::Conflict(format!(
+                "{key} has uid {} but the body names uid {}: the object was deleted and created again",
+                current.metadata.uid, desired.metadata.uid
+            )));
+        }
+        let mut next = current.clone();
+        next.spec = desired.spec.clone();
+        next.metadata.labels = desired.metadata.labels.clone();
+        next.metadata.annotations = desired.metadata.annotations.clone();
+        let expected = if pinned_version != 0 {
+            pinned_version
+        } else {
+            current.metadata.resource_version
+        };
+        if next == current && expected == current.metadata.resource_version {
+            return Ok(Json(current));
+        }
+        match server.store.update(next, expected, &change).await {
+            Err(StoreError::Conflict { .. }) if pinned_version == 0 => continue,
+            other => return Ok(Json(other?)),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "{key} kept changing under this apply; try again"
+    )))
+}
+
+/// `PUT …/status`: replaces the status only. Never creates a revision.
+pub async fn put_status(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Result<Json<Object>, ApiError> {
+    let target = Target::from_params(&params)?;
+    let key = target.key()?;
+    let params = Params::parse(query.as_deref());
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    let status = body.get("status").cloned().unwrap_or(Value::Null);
+    let pinned_version = body
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    let change = change(&server, &caller, params.get("message"));
+    for _ in 0..APPLY_ATTEMPTS {
+        let current = server
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
+        let expected = if pinned_version != 0 {
+            pinned_version
+        } else {
+            current.metadata.resource_version
+        };
+        let mut next = current;
+        next.status = status.clone();
+        match server.store.update(next, expected, &change).await {
+            Err(StoreError::Conflict { .. }) if pinned_version == 0 => continue,
+            other => return Ok(Json(other?)),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "{key} kept changing under this status write; try again"
+    )))
+}
+
+pub async fn delete(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Object>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let params = Params::parse(query.as_deref());
+    let expected = params.number("resourceVersion")?;
+    let change = change(&server, &caller, params.get("message"));
+    Ok(Json(server.store.delete(&key, expected, &change).await?))
+}

@@ -1,0 +1,193 @@
+//! The OpenAPI 3 document of the API, generated from the Rust types so it
+//! cannot drift; `docs/openapi.json` is a checked-in copy that a test keeps
+//! equal (regenerate with `corral openapi > docs/openapi.json`).
+
+use corral_api::{Kind, Object, RevisionRecord};
+use schemars::generate::SchemaSettings;
+use serde_json::{Value, json};
+
+use crate::error::ErrorBody;
+use crate::render::RevisionDiff;
+
+fn error_responses() -> Value {
+    let error = json!({"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}});
+    let mut responses = serde_json::Map::new();
+    for (status, what) in [
+        ("400", "malformed request"),
+        ("401", "no or unknown token"),
+        ("403", "the caller may not do this"),
+        ("404", "no such object or revision"),
+        ("409", "already exists, or stale resourceVersion"),
+        (
+            "422",
+            "the object breaks a validation rule; `fields` names each path",
+        ),
+    ] {
+        let mut response = error.clone();
+        response["description"] = json!(what);
+        responses.insert(status.to_string(), response);
+    }
+    Value::Object(responses)
+}
+
+fn ok(schema: Value, description: &str) -> Value {
+    let mut responses = error_responses();
+    responses["200"] = json!({
+        "description": description,
+        "content": {"application/json": {"schema": schema}}
+    });
+    responses
+}
+
+fn schema_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn object_paths(prefix: &str, kind_names: &str, namespaced: bool) -> Vec<(String, Value)> {
+    let mut params = vec![json!({"name": "plural", "in": "path", "required": true,
+        "schema": {"type": "string"}, "description": kind_names})];
+    if namespaced {
+        params.push(json!({"name": "namespace", "in": "path", "required": true, "schema": {"type": "string"}}));
+    }
+    let mut named = params.clone();
+    named.push(
+        json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}),
+    );
+    let message = json!({"name": "message", "in": "query", "schema": {"type": "string"},
+        "description": "recorded in history with the new revision"});
+    let object = schema_ref("Object");
+    let body = json!({"required": true, "content": {"application/json": {"schema": object}}});
+    let history = json!({"type": "array", "items": schema_ref("RevisionRecord")});
+    let mut revision_params = named.clone();
+    revision_params.push(
+        json!({"name": "revision", "in": "path", "required": true, "schema": {"type": "integer"}}),
+    );
+    vec![
+        (
+            format!("{prefix}/{{plural}}"),
+            json!({
+                "get": {"summary": "list objects, or watch them with watch=true (newline-delimited JSON events)",
+                    "parameters": ([params.clone(), vec![
+                        json!({"name": "selector", "in": "query", "schema": {"type": "string"}, "description": "label selector: a=b,c!=d,e,!f"}),
+                        json!({"name": "watch", "in": "query", "schema": {"type": "boolean"}}),
+                        json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}, "description": "watch changes after this store revision"}),
+                    ]].concat()),
+                    "responses": ok(json!({"type": "object", "properties": {"items": {"type": "array", "items": object}, "resourceVersion": {"type": "integer"}}}), "the objects")},
+                "post": {"summary": "create an object", "parameters": ([params.clone(), vec![message.clone()]].concat()),
+                    "requestBody": body, "responses": ok(object.clone(), "the created object")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}"),
+            json!({
+                "get": {"summary": "read an object", "parameters": named, "responses": ok(object.clone(), "the object")},
+                "put": {"summary": "apply: create, or replace spec, labels and annotations (compare-and-swap when metadata.resourceVersion is set)",
+                    "parameters": ([named.clone(), vec![message.clone()]].concat()), "requestBody": body, "responses": ok(object.clone(), "the stored object")},
+                "delete": {"summary": "delete an object", "parameters": ([named.clone(), vec![message.clone(),
+                    json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}})]].concat()),
+                    "responses": ok(object.clone(), "the deleted object")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/status"),
+            json!({
+                "put": {"summary": "replace the status; never creates a revision", "parameters": named,
+                    "requestBody": body, "responses": ok(object.clone(), "the stored object")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/history"),
+            json!({
+                "get": {"summary": "the object's revisions, oldest first", "parameters": named, "responses": ok(history, "revisions")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/history/{{revision}}"),
+            json!({
+                "get": {"summary": "one revision with its spec", "parameters": revision_params, "responses": ok(schema_ref("RevisionRecord"), "the revision")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/diff"),
+            json!({
+                "get": {"summary": "changes between two revisions", "parameters": ([named.clone(), vec![
+                    json!({"name": "from", "in": "query", "required": true, "schema": {"type": "integer"}}),
+                    json!({"name": "to", "in": "query", "schema": {"type": "integer"}, "description": "default: the current revision"})]].concat()),
+                    "responses": ok(schema_ref("RevisionDiff"), "the diff")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/rollback"),
+            json!({
+                "post": {"summary": "create a new revision whose spec is revision `to`'s", "parameters": named,
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["to"],
+                        "properties": {"to": {"type": "integer"}, "message": {"type": "string"}}}}}},
+                    "responses": ok(object, "the rolled-back object")}
+            }),
+        ),
+    ]
+}
+
+/// The whole OpenAPI document.
+pub fn document() -> Value {
+    let mut generator = SchemaSettings::openapi3().into_generator();
+    generator.subschema_for::<Object>();
+    generator.subschema_for::<RevisionRecord>();
+    generator.subschema_for::<ErrorBody>();
+    generator.subschema_for::<RevisionDiff>();
+    generator.subschema_for::<corral_api::Identity>();
+    for kind in Kind::ALL {
+        corral_api::kinds::spec_schema(kind, &mut generator);
+    }
+    let schemas = generator.take_definitions(true);
+
+    let namespaced: Vec<&str> = Kind::ALL
+        .iter()
+        .filter(|k| k.is_namespaced())
+        .map(|k| k.plural())
+        .collect();
+    let cluster: Vec<&str> = Kind::ALL.iter().map(|k| k.plural()).collect();
+    let mut paths = serde_json::Map::new();
+    paths.insert(
+        "/healthz".into(),
+        json!({"get": {"summary": "liveness of the server and its store", "security": [],
+        "responses": {"200": {"description": "ok"}}}}),
+    );
+    paths.insert(
+        "/metrics".into(),
+        json!({"get": {"summary": "Prometheus metrics", "security": [],
+        "responses": {"200": {"description": "text exposition format"}}}}),
+    );
+    paths.insert("/v1/whoami".into(), json!({"get": {"summary": "the caller's identity", "responses": ok(schema_ref("Identity"), "identity")}}));
+    paths.insert("/v1/tokens".into(), json!({"post": {"summary": "mint a token (operators only)",
+        "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["name", "role"],
+            "properties": {"name": {"type": "string"}, "role": {"type": "string", "enum": ["operator", "user", "controller", "node"]}}}}}},
+        "responses": ok(json!({"type": "object", "properties": {"token": {"type": "string"}, "identity": schema_ref("Identity")}}), "the token, shown once")}}));
+    paths.insert("/v1/history".into(), json!({"get": {"summary": "cluster-wide history, oldest first",
+        "parameters": [
+            {"name": "since", "in": "query", "schema": {"type": "string"}, "description": "a duration like 1h, or an RFC 3339 time"},
+            {"name": "author", "in": "query", "schema": {"type": "string"}, "description": "repeatable; only these authors"},
+            {"name": "excludeAuthor", "in": "query", "schema": {"type": "string"}, "description": "repeatable; never these authors"},
+            {"name": "class", "in": "query", "schema": {"type": "string", "enum": ["external", "system"]}},
+            {"name": "kind", "in": "query", "schema": {"type": "string"}},
+            {"name": "limit", "in": "query", "schema": {"type": "integer"}}
+        ],
+        "responses": ok(json!({"type": "array", "items": schema_ref("RevisionRecord")}), "revisions")}}));
+    for (path, item) in object_paths("/v1/namespaces/{namespace}", &namespaced.join(", "), true)
+        .into_iter()
+        .chain(object_paths("/v1", &cluster.join(", "), false))
+    {
+        paths.insert(path, item);
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "corral API", "version": "v1",
+            "description": "Objects, revisions, history and watch of a corral cluster. Every request but /healthz and /metrics needs `Authorization: Bearer TOKEN`."},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}
+        },
+        "security": [{"bearer": []}],
+        "paths": paths,
+    })
+}

@@ -1,0 +1,173 @@
+//! Connection settings, the schema and its migrations, and the small
+//! conversions between Rust values and columns.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use corral_api::{AuthorClass, Kind};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::StoreError;
+
+/// The schema this code writes; kept in `PRAGMA user_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits for another process's lock before failing.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `meta` key of the newest store revision.
+pub(super) const META_REVISION: &str = "revision";
+/// `meta` key of the newest store revision whose watch event was pruned.
+pub(super) const META_EVENTS_COMPACTED: &str = "events_compacted";
+
+const SCHEMA_V1: &str = "
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE objects (
+    kind             TEXT NOT NULL,
+    namespace        TEXT NOT NULL,
+    name             TEXT NOT NULL,
+    uid              TEXT NOT NULL,
+    revision         INTEGER NOT NULL,
+    resource_version INTEGER NOT NULL,
+    body             TEXT NOT NULL,
+    PRIMARY KEY (kind, namespace, name)
+) WITHOUT ROWID;
+CREATE INDEX objects_uid ON objects (uid);
+
+-- One row per spec revision. `payload` is the codec's encoding of the
+-- spec (a keyframe or a delta against the previous revision of the same
+-- uid); `raw_len` is the size of the spec as JSON. `seq` is the store
+-- revision of the write that made it.
+CREATE TABLE revisions (
+    uid       TEXT NOT NULL,
+    revision  INTEGER NOT NULL,
+    kind      TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    time      TEXT NOT NULL,
+    author    TEXT NOT NULL,
+    class     TEXT NOT NULL,
+    message   TEXT NOT NULL,
+    deleted   INTEGER NOT NULL,
+    keyframe  INTEGER NOT NULL,
+    payload   BLOB NOT NULL,
+    raw_len   INTEGER NOT NULL,
+    seq       INTEGER NOT NULL,
+    PRIMARY KEY (uid, revision)
+) WITHOUT ROWID;
+CREATE INDEX revisions_time ON revisions (time, seq);
+CREATE INDEX revisions_key ON revisions (kind, namespace, name, seq);
+
+CREATE TABLE events (
+    resource_version INTEGER PRIMARY KEY,
+    kind             TEXT NOT NULL,
+    namespace        TEXT NOT NULL,
+    name             TEXT NOT NULL,
+    type             TEXT NOT NULL,
+    body             TEXT NOT NULL
+);
+
+CREATE TABLE tokens (
+    hash       TEXT PRIMARY KEY,
+    identity   TEXT NOT NULL,
+    created_at TEXT NOT NULL
+) WITHOUT ROWID;
+
+INSERT INTO meta (key, value) VALUES ('revision', 0), ('events_compacted', 0);
+";
+
+/// Applies the connection settings and brings the schema up to date.
+/// `durable` is false only for in-memory databases, which have no WAL.
+pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreError> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    if durable {
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Unavailable(format!(
+                "sqlite refused write-ahead logging (journal mode is {mode})"
+            )));
+        }
+    }
+    // Every commit is fsynced before it returns: an acknowledged write
+    // survives kill -9 and power loss.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    match version {
+        0 => {
+            let tx = conn.transaction()?;
+            tx.execute_batch(SCHEMA_V1)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tx.commit()?;
+            Ok(())
+        }
+        SCHEMA_VERSION => Ok(()),
+        newer => Err(StoreError::Corrupt(format!(
+            "database schema version {newer} is newer than this corral understands ({SCHEMA_VERSION})"
+        ))),
+    }
+}
+
+pub(super) fn get_meta(conn: &Connection, key: &str) -> Result<u64, StoreError> {
+    let value: Option<i64> = conn
+        .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
+            row.get(0)
+        })
+        .optional()?;
+    Ok(value.map_or(0, to_u64))
+}
+
+pub(super) fn set_meta(conn: &Connection, key: &str, value: u64) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        params![key, to_i64(value)],
+    )?;
+    Ok(())
+}
+
+/// Column value of a count or revision; SQLite integers are signed.
+pub(super) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+pub(super) fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// Times are stored as fixed-width RFC 3339 text (nanoseconds, `Z`), which
+/// sorts in time order.
+pub(super) fn time_to_text(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Nanos, true)
+}
+
+pub(super) fn time_from_text(text: &str) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|time| time.with_timezone(&Utc))
+        .map_err(|error| StoreError::Corrupt(format!("stored time {text:?}: {error}")))
+}
+
+pub(super) fn kind_from_text(text: &str) -> Result<Kind, StoreError> {
+    Kind::from_str(text).map_err(|error| StoreError::Corrupt(error.to_string()))
+}
+
+pub(super) fn class_from_text(text: &str) -> Result<AuthorClass, StoreError> {
+    match text {
+        "external" => Ok(AuthorClass::External),
+        "system" => Ok(AuthorClass::System),
+        other => Err(StoreError::Corrupt(format!(
+            "stored author class {other:?} is neither external nor system"
+        ))),
+    }
+}
+
+/// Maps a JSON error on stored data to `Corrupt`, naming what was read.
+pub(super) fn corrupt_json(what: &str) -> impl FnOnce(serde_json::Error) -> StoreError + '_ {
+    move |error| StoreError::Corrupt(format!("{what}: {error}"))
+}

@@ -1,0 +1,171 @@
+//! Watch: replay of the event table, then live events from the broadcast
+//! channel, with no gap and no duplicate.
+//!
+//! The receiver subscribes before the table is read, so every event is
+//! either committed before the read (and in the table) or sent after it (and
+//! in the receiver). `cursor` is the newest store revision already delivered
+//! or known not to pass the filter; anything at or below it is skipped. A
+//! receiver that lags falls back to reading the table from the cursor.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use rusqlite::{Connection, params};
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::objects::{event_type_from_text, parse_object};
+use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
+use super::{Shared, run_blocking};
+use crate::{StoreError, WatchEvent, WatchFilter, WatchStream};
+
+/// Events read from the table at a time while catching up.
+const BATCH: usize = 512;
+
+struct WatchState {
+    shared: Arc<Shared>,
+    receiver: broadcast::Receiver<Arc<WatchEvent>>,
+    filter: WatchFilter,
+    cursor: u64,
+    catching_up: bool,
+    pending: VecDeque<WatchEvent>,
+    finished: bool,
+}
+
+/// One read from the table.
+struct Batch {
+    events: Vec<WatchEvent>,
+    /// Whether the read reached the newest event.
+    complete: bool,
+    /// The store revision when the table was read.
+    store_revision: u64,
+}
+
+pub(super) async fn watch(
+    shared: Arc<Shared>,
+    filter: WatchFilter,
+    after: u64,
+) -> Result<WatchStream, StoreError> {
+    let receiver = shared.events.subscribe();
+    let compacted = run_blocking(Arc::clone(&shared), |conn, _| {
+        schema::get_meta(conn, META_EVENTS_COMPACTED)
+    })
+    .await?;
+    if after < compacted {
+        return Err(StoreError::Expired {
+            requested: after,
+            compacted,
+        });
+    }
+    let state = WatchState {
+        shared,
+        receiver,
+        filter,
+        cursor: after,
+        catching_up: true,
+        pending: VecDeque::new(),
+        finished: false,
+    };
+    Ok(Box::pin(futures::stream::unfold(state, next_event)))
+}
+
+async fn next_event(mut state: WatchState) -> Option<(Result<WatchEvent, StoreError>, WatchState)> {
+    loop {
+        if state.finished {
+            return None;
+        }
+        if let Some(event) = state.pending.pop_front() {
+            state.cursor = state.cursor.max(event.resource_version());
+            return Some((Ok(event), state));
+        }
+        if state.catching_up {
+            let (filter, cursor) = (state.filter.clone(), state.cursor);
+            let read = run_blocking(Arc::clone(&state.shared), move |conn, _| {
+                read_batch(conn, &filter, cursor)
+            })
+            .await;
+            match read {
+                Ok(batch) => {
+                    if batch.complete {
+                        state.catching_up = false;
+                        // Everything committed so far was in the table:
+                        // the live events at or below it are duplicates.
+                        state.cursor = state.cursor.max(batch.store_revision);
+                    }
+                    state.pending.extend(batch.events);
+                }
+                Err(error) => {
+                    state.finished = true;
+                    return Some((Err(error), state));
+                }
+            }
+            continue;
+        }
+        match state.receiver.recv().await {
+            Ok(event) => {
+                let resource_version = event.resource_version();
+                if resource_version <= state.cursor {
+                    continue;
+                }
+                state.cursor = resource_version;
+                if state.filter.admits(&event.object) {
+                    return Some((Ok(WatchEvent::clone(&event)), state));
+                }
+            }
+            Err(RecvError::Lagged(_)) => state.catching_up = true,
+            Err(RecvError::Closed) => return None,
+        }
+    }
+}
+
+fn read_batch(
+    conn: &mut Connection,
+    filter: &WatchFilter,
+    cursor: u64,
+) -> Result<Batch, StoreError> {
+    let tx = conn.transaction()?;
+    let compacted = schema::get_meta(&tx, META_EVENTS_COMPACTED)?;
+    if cursor < compacted {
+        return Err(StoreError::Expired {
+            requested: cursor,
+            compacted,
+        });
+    }
+    let store_revision = schema::get_meta(&tx, META_REVISION)?;
+    let mut events = Vec::new();
+    {
+        let mut statement = tx.prepare_cached(
+            "SELECT resource_version, type, body FROM events
+             WHERE resource_version > ?1
+               AND (?2 IS NULL OR kind = ?2)
+               AND (?3 IS NULL OR namespace = ?3)
+               AND (?4 IS NULL OR name = ?4)
+             ORDER BY resource_version LIMIT ?5",
+        )?;
+        let mut rows = statement.query(params![
+            to_i64(cursor),
+            filter.kind.map(|kind| kind.as_str()),
+            filter.namespace,
+            filter.name,
+            to_i64(BATCH as u64),
+        ])?;
+        while let Some(row) = rows.next()? {
+            let resource_version = to_u64(row.get(0)?);
+            let event_type = event_type_from_text(&row.get::<_, String>(1)?)?;
+            let object = parse_object(&row.get::<_, String>(2)?)?;
+            if object.metadata.resource_version != resource_version {
+                return Err(StoreError::Corrupt(format!(
+                    "event {resource_version} holds an object at resourceVersion {}",
+                    object.metadata.resource_version
+                )));
+            }
+            events.push(WatchEvent { event_type, object });
+        }
+    }
+    tx.commit()?;
+    Ok(Batch {
+        complete: events.len() < BATCH,
+        events,
+        store_revision,
+    })
+}

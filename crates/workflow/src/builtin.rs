@@ -1,0 +1,512 @@
+//! The built-in workflows of every kind that has a lifecycle.
+//!
+//! Owners are controller identities: `scheduler`, `ipam`, and `node` (the
+//! agent of the node the object is bound to, see [`crate::owner`]).
+//!
+//! Targets are strict synchronisation points: a target is reached when every
+//! step ordered before it is done. Some targets are *gates* named for what
+//! comes after them: in the pod `start` workflow, `containers` means "every
+//! prerequisite of the containers is in place", so a step registered
+//! `after: [network], before: [containers]` (sidecar injection) finishes
+//! before any container starts.
+
+use corral_api::Kind;
+use corral_api::workflow::{RetryPolicy, StepDefinition, StepKind};
+
+use crate::definition::{ENGINE_OWNER, WorkflowDefinition};
+
+/// Every (kind, workflow) pair with a built-in definition.
+pub const BUILTIN_WORKFLOWS: [(Kind, &str); 6] = [
+    (Kind::Pod, "start"),
+    (Kind::Pod, "update"),
+    (Kind::Pod, "stop"),
+    (Kind::Node, "join"),
+    (Kind::VirtualMachine, "start"),
+    (Kind::VirtualMachine, "stop"),
+];
+
+/// The built-in definition of `kind`'s `workflow`, without registered steps.
+pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
+    let (goal, steps) = match (kind, workflow) {
+        (Kind::Pod, "start") => ("running", pod_start()),
+        (Kind::Pod, "update") => ("running", pod_update()),
+        (Kind::Pod, "stop") => ("deleted", pod_stop()),
+        (Kind::Node, "join") => ("ready", node_join()),
+        (Kind::VirtualMachine, "start") => ("running", vm_start()),
+        (Kind::VirtualMachine, "stop") => ("deleted", vm_stop()),
+        _ => return None,
+    };
+    Some(WorkflowDefinition {
+        kind,
+        workflow: workflow.to_string(),
+        goal: goal.to_string(),
+        steps,
+    })
+}
+
+fn pod_start() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "scheduler/place",
+            "choose a node with room for the pod and bind it",
+        )
+        .wanted_by("scheduled")
+        .build(),
+        target("scheduled", "the pod is bound to a node", &[]),
+        step(
+            "ipam/assign-address",
+            "pick the pod's IPv6 address in its node's /64",
+        )
+        .requires(&["scheduled"])
+        .wanted_by("network")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        step(
+            "node/create-sandbox",
+            "create the pod's namespaces and configure its address",
+        )
+        .requires(&["ipam/assign-address"])
+        .wanted_by("network")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        target("network", "the pod's sandbox is up with its address", &[]),
+        step(
+            "node/pull-image",
+            "make every container image present on the node",
+        )
+        .requires(&["scheduled"])
+        .wanted_by("image")
+        .timeout_secs(600)
+        .attempts(3)
+        .build(),
+        target("image", "every image is on the node", &[]),
+        step("node/prepare-volumes", "create or mount the pod's volumes")
+            .requires(&["scheduled"])
+            .wanted_by("storage")
+            .timeout_secs(300)
+            .attempts(3)
+            .build(),
+        target("storage", "every volume is ready to mount", &[]),
+        target(
+            "containers",
+            "every prerequisite of the containers is in place; they start after it",
+            &["network", "storage", "image"],
+        ),
+        step("node/start-containers", "start the pod's containers")
+            .requires(&["containers"])
+            .wanted_by("running")
+            .timeout_secs(120)
+            .attempts(2)
+            .build(),
+        step(
+            "node/await-readiness",
+            "wait until every readiness probe passes",
+        )
+        .requires(&["node/start-containers"])
+        .wanted_by("running")
+        .timeout_secs(600)
+        .build(),
+        target("running", "the pod runs and is ready", &[]),
+    ]
+}
+
+fn pod_update() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "node/pull-image",
+            "make the new revision's images present on the node",
+        )
+        .wanted_by("image")
+        .timeout_secs(600)
+        .attempts(3)
+        .build(),
+        target(
+            "image",
+            "every image of the new revision is on the node",
+            &[],
+        ),
+        step(
+            "node/prepare-volumes",
+            "create or mount volumes the new revision adds",
+        )
+        .wanted_by("storage")
+        .timeout_secs(300)
+        .attempts(3)
+        .build(),
+        target("storage", "every volume of the new revision is ready", &[]),
+        step(
+            "node/stop-changed-containers",
+            "send changed containers SIGTERM, wait their grace period, then kill",
+        )
+        .requires(&["image", "storage"])
+        .wanted_by("draining")
+        .timeout_secs(300)
+        .build(),
+        target("draining", "the changed containers have stopped", &[]),
+        target(
+            "containers",
+            "every prerequisite of the new containers is in place; they start after it",
+            &["draining"],
+        ),
+        step(
+            "node/start-changed-containers",
+            "start the changed containers with the new config",
+        )
+        .requires(&["containers"])
+        .wanted_by("running")
+        .timeout_secs(120)
+        .attempts(2)
+        .build(),
+        step(
+            "node/await-readiness",
+            "wait until every readiness probe passes",
+        )
+        .requires(&["node/start-changed-containers"])
+        .wanted_by("running")
+        .timeout_secs(600)
+        .build(),
+        target("running", "the new revision runs and is ready", &[]),
+    ]
+}
+
+fn pod_stop() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "node/mark-unready",
+            "mark the pod not ready so DNS stops serving it",
+        )
+        .wanted_by("draining")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        target("draining", "the pod receives no new traffic", &[]),
+        step(
+            "node/stop-containers",
+            "send the containers SIGTERM, wait their grace period, then kill",
+        )
+        .requires(&["draining"])
+        .wanted_by("stopped")
+        .timeout_secs(300)
+        .attempts(2)
+        .build(),
+        target("stopped", "no process of the pod runs", &[]),
+        step(
+            "node/release-volumes",
+            "unmount the pod's volumes and remove emptyDirs",
+        )
+        .requires(&["stopped"])
+        .wanted_by("released")
+        .timeout_secs(120)
+        .attempts(3)
+        .build(),
+        step("node/remove-sandbox", "remove the pod's namespaces")
+            .requires(&["stopped"])
+            .wanted_by("released")
+            .timeout_secs(60)
+            .attempts(3)
+            .build(),
+        step(
+            "ipam/release-address",
+            "return the pod's address to its node's /64",
+        )
+        .requires(&["node/remove-sandbox"])
+        .wanted_by("released")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        step(
+            "scheduler/release",
+            "free the pod's reservation on its node",
+        )
+        .requires(&["stopped"])
+        .wanted_by("released")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        target("released", "the pod holds no node resource", &[]),
+        target(
+            "deleted",
+            "every finalizer is done; the object is removed",
+            &["released"],
+        ),
+    ]
+}
+
+fn node_join() -> Vec<StepDefinition> {
+    vec![
+        step("node/register", "register the node and report its capacity")
+            .wanted_by("registered")
+            .timeout_secs(60)
+            .attempts(5)
+            .build(),
+        target("registered", "the node is known to the cluster", &[]),
+        step(
+            "ipam/assign-prefix",
+            "give the node a /64 of the cluster prefix",
+        )
+        .requires(&["registered"])
+        .wanted_by("network")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        step(
+            "node/configure-routes",
+            "route the node's /64 and the other nodes' /64s",
+        )
+        .requires(&["ipam/assign-prefix"])
+        .wanted_by("network")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        step(
+            "node/configure-egress",
+            "masquerade the pods' IPv4 egress range",
+        )
+        .requires(&["registered"])
+        .wanted_by("network")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        target(
+            "network",
+            "pods on the node can reach every other node's pods",
+            &[],
+        ),
+        step(
+            "node/check-runtime",
+            "check that the OCI runtimes and the image store work",
+        )
+        .requires(&["registered"])
+        .wanted_by("ready")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        target("ready", "the node accepts pods", &["network"]),
+    ]
+}
+
+fn vm_start() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "scheduler/place",
+            "choose a node with room for the VM and bind it",
+        )
+        .wanted_by("scheduled")
+        .build(),
+        target("scheduled", "the VM is bound to a node", &[]),
+        step(
+            "ipam/assign-address",
+            "pick the VM's IPv6 address in its node's /64",
+        )
+        .requires(&["scheduled"])
+        .wanted_by("network")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        step(
+            "node/create-tap",
+            "create the VM's tap device and route its address",
+        )
+        .requires(&["ipam/assign-address"])
+        .wanted_by("network")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        target("network", "the VM's network device is ready", &[]),
+        step(
+            "node/fetch-kernel",
+            "make the kernel, initramfs or disk image present",
+        )
+        .requires(&["scheduled"])
+        .wanted_by("image")
+        .timeout_secs(600)
+        .attempts(3)
+        .build(),
+        target("image", "every boot artifact is on the node", &[]),
+        step("node/prepare-disk", "create or attach the VM's disk")
+            .requires(&["scheduled"])
+            .wanted_by("storage")
+            .timeout_secs(300)
+            .attempts(3)
+            .build(),
+        target("storage", "the VM's disk is ready", &[]),
+        target(
+            "boot",
+            "every prerequisite of the VM is in place; it boots after it",
+            &["network", "storage", "image"],
+        ),
+        step("node/start-vm", "start QEMU with the VM's configuration")
+            .requires(&["boot"])
+            .wanted_by("running")
+            .timeout_secs(120)
+            .attempts(2)
+            .build(),
+        step(
+            "node/await-boot",
+            "wait until the guest reports it has booted",
+        )
+        .requires(&["node/start-vm"])
+        .wanted_by("running")
+        .timeout_secs(300)
+        .build(),
+        target("running", "the VM runs and has booted", &[]),
+    ]
+}
+
+fn vm_stop() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "node/stop-vm",
+            "ask the guest to power off, wait its grace period, then kill",
+        )
+        .wanted_by("stopped")
+        .timeout_secs(300)
+        .attempts(2)
+        .build(),
+        target("stopped", "QEMU no longer runs", &[]),
+        step("node/release-disk", "detach the VM's disk")
+            .requires(&["stopped"])
+            .wanted_by("released")
+            .timeout_secs(120)
+            .attempts(3)
+            .build(),
+        step("node/remove-tap", "remove the VM's tap device")
+            .requires(&["stopped"])
+            .wanted_by("released")
+            .timeout_secs(60)
+            .attempts(3)
+            .build(),
+        step(
+            "ipam/release-address",
+            "return the VM's address to its node's /64",
+        )
+        .requires(&["node/remove-tap"])
+        .wanted_by("released")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
+        step("scheduler/release", "free the VM's reservation on its node")
+            .requires(&["stopped"])
+            .wanted_by("released")
+            .timeout_secs(30)
+            .attempts(3)
+            .build(),
+        target("released", "the VM holds no node resource", &[]),
+        target(
+            "deleted",
+            "every finalizer is done; the object is removed",
+            &["released"],
+        ),
+    ]
+}
+
+/// Starts a built-in step; the owner is the part of the name before `/`.
+fn step(name: &str, description: &str) -> StepBuilder {
+    let owner = name.split_once('/').map_or(name, |(owner, _)| owner);
+    StepBuilder(StepDefinition {
+        name: name.to_string(),
+        owner: owner.to_string(),
+        kind: StepKind::Step,
+        description: Some(description.to_string()),
+        after: Vec::new(),
+        before: Vec::new(),
+        requires: Vec::new(),
+        wanted_by: None,
+        timeout_ms: None,
+        retry: RetryPolicy::default(),
+    })
+}
+
+/// A target that requires `requires` besides its members.
+fn target(name: &str, description: &str, requires: &[&str]) -> StepDefinition {
+    StepDefinition {
+        name: name.to_string(),
+        owner: ENGINE_OWNER.to_string(),
+        kind: StepKind::Target,
+        description: Some(description.to_string()),
+        after: Vec::new(),
+        before: Vec::new(),
+        requires: strings(requires),
+        wanted_by: None,
+        timeout_ms: None,
+        retry: RetryPolicy::default(),
+    }
+}
+
+struct StepBuilder(StepDefinition);
+
+impl StepBuilder {
+    fn requires(mut self, names: &[&str]) -> Self {
+        self.0.requires = strings(names);
+        self
+    }
+
+    fn wanted_by(mut self, target: &str) -> Self {
+        self.0.wanted_by = Some(target.to_string());
+        self
+    }
+
+    fn timeout_secs(mut self, seconds: u64) -> Self {
+        self.0.timeout_ms = Some(seconds * 1_000);
+        self
+    }
+
+    fn attempts(mut self, max_attempts: u32) -> Self {
+        self.0.retry.max_attempts = max_attempts;
+        self
+    }
+
+    fn build(self) -> StepDefinition {
+        self.0
+    }
+}
+
+fn strings(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::definition::validate;
+
+    #[test]
+    fn every_builtin_is_valid() {
+        for (kind, workflow) in BUILTIN_WORKFLOWS {
+            let definition = builtin(kind, workflow).expect("listed workflow exists");
+            validate(&definition).unwrap_or_else(|error| panic!("{kind} {workflow}: {error}"));
+        }
+    }
+
+    #[test]
+    fn pod_start_has_the_documented_targets() {
+        let definition = builtin(Kind::Pod, "start").expect("pod start");
+        for target in [
+            "scheduled",
+            "network",
+            "storage",
+            "image",
+            "containers",
+            "running",
+        ] {
+            let step = definition.step(target).expect(target);
+            assert_eq!(step.kind, StepKind::Target);
+        }
+        assert_eq!(definition.goal, "running");
+        assert_eq!(
+            definition.step("scheduler/place").map(|s| s.owner.as_str()),
+            Some("scheduler")
+        );
+    }
+
+    #[test]
+    fn pod_stop_ends_in_deleted() {
+        let definition = builtin(Kind::Pod, "stop").expect("pod stop");
+        for target in ["draining", "stopped", "released", "deleted"] {
+            assert!(definition.step(target).is_some(), "{target}");
+        }
+        assert!(builtin(Kind::Policy, "start").is_none());
+    }
+}
