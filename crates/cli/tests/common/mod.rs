@@ -1,0 +1,179 @@
+//! Shared end-to-end harness: a real `corral up` process on a temporary
+//! data dir and a loopback port, and a way to run the real CLI against it.
+//! The process is killed when the harness is dropped, even if a test fails.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+
+/// A running `corral up`.
+pub struct Cluster {
+    pub data_dir: tempfile::TempDir,
+    pub config: PathBuf,
+    child: Option<Child>,
+    /// How long `corral up` took to print its config line.
+    pub startup: Duration,
+}
+
+impl Cluster {
+    /// Starts `corral up` on a fresh data dir.
+    pub fn start() -> Cluster {
+        let data_dir = tempfile::Builder::new()
+            .prefix("corral-e2e-")
+            .tempdir()
+            .expect("create a temporary data dir");
+        let mut cluster = Cluster {
+            config: data_dir.path().join("admin.json"),
+            data_dir,
+            child: None,
+            startup: Duration::ZERO,
+        };
+        cluster.restart();
+        cluster
+    }
+
+    /// Starts (again) on the same data dir; the previous process must be gone.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart: the previous corral up still runs");
+        let started = Instant::now();
+        let mut child = Command::new(CORRAL)
+            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(self.data_dir.path())
+            .env("CORRAL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn corral up");
+        let stdout = child.stdout.take().expect("corral up stdout");
+        self.child = Some(child);
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = received
+            .recv_timeout(Duration::from_secs(20))
+            .expect("corral up printed no config line within 20 s");
+        self.startup = started.elapsed();
+        let path = line
+            .strip_prefix("export CORRAL_CONFIG=")
+            .unwrap_or_else(|| panic!("unexpected first line from corral up: {line:?}"));
+        assert_eq!(Path::new(path), self.config);
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the process with SIGTERM and waits; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    /// Runs the CLI against this cluster.
+    pub fn corral(&self, args: &[&str]) -> Output {
+        self.corral_with_stdin(args, None)
+    }
+
+    pub fn corral_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut command = Command::new(CORRAL);
+        command
+            .args(args)
+            .env("CORRAL_CONFIG", &self.config)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawn corral");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(text.as_bytes())
+                .expect("write stdin");
+        }
+        child.wait_with_output().expect("wait for corral")
+    }
+
+    /// Runs the CLI and insists it succeeds; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.corral(args);
+        assert!(
+            output.status.success(),
+            "corral {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs the CLI and insists it fails; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let output = self.corral(args);
+        assert!(
+            !output.status.success(),
+            "corral {args:?} should have failed but printed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    /// `get KIND/NAME -o json` parsed.
+    pub fn get_json(&self, target: &str) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["get", target, "-o", "json"])).expect("get -o json is JSON")
+    }
+
+    /// Writes a manifest into the data dir and returns its path.
+    pub fn manifest(&self, name: &str, text: &str) -> String {
+        let path = self.data_dir.path().join(name);
+        std::fs::write(&path, text).expect("write manifest");
+        path.to_string_lossy().into_owned()
+    }
+
+    /// The config the cluster wrote (server URL and admin token).
+    pub fn client_config(&self) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&self.config).expect("read config"))
+            .expect("config is JSON")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A one-container pod manifest with the given image and message-free env.
+pub fn pod_manifest(name: &str, image: &str) -> String {
+    format!(
+        "kind: Pod\nmetadata: {{name: {name}, labels: {{app: {name}}}}}\nspec:\n  containers:\n    - name: {name}\n      image: {image}\n      command: [httpd, -f, -p, \"8080\"]\n      env: {{GREETING: hello}}\n      ports: [8080]\n"
+    )
+}

@@ -1,0 +1,213 @@
+//! End-to-end acceptance of the foundation: `corral up`, apply, revisions,
+//! history and its filters, diff, rollback, optimistic concurrency, bad
+//! manifests, and durability across `kill -9`. Drives the real binary.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Cluster, pod_manifest};
+use serde_json::Value;
+
+#[test]
+fn up_prints_its_config_line_within_two_seconds() {
+    let mut cluster = Cluster::start();
+    assert!(
+        cluster.startup < Duration::from_secs(2),
+        "corral up took {:?} to print its config line",
+        cluster.startup
+    );
+    assert!(cluster.ok(&["whoami"]).starts_with("admin (operator, external)"));
+    assert!(cluster.terminate(), "corral up did not stop cleanly on SIGTERM");
+}
+
+#[test]
+fn revisions_history_diff_and_rollback() {
+    let cluster = Cluster::start();
+    let v1 = cluster.manifest("v1.yaml", &pod_manifest("web", "local/busybox:1"));
+    let v2 = cluster.manifest("v2.yaml", &pod_manifest("web", "local/busybox:2"));
+
+    assert_eq!(cluster.ok(&["apply", "-f", &v1]).trim(), "pod/web created (revision 1)");
+    let first = cluster.get_json("pod/web");
+    assert_eq!(first["metadata"]["revision"], 1);
+    for field in ["name", "namespace", "uid", "revision", "resourceVersion", "labels"] {
+        assert!(!first["metadata"][field].is_null(), "metadata.{field} missing: {first}");
+    }
+
+    assert_eq!(
+        cluster.ok(&["apply", "-f", &v2, "-m", "bump"]).trim(),
+        "pod/web configured (revision 2)"
+    );
+    let second = cluster.get_json("pod/web");
+    assert_eq!(second["metadata"]["revision"], 2);
+    assert_eq!(second["metadata"]["uid"], first["metadata"]["uid"]);
+    assert_eq!(second["spec"]["containers"][0]["image"], "local/busybox:2");
+
+    // Applying the same manifest again changes nothing.
+    assert_eq!(cluster.ok(&["apply", "-f", &v2]).trim(), "pod/web unchanged (revision 2)");
+
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", "pod/web", "-o", "json"])).unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    for (index, entry) in history.iter().enumerate() {
+        assert_eq!(entry["revision"], index as u64 + 1);
+        assert_eq!(entry["class"], "external");
+        assert_eq!(entry["author"], "admin");
+        assert_eq!(entry["kind"], "Pod");
+        assert_eq!(entry["name"], "web");
+        assert!(entry["time"].is_string());
+    }
+    assert_eq!(history[1]["message"], "bump");
+
+    let diff = cluster.ok(&["diff", "pod/web", "1", "2"]);
+    assert!(diff.contains("-  image: local/busybox:1"), "{diff}");
+    assert!(diff.contains("+  image: local/busybox:2"), "{diff}");
+
+    let rolled = cluster.ok(&["rollback", "pod/web", "--to", "1"]);
+    assert!(rolled.contains("now revision 3"), "{rolled}");
+    let third = cluster.get_json("pod/web");
+    assert_eq!(third["metadata"]["revision"], 3);
+    assert_eq!(third["spec"], first["spec"]);
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", "pod/web", "-o", "json"])).unwrap();
+    assert_eq!(history[2]["message"], "rollback to revision 1");
+    assert_eq!(history[2]["author"], "admin");
+}
+
+#[test]
+fn history_filters_by_author_and_class() {
+    let cluster = Cluster::start();
+    let alice_token = cluster.ok(&["token", "create", "--user", "alice"]);
+    let alice_config = cluster.manifest(
+        "alice.json",
+        &serde_json::json!({
+            "server": cluster.client_config()["server"],
+            "token": alice_token.trim(),
+        })
+        .to_string(),
+    );
+    let admins = cluster.manifest("a.yaml", &pod_manifest("by-admin", "busybox"));
+    let alices = cluster.manifest("b.yaml", &pod_manifest("by-alice", "busybox"));
+    cluster.ok(&["apply", "-f", &admins, "-m", "admin's"]);
+    cluster.ok(&["--config", &alice_config, "apply", "-f", &alices, "-m", "alice's"]);
+
+    let names = |args: &[&str]| -> Vec<String> {
+        let records: Vec<Value> = serde_json::from_str(&cluster.ok(args)).unwrap();
+        records
+            .iter()
+            .map(|r| format!("{}:{}", r["author"].as_str().unwrap(), r["name"].as_str().unwrap()))
+            .collect()
+    };
+    assert_eq!(
+        names(&["history", "--since", "1h", "-o", "json"]),
+        vec!["admin:by-admin", "alice:by-alice"]
+    );
+    assert_eq!(
+        names(&["history", "--since", "1h", "--exclude-author", "admin", "-o", "json"]),
+        vec!["alice:by-alice"]
+    );
+    assert_eq!(
+        names(&["history", "--since", "1h", "--author", "admin", "-o", "json"]),
+        vec!["admin:by-admin"]
+    );
+    assert_eq!(
+        names(&["history", "--author", "admin", "--author", "alice", "--exclude-author", "alice", "-o", "json"]),
+        vec!["admin:by-admin"]
+    );
+    assert!(names(&["history", "--since", "1h", "--system", "-o", "json"]).is_empty());
+    assert_eq!(names(&["history", "--external", "-o", "json"]).len(), 2);
+    let table = cluster.ok(&["history", "--since", "1h"]);
+    assert!(table.contains("pod/by-alice") && table.contains("alice's"), "{table}");
+}
+
+#[test]
+fn stale_resource_version_is_refused() {
+    let cluster = Cluster::start();
+    let path = cluster.manifest("web.yaml", &pod_manifest("web", "busybox:1"));
+    cluster.ok(&["apply", "-f", &path]);
+    let mut stale = cluster.get_json("pod/web");
+    cluster.ok(&["apply", "-f", &cluster.manifest("v2.yaml", &pod_manifest("web", "busybox:2"))]);
+
+    stale["spec"]["containers"][0]["image"] = "busybox:3".into();
+    stale.as_object_mut().unwrap().remove("status");
+    let stale_path = cluster.manifest("stale.json", &stale.to_string());
+    let error = cluster.fails(&["apply", "-f", &stale_path]);
+    assert!(error.contains("was changed by someone else"), "{error}");
+    assert!(error.contains("resourceVersion"), "{error}");
+    assert_eq!(
+        cluster.get_json("pod/web")["spec"]["containers"][0]["image"],
+        "busybox:2"
+    );
+
+    // The API answers 409 to the same write.
+    let config = cluster.client_config();
+    let url = format!("{}/v1/namespaces/default/pods/web", config["server"].as_str().unwrap());
+    let status = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", "-H"])
+        .arg(format!("Authorization: Bearer {}", config["token"].as_str().unwrap()))
+        .args(["-H", "Content-Type: application/json", "--data-binary"])
+        .arg(format!("@{stale_path}"))
+        .arg(&url)
+        .output()
+        .expect("curl is installed");
+    assert_eq!(String::from_utf8_lossy(&status.stdout), "409");
+}
+
+#[test]
+fn bad_manifests_change_nothing_and_say_where() {
+    let cluster = Cluster::start();
+    let cases = [
+        ("unknown-kind", "kind: Blob\nmetadata: {name: x}\nspec: {}\n", "unknown kind \"Blob\""),
+        ("missing-name", "kind: Pod\nmetadata: {labels: {a: b}}\nspec: {containers: [{name: c, image: i}]}\n", "metadata.name: is required"),
+        ("wrong-type", "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: i, ports: [http]}]}\n", "spec.containers[0].ports[0]"),
+        ("unknown-field", "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: i, imagee: j}]}\n", "unknown field `imagee`"),
+        ("empty-image", "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: ''}]}\n", "spec.containers[0].image: must not be empty"),
+        ("invalid-yaml", "kind: Pod\nmetadata: {name: x\nspec: [\n", "line"),
+        ("second-bad", "kind: Pod\nmetadata: {name: good}\nspec: {containers: [{name: c, image: i}]}\n---\nkind: Pod\nmetadata: {name: bad}\nspec: {}\n", "document 2 (pod/bad)"),
+    ];
+    for (name, text, expected) in cases {
+        let path = cluster.manifest(&format!("{name}.yaml"), text);
+        let error = cluster.fails(&["apply", "-f", &path]);
+        assert!(error.contains(expected), "{name}: expected {expected:?} in {error:?}");
+    }
+    let listed: Value = serde_json::from_str(&cluster.ok(&["get", "pods", "-A", "-o", "json"])).unwrap();
+    assert_eq!(listed["items"], serde_json::json!([]), "a bad manifest stored something");
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", "-o", "json"])).unwrap();
+    assert!(history.is_empty(), "{history:?}");
+}
+
+#[test]
+fn acknowledged_apply_survives_kill_9() {
+    let mut cluster = Cluster::start();
+    let path = cluster.manifest("web.yaml", &pod_manifest("web", "busybox:1"));
+    cluster.ok(&["apply", "-f", &path, "-m", "first"]);
+    let path = cluster.manifest("web2.yaml", &pod_manifest("web", "busybox:2"));
+    cluster.ok(&["apply", "-f", &path, "-m", "acknowledged"]);
+    cluster.kill9();
+    cluster.restart();
+    let pod = cluster.get_json("pod/web");
+    assert_eq!(pod["metadata"]["revision"], 2);
+    assert_eq!(pod["spec"]["containers"][0]["image"], "busybox:2");
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", "pod/web", "-o", "json"])).unwrap();
+    assert_eq!(history[1]["message"], "acknowledged");
+}
+
+#[test]
+fn stdin_manifests_namespaces_and_delete() {
+    let cluster = Cluster::start();
+    let output = cluster.corral_with_stdin(
+        &["apply", "-f", "-", "-n", "team-a"],
+        Some(&pod_manifest("web", "busybox")),
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(cluster.fails(&["get", "pod/web"]).contains("not found"));
+    let pod: Value =
+        serde_json::from_str(&cluster.ok(&["get", "pod/web", "-n", "team-a", "-o", "json"])).unwrap();
+    assert_eq!(pod["metadata"]["namespace"], "team-a");
+    let wide = cluster.ok(&["get", "pods", "-A"]);
+    assert!(wide.contains("team-a") && wide.contains("web"), "{wide}");
+    assert_eq!(cluster.ok(&["delete", "pod/web", "-n", "team-a"]).trim(), "pod/team-a/web deleted");
+    assert!(cluster.fails(&["get", "pod/web", "-n", "team-a"]).contains("not found"));
+}

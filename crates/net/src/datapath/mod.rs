@@ -1,0 +1,243 @@
+//! The node data path: a veth per pod, plain routes between nodes.
+//!
+//! Shape (no overlay, no bridge on the node):
+//!
+//! ```text
+//!  pod netns                         node netns
+//!  eth0  fd..:node64:<random>/128    crl<hash>  fe80::1/64, 10.87.0.1/32
+//!        10.87.0.N/32                route  <pod>/128 dev crl<hash>
+//!  default via fe80::1 dev eth0      route  10.87.0.N/32 dev crl<hash>
+//!  default via 10.87.0.1 dev eth0    route  <other node /64> via <other node addr>
+//!        onlink                              (or dev <wg interface>)
+//! ```
+//!
+//! Every host-side veth carries the same link-local gateway `fe80::1` (valid
+//! because link-local addresses are per link) and the same IPv4 gateway
+//! (the egress range's `.1`), so a pod's routes never depend on its node.
+//! DAD is switched off on both ends so addresses work at once.
+//!
+//! Routes corral installs are tagged with their own routing protocol numbers
+//! ([`ROUTE_PROTOCOL_NODE`], [`ROUTE_PROTOCOL_POD`]) so listing them back
+//! never confuses them with the operator's routes. Host veths carry the pod's
+//! key as their interface alias (`corral-pod:<owner>`), so listing pod
+//! interfaces needs no local state.
+//!
+//! Operations are behind [`NetworkOps`]; [`Netlink`] is the real
+//! implementation, [`FakeNetworkOps`] an in-memory one for the agent's tests.
+
+mod fake;
+pub(crate) mod netlink;
+
+pub use fake::FakeNetworkOps;
+pub use netlink::{Netlink, connect};
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use ipnet::Ipv6Net;
+use sha2::{Digest, Sha256};
+
+use crate::netns::NetnsError;
+
+/// The pod's default IPv6 gateway: on every host-side veth.
+pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// The pod's interface name inside its namespace.
+pub const POD_INTERFACE: &str = "eth0";
+/// Routing protocol number on routes to other nodes' /64s.
+pub const ROUTE_PROTOCOL_NODE: u8 = 87;
+/// Routing protocol number on host routes to pods.
+pub const ROUTE_PROTOCOL_POD: u8 = 88;
+/// Prefix of host-side veth names (see [`host_interface_name`]).
+pub const HOST_INTERFACE_PREFIX: &str = "crl";
+/// Prefix of the alias on host-side veths; the pod's owner key follows.
+pub const POD_ALIAS_PREFIX: &str = "corral-pod:";
+/// Longest Linux interface name.
+pub const MAX_INTERFACE_NAME: usize = 15;
+
+/// Why a data-path operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    #[error("open a netlink socket")]
+    Connect {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("netlink: {operation}")]
+    Netlink {
+        operation: String,
+        #[source]
+        source: rtnetlink::Error,
+    },
+    #[error("write sysctl {path}")]
+    Sysctl {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("interface name {name:?} is invalid: expected 1 to {max} characters without '/', ':' or whitespace", max = MAX_INTERFACE_NAME - 1)]
+    InterfaceName { name: String },
+    #[error("interface {name} not found{}", in_netns(.netns))]
+    MissingInterface {
+        name: String,
+        netns: Option<PathBuf>,
+    },
+}
+
+fn in_netns(netns: &Option<PathBuf>) -> String {
+    netns
+        .as_ref()
+        .map(|p| format!(" in network namespace {}", p.display()))
+        .unwrap_or_default()
+}
+
+/// The IPv4 egress side of a pod interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodEgress {
+    /// The pod's address from the node-local egress range.
+    pub address: Ipv4Addr,
+    /// The range's gateway (`.1`), put on the host-side veth.
+    pub gateway: Ipv4Addr,
+}
+
+/// Everything needed to wire one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInterface {
+    /// The pod's key (e.g. `default/web`), stored as the host veth's alias.
+    pub owner: String,
+    /// Host-side veth name, at most 14 characters (see [`host_interface_name`]).
+    pub host_interface: String,
+    /// The pod's persistent network namespace.
+    pub netns: PathBuf,
+    /// The pod's one IPv6 address (from its node's /64).
+    pub ipv6: Ipv6Addr,
+    /// IPv4 egress, when the node offers it.
+    pub egress: Option<PodEgress>,
+}
+
+/// A pod interface found on the node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodInterfaceInfo {
+    pub host_interface: String,
+    pub owner: String,
+}
+
+/// How traffic for another node's /64 leaves this node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum NextHop {
+    /// Plain routing: via the other node's address on a shared link.
+    Gateway(Ipv6Addr),
+    /// Through an interface such as a WireGuard tunnel.
+    Interface(String),
+}
+
+/// A route to another node's pod subnet.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeRoute {
+    pub destination: Ipv6Net,
+    pub next_hop: NextHop,
+}
+
+/// What [`plan_node_routes`] decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutePlan {
+    /// Routes to add or replace (missing, or with another next hop).
+    pub ensure: Vec<NodeRoute>,
+    /// Destinations no longer wanted.
+    pub remove: Vec<Ipv6Net>,
+}
+
+impl RoutePlan {
+    pub fn is_empty(&self) -> bool {
+        self.ensure.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// Node data-path operations. `ensure_*` are safe to repeat; `remove_*`
+/// tolerate absence.
+#[async_trait]
+pub trait NetworkOps: Send + Sync {
+    /// Turns on IPv6 and IPv4 forwarding on the node.
+    async fn enable_forwarding(&self) -> Result<(), DatapathError>;
+    /// Creates (or repairs) the pod's veth, addresses and routes.
+    async fn ensure_pod_interface(&self, pod: &PodInterface) -> Result<(), DatapathError>;
+    /// Deletes the pod's host veth (its peer and routes go with it).
+    async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError>;
+    /// Lists pod interfaces on the node.
+    async fn list_pod_interfaces(&self) -> Result<Vec<PodInterfaceInfo>, DatapathError>;
+    /// Adds or replaces a route to another node's /64.
+    async fn ensure_node_route(&self, route: &NodeRoute) -> Result<(), DatapathError>;
+    /// Removes the route to `destination`, if any.
+    async fn remove_node_route(&self, destination: Ipv6Net) -> Result<(), DatapathError>;
+    /// Lists routes to other nodes that corral installed.
+    async fn list_node_routes(&self) -> Result<Vec<NodeRoute>, DatapathError>;
+}
+
+/// Compares wanted and installed node routes. The last wanted route for a
+/// destination wins.
+pub fn plan_node_routes(desired: &[NodeRoute], existing: &[NodeRoute]) -> RoutePlan {
+    let wanted: BTreeMap<Ipv6Net, &NodeRoute> =
+        desired.iter().map(|r| (r.destination, r)).collect();
+    let have: BTreeMap<Ipv6Net, &NodeRoute> = existing.iter().map(|r| (r.destination, r)).collect();
+    RoutePlan {
+        ensure: wanted
+            .iter()
+            .filter(|(dst, route)| have.get(dst) != Some(route))
+            .map(|(_, route)| (*route).clone())
+            .collect(),
+        remove: have
+            .keys()
+            .filter(|dst| !wanted.contains_key(dst))
+            .copied()
+            .collect(),
+    }
+}
+
+/// Brings installed node routes to `desired`, returning what changed.
+pub async fn reconcile_node_routes(
+    ops: &dyn NetworkOps,
+    desired: &[NodeRoute],
+) -> Result<RoutePlan, DatapathError> {
+    let existing = ops.list_node_routes().await?;
+    let plan = plan_node_routes(desired, &existing);
+    for destination in &plan.remove {
+        ops.remove_node_route(*destination).await?;
+    }
+    for route in &plan.ensure {
+        ops.ensure_node_route(route).await?;
+    }
+    Ok(plan)
+}
+
+/// A stable host-side veth name for a pod: `crl` + 11 hex digits of the
+/// SHA-256 of its key (14 characters, leaving one for a temporary peer name).
+pub fn host_interface_name(owner: &str) -> String {
+    let digest = Sha256::digest(owner.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{HOST_INTERFACE_PREFIX}{}", &hex[..11])
+}
+
+/// Checks a host-side interface name: at most 14 characters, so a
+/// temporary peer name fits, and none of the characters Linux refuses.
+pub fn validate_host_interface(name: &str) -> Result<(), DatapathError> {
+    let ok = !name.is_empty()
+        && name.len() < MAX_INTERFACE_NAME
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(DatapathError::InterfaceName {
+            name: name.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,507 @@
+//! The real [`NetworkOps`]: rtnetlink sockets opened inside the right
+//! namespaces (the node's, and each pod's while wiring it).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use futures::TryStreamExt;
+use ipnet::Ipv6Net;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
+};
+use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use super::{
+    DatapathError, NetworkOps, NextHop, NodeRoute, POD_ALIAS_PREFIX, POD_GATEWAY_V6, POD_INTERFACE,
+    PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE, ROUTE_PROTOCOL_POD,
+    validate_host_interface,
+};
+use crate::netns;
+
+const MAIN_TABLE: u8 = 254;
+const ENODEV: i32 = 19;
+const ESRCH: i32 = 3;
+const ENOENT: i32 = 2;
+
+/// Opens an rtnetlink connection inside `netns` (or the caller's namespace
+/// for `None`). The socket stays bound to that namespace; its driver task
+/// runs on the current tokio runtime until the handle is dropped.
+pub async fn connect(netns: Option<&Path>) -> Result<Handle, DatapathError> {
+    let runtime = tokio::runtime::Handle::current();
+    let created = netns::run_in_optional(netns, move || {
+        let _entered = runtime.enter();
+        rtnetlink::new_connection()
+    })?;
+    let (connection, handle, _) = created.map_err(|source| DatapathError::Connect { source })?;
+    tokio::spawn(connection);
+    Ok(handle)
+}
+
+pub(crate) fn errno(error: &rtnetlink::Error) -> Option<i32> {
+    match error {
+        rtnetlink::Error::NetlinkError(message) => message.code.map(|code| -code.get()),
+        _ => None,
+    }
+}
+
+pub(crate) fn netlink_error(
+    operation: impl Into<String>,
+) -> impl FnOnce(rtnetlink::Error) -> DatapathError {
+    let operation = operation.into();
+    move |source| DatapathError::Netlink { operation, source }
+}
+
+/// The link called `name`, if it exists.
+pub(crate) async fn find_link(
+    handle: &Handle,
+    name: &str,
+) -> Result<Option<LinkMessage>, DatapathError> {
+    let mut links = handle.link().get().match_name(name.to_string()).execute();
+    match links.try_next().await {
+        Ok(link) => Ok(link),
+        Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
+        Err(e) => Err(netlink_error(format!("get link {name}"))(e)),
+    }
+}
+
+pub(crate) async fn link_index(
+    handle: &Handle,
+    name: &str,
+    netns: Option<&Path>,
+) -> Result<u32, DatapathError> {
+    find_link(handle, name)
+        .await?
+        .map(|link| link.header.index)
+        .ok_or_else(|| DatapathError::MissingInterface {
+            name: name.to_string(),
+            netns: netns.map(Path::to_path_buf),
+        })
+}
+
+pub(crate) async fn set_up(handle: &Handle, index: u32, name: &str) -> Result<(), DatapathError> {
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await
+        .map_err(netlink_error(format!("set {name} up")))
+}
+
+pub(crate) async fn add_address(
+    handle: &Handle,
+    index: u32,
+    address: IpAddr,
+    prefix_len: u8,
+    interface: &str,
+) -> Result<(), DatapathError> {
+    let mut request = handle.address().add(index, address, prefix_len).replace();
+    if address.is_ipv6() {
+        request
+            .message_mut()
+            .attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    }
+    request.execute().await.map_err(netlink_error(format!(
+        "add address {address}/{prefix_len} to {interface}"
+    )))
+}
+
+pub(crate) fn write_sysctl(
+    netns: Option<&Path>,
+    path: &str,
+    value: &str,
+) -> Result<(), DatapathError> {
+    netns::run_in_optional(netns, || std::fs::write(path, value))?.map_err(|source| {
+        DatapathError::Sysctl {
+            path: path.to_string(),
+            source,
+        }
+    })
+}
+
+fn link_name(link: &LinkMessage) -> Option<&str> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(name) => Some(name.as_str()),
+        _ => None,
+    })
+}
+
+fn link_alias(link: &LinkMessage) -> Option<&str> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfAlias(alias) => Some(alias.as_str()),
+        _ => None,
+    })
+}
+
+/// The real data path, operating in one node namespace.
+#[derive(Debug, Clone)]
+pub struct Netlink {
+    netns: Option<PathBuf>,
+    handle: Handle,
+}
+
+impl Netlink {
+    /// Operates in the namespace at `netns`, or the caller's for `None`.
+    pub async fn connect(netns: Option<&Path>) -> Result<Self, DatapathError> {
+        Ok(Netlink {
+            netns: netns.map(Path::to_path_buf),
+            handle: connect(netns).await?,
+        })
+    }
+
+    fn netns(&self) -> Option<&Path> {
+        self.netns.as_deref()
+    }
+
+    async fn node_route_messages(&self) -> Result<Vec<RouteMessage>, DatapathError> {
+        let routes: Vec<RouteMessage> = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .map_err(netlink_error("list IPv6 routes"))?;
+        Ok(routes
+            .into_iter()
+            .filter(|r| r.header.protocol == RouteProtocol::Other(ROUTE_PROTOCOL_NODE))
+            .filter(|r| r.header.table == MAIN_TABLE)
+            .collect())
+    }
+
+    /// Creates the veth pair with the pod end moved into the pod namespace
+    /// and named `eth0`; returns the host end's index.
+    async fn create_veth(
+        &self,
+        pod: &PodInterface,
+        pod_handle: &Handle,
+    ) -> Result<u32, DatapathError> {
+        let host = pod.host_interface.as_str();
+        let peer = format!("{host}p");
+        if let Some(stale) = find_link(&self.handle, &peer).await? {
+            self.delete_link(stale.header.index, &peer).await?;
+        }
+        self.handle
+            .link()
+            .add(LinkVeth::new(host, &peer).build())
+            .execute()
+            .await
+            .map_err(netlink_error(format!("add veth {host} with peer {peer}")))?;
+        let peer_index = link_index(&self.handle, &peer, self.netns()).await?;
+        let pod_ns = std::fs::File::open(&pod.netns).map_err(|source| netns::NetnsError::Open {
+            path: pod.netns.clone(),
+            source,
+        })?;
+        self.handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(peer_index)
+                    .setns_by_fd(pod_ns.as_raw_fd())
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(netlink_error(format!(
+                "move {peer} into {}",
+                pod.netns.display()
+            )))?;
+        drop(pod_ns);
+        let moved = link_index(pod_handle, &peer, Some(&pod.netns)).await?;
+        pod_handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(moved)
+                    .name(POD_INTERFACE)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(netlink_error(format!("rename {peer} to {POD_INTERFACE}")))?;
+        link_index(&self.handle, host, self.netns()).await
+    }
+
+    async fn delete_link(&self, index: u32, name: &str) -> Result<(), DatapathError> {
+        match self.handle.link().del(index).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(ENODEV) => Ok(()),
+            Err(e) => Err(netlink_error(format!("delete link {name}"))(e)),
+        }
+    }
+
+    async fn configure_host_side(
+        &self,
+        pod: &PodInterface,
+        index: u32,
+    ) -> Result<(), DatapathError> {
+        let host = pod.host_interface.as_str();
+        self.handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .alias(format!("{POD_ALIAS_PREFIX}{}", pod.owner))
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(netlink_error(format!("set alias of {host}")))?;
+        write_sysctl(
+            self.netns(),
+            &format!("/proc/sys/net/ipv6/conf/{host}/accept_dad"),
+            "0",
+        )?;
+        set_up(&self.handle, index, host).await?;
+        add_address(&self.handle, index, IpAddr::V6(POD_GATEWAY_V6), 64, host).await?;
+        let route = RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(pod.ipv6, 128)
+            .output_interface(index)
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL_POD))
+            .build();
+        self.handle
+            .route()
+            .add(route)
+            .replace()
+            .execute()
+            .await
+            .map_err(netlink_error(format!(
+                "add route {}/128 dev {host}",
+                pod.ipv6
+            )))?;
+        if let Some(egress) = pod.egress {
+            add_address(&self.handle, index, IpAddr::V4(egress.gateway), 32, host).await?;
+            let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(egress.address, 32)
+                .output_interface(index)
+                .scope(RouteScope::Link)
+                .protocol(RouteProtocol::Other(ROUTE_PROTOCOL_POD))
+                .build();
+            self.handle
+                .route()
+                .add(route)
+                .replace()
+                .execute()
+                .await
+                .map_err(netlink_error(format!(
+                    "add route {}/32 dev {host}",
+                    egress.address
+                )))?;
+        }
+        Ok(())
+    }
+}
+
+async fn configure_pod_side(pod: &PodInterface, handle: &Handle) -> Result<(), DatapathError> {
+    let ns = Some(pod.netns.as_path());
+    let lo = link_index(handle, "lo", ns).await?;
+    set_up(handle, lo, "lo").await?;
+    let eth = link_index(handle, POD_INTERFACE, ns).await?;
+    write_sysctl(
+        ns,
+        &format!("/proc/sys/net/ipv6/conf/{POD_INTERFACE}/accept_dad"),
+        "0",
+    )?;
+    set_up(handle, eth, POD_INTERFACE).await?;
+    add_address(handle, eth, IpAddr::V6(pod.ipv6), 128, POD_INTERFACE).await?;
+    let default_v6 = RouteMessageBuilder::<Ipv6Addr>::new()
+        .gateway(POD_GATEWAY_V6)
+        .output_interface(eth)
+        .build();
+    handle
+        .route()
+        .add(default_v6)
+        .replace()
+        .execute()
+        .await
+        .map_err(netlink_error(format!(
+            "add default route via {POD_GATEWAY_V6} in pod"
+        )))?;
+    if let Some(egress) = pod.egress {
+        add_address(handle, eth, IpAddr::V4(egress.address), 32, POD_INTERFACE).await?;
+        let default_v4 = RouteMessageBuilder::<Ipv4Addr>::new()
+            .gateway(egress.gateway)
+            .output_interface(eth)
+            .onlink()
+            .build();
+        handle
+            .route()
+            .add(default_v4)
+            .replace()
+            .execute()
+            .await
+            .map_err(netlink_error(format!(
+                "add default route via {} in pod",
+                egress.gateway
+            )))?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl NetworkOps for Netlink {
+    async fn enable_forwarding(&self) -> Result<(), DatapathError> {
+        write_sysctl(self.netns(), "/proc/sys/net/ipv6/conf/all/forwarding", "1")?;
+        write_sysctl(self.netns(), "/proc/sys/net/ipv4/ip_forward", "1")
+    }
+
+    async fn ensure_pod_interface(&self, pod: &PodInterface) -> Result<(), DatapathError> {
+        validate_host_interface(&pod.host_interface)?;
+        let pod_handle = connect(Some(&pod.netns)).await?;
+        let host = find_link(&self.handle, &pod.host_interface).await?;
+        let pod_end = find_link(&pod_handle, POD_INTERFACE).await?;
+        let index = match (host, pod_end) {
+            (Some(host), Some(_)) => host.header.index,
+            (host, _) => {
+                // Half-made (a crash between steps) or absent: start over.
+                if let Some(host) = host {
+                    self.delete_link(host.header.index, &pod.host_interface)
+                        .await?;
+                }
+                self.create_veth(pod, &pod_handle).await?
+            }
+        };
+        self.configure_host_side(pod, index).await?;
+        configure_pod_side(pod, &pod_handle).await
+    }
+
+    async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError> {
+        match find_link(&self.handle, host_interface).await? {
+            Some(link) => self.delete_link(link.header.index, host_interface).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn list_pod_interfaces(&self) -> Result<Vec<PodInterfaceInfo>, DatapathError> {
+        let links: Vec<LinkMessage> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(netlink_error("list links"))?;
+        let mut found: Vec<PodInterfaceInfo> = links
+            .iter()
+            .filter_map(|link| {
+                let owner = link_alias(link)?.strip_prefix(POD_ALIAS_PREFIX)?;
+                Some(PodInterfaceInfo {
+                    host_interface: link_name(link)?.to_string(),
+                    owner: owner.to_string(),
+                })
+            })
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+
+    async fn ensure_node_route(&self, route: &NodeRoute) -> Result<(), DatapathError> {
+        let builder = RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(route.destination.network(), route.destination.prefix_len())
+            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL_NODE));
+        let message = match &route.next_hop {
+            NextHop::Gateway(gateway) => builder.gateway(*gateway).build(),
+            NextHop::Interface(name) => {
+                let index = link_index(&self.handle, name, self.netns()).await?;
+                builder.output_interface(index).build()
+            }
+        };
+        self.handle
+            .route()
+            .add(message)
+            .replace()
+            .execute()
+            .await
+            .map_err(netlink_error(format!(
+                "add route {} {:?}",
+                route.destination, route.next_hop
+            )))
+    }
+
+    async fn remove_node_route(&self, destination: Ipv6Net) -> Result<(), DatapathError> {
+        for message in self.node_route_messages().await? {
+            if route_destination(&message) != Some(destination) {
+                continue;
+            }
+            match self.handle.route().del(message).execute().await {
+                Ok(()) => {}
+                Err(e) if matches!(errno(&e), Some(ESRCH) | Some(ENOENT)) => {}
+                Err(e) => return Err(netlink_error(format!("delete route {destination}"))(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_node_routes(&self) -> Result<Vec<NodeRoute>, DatapathError> {
+        let messages = self.node_route_messages().await?;
+        let mut names = std::collections::BTreeMap::new();
+        let mut routes = Vec::new();
+        for message in messages {
+            let Some(destination) = route_destination(&message) else {
+                continue;
+            };
+            let gateway = message.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Gateway(RouteAddress::Inet6(gw)) => Some(*gw),
+                _ => None,
+            });
+            let next_hop = match gateway {
+                Some(gateway) => NextHop::Gateway(gateway),
+                None => {
+                    let Some(index) = message.attributes.iter().find_map(|a| match a {
+                        RouteAttribute::Oif(index) => Some(*index),
+                        _ => None,
+                    }) else {
+                        continue;
+                    };
+                    let name = match names.get(&index) {
+                        Some(name) => String::clone(name),
+                        None => {
+                            let name = self.link_name_by_index(index).await?;
+                            names.insert(index, name.clone());
+                            name
+                        }
+                    };
+                    NextHop::Interface(name)
+                }
+            };
+            routes.push(NodeRoute {
+                destination,
+                next_hop,
+            });
+        }
+        routes.sort();
+        Ok(routes)
+    }
+}
+
+impl Netlink {
+    async fn link_name_by_index(&self, index: u32) -> Result<String, DatapathError> {
+        let link = self
+            .handle
+            .link()
+            .get()
+            .match_index(index)
+            .execute()
+            .try_next()
+            .await
+            .map_err(netlink_error(format!("get link {index}")))?;
+        Ok(link
+            .as_ref()
+            .and_then(link_name)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("#{index}")))
+    }
+}
+
+fn route_destination(message: &RouteMessage) -> Option<Ipv6Net> {
+    let address = message.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet6(address)) => Some(*address),
+        _ => None,
+    });
+    Ipv6Net::new(
+        address.unwrap_or(Ipv6Addr::UNSPECIFIED),
+        message.header.destination_prefix_length,
+    )
+    .ok()
+}

@@ -1,0 +1,24 @@
+//! corral's IPv6-only pod networking (design idea 6): no overlay, no CNI,
+//! no Services.
+//!
+//! Owns:
+//! - [`ipam`]: pure allocation — the cluster's ULA /48 (or a given prefix),
+//!   a /64 per node, a random address per pod, the node-local IPv4 egress range;
+//! - [`datapath`]: a veth per pod and plain routes between nodes, over
+//!   rtnetlink, behind the [`datapath::NetworkOps`] trait;
+//! - [`egress`]: the nftables masquerade that gives pods IPv4 egress;
+//! - [`wireguard`]: optional encrypted node-to-node links (kernel module or
+//!   `wireguard-go`);
+//! - [`netns`]: persistent network namespaces named by path;
+//! - [`lab`]: N "nodes" as namespaces on one bridge, for tests and `corral lab`.
+//!
+//! Must not: talk to the API server, keep state on disk (the agent persists
+//! allocations), or touch any interface, route or table it did not create —
+//! everything it makes is named or tagged as corral's.
+
+pub mod datapath;
+pub mod egress;
+pub mod ipam;
+pub mod lab;
+pub mod netns;
+pub mod wireguard;

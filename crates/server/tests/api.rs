@@ -1,0 +1,359 @@
+//! The API in-process: authentication, validation, optimistic concurrency,
+//! watch, metrics and the OpenAPI document, driven through `app()` without
+//! a socket.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use corral_api::{Identity, Role};
+use corral_server::clock::SequentialIds;
+use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
+use corral_store::sqlite::SqliteStore;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+async fn server() -> (SharedServer, String) {
+    let store = SqliteStore::open_in_memory().expect("in-memory store");
+    let server = Server::with(
+        Arc::new(store),
+        Arc::new(SystemClock),
+        Arc::new(SequentialIds::default()),
+    );
+    let token = TokenIssuer::issue(
+        &*server.store,
+        &*server.clock,
+        Identity::new("admin", Role::Operator),
+    )
+    .await
+    .expect("issue a token");
+    (server, token)
+}
+
+async fn call(
+    server: &SharedServer,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    let response = app(server.clone())
+        .oneshot(
+            request
+                .header("content-type", "application/json")
+                .body(body)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+fn pod(image: &str) -> Value {
+    json!({"kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
+           "spec": {"containers": [{"name": "web", "image": image}]}})
+}
+
+const WEB: &str = "/v1/namespaces/default/pods/web";
+
+#[tokio::test]
+async fn every_request_needs_a_known_token() {
+    let (server, token) = server().await;
+    let (status, body) = call(&server, "GET", "/v1/pods", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["code"], "Unauthenticated");
+    let (status, _) = call(&server, "GET", "/v1/pods", Some("corral_nope"), None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = call(&server, "GET", "/v1/whoami", Some(&token), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"name": "admin", "role": "operator"}));
+    let (status, _) = call(&server, "GET", "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn only_operators_mint_tokens() {
+    let (server, token) = server().await;
+    let (status, body) = call(
+        &server,
+        "POST",
+        "/v1/tokens",
+        Some(&token),
+        Some(json!({"name": "alice", "role": "user"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let alice = body["token"].as_str().unwrap().to_string();
+    let (status, body) = call(
+        &server,
+        "POST",
+        "/v1/tokens",
+        Some(&alice),
+        Some(json!({"name": "eve", "role": "operator"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, _) = call(
+        &server,
+        "POST",
+        "/v1/tokens",
+        Some(&token),
+        Some(json!({"name": "Bad Name", "role": "user"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn invalid_objects_are_refused_with_field_paths_and_nothing_stored() {
+    let (server, token) = server().await;
+    let mut bad = pod("x");
+    bad["spec"]["containers"][0]["imagePullPolicy"] = json!("Always");
+    let (status, body) = call(&server, "PUT", WEB, Some(&token), Some(bad)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["code"], "Invalid");
+    assert!(
+        body["fields"][0]["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.containers[0]"),
+        "{body}"
+    );
+    let (status, body) = call(&server, "PUT", WEB, Some(&token), Some(pod(""))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["fields"][0]["path"], "spec.containers[0].image");
+    let (status, _) = call(&server, "GET", WEB, Some(&token), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // A body for another name or kind than the route is refused too.
+    let (status, _) = call(
+        &server,
+        "PUT",
+        "/v1/namespaces/default/pods/other",
+        Some(&token),
+        Some(pod("i")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = call(
+        &server,
+        "PUT",
+        "/v1/namespaces/default/nodes/web",
+        Some(&token),
+        Some(pod("i")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn compare_and_swap_and_status_writes() {
+    let (server, token) = server().await;
+    let (status, created) = call(&server, "PUT", WEB, Some(&token), Some(pod("a"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(created["metadata"]["revision"], 1);
+    assert_eq!(created["metadata"]["uid"], "uid-1");
+    assert_eq!(
+        created["spec"]["restartPolicy"], "Always",
+        "specs are stored canonical"
+    );
+
+    let mut stale = created.clone();
+    call(&server, "PUT", WEB, Some(&token), Some(pod("b"))).await;
+    stale["spec"]["containers"][0]["image"] = json!("c");
+    let (status, body) = call(&server, "PUT", WEB, Some(&token), Some(stale)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("resourceVersion 1 is stale"),
+        "{body}"
+    );
+
+    let (status, with_status) = call(
+        &server,
+        "PUT",
+        &format!("{WEB}/status"),
+        Some(&token),
+        Some(json!({"status": {"phase": "Running"}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        with_status["metadata"]["revision"], 2,
+        "a status write makes no revision"
+    );
+    assert_eq!(with_status["status"]["phase"], "Running");
+    let (_, history) = call(&server, "GET", &format!("{WEB}/history"), Some(&token), None).await;
+    assert_eq!(history.as_array().unwrap().len(), 2);
+
+    // Applying a spec keeps the status.
+    let (_, applied) = call(&server, "PUT", WEB, Some(&token), Some(pod("d"))).await;
+    assert_eq!(applied["status"]["phase"], "Running");
+    assert_eq!(applied["metadata"]["revision"], 3);
+}
+
+#[tokio::test]
+async fn diff_rollback_and_cluster_history() {
+    let (server, token) = server().await;
+    call(&server, "PUT", &format!("{WEB}?message=one"), Some(&token), Some(pod("a"))).await;
+    call(&server, "PUT", &format!("{WEB}?message=two"), Some(&token), Some(pod("b"))).await;
+    let (status, diff) = call(
+        &server,
+        "GET",
+        &format!("{WEB}/diff?from=1&to=2"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        diff["changes"],
+        json!([{"path": "spec.containers[0].image", "old": "a", "new": "b"}])
+    );
+    let (status, rolled) = call(
+        &server,
+        "POST",
+        &format!("{WEB}/rollback"),
+        Some(&token),
+        Some(json!({"to": 1, "message": "bad image"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(rolled["metadata"]["revision"], 3);
+    assert_eq!(rolled["spec"]["containers"][0]["image"], "a");
+    let (status, _) = call(
+        &server,
+        "POST",
+        &format!("{WEB}/rollback"),
+        Some(&token),
+        Some(json!({"to": 1})),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "rolling back to the current spec is refused"
+    );
+    let (status, _) = call(
+        &server,
+        "POST",
+        &format!("{WEB}/rollback"),
+        Some(&token),
+        Some(json!({"to": 9})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, records) = call(
+        &server,
+        "GET",
+        "/v1/history?since=1h&class=external",
+        Some(&token),
+        None,
+    )
+    .await;
+    let messages: Vec<&str> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages,
+        vec!["one", "two", "rollback to revision 1: bad image"]
+    );
+    let (status, _) = call(
+        &server,
+        "GET",
+        "/v1/history?since=yesterday",
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn watch_streams_changes_after_a_resource_version() {
+    let (server, token) = server().await;
+    call(&server, "PUT", WEB, Some(&token), Some(pod("a"))).await;
+    let request = Request::builder()
+        .uri("/v1/pods?watch=true&resourceVersion=0")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = app(server.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body().into_data_stream();
+    call(&server, "PUT", WEB, Some(&token), Some(pod("b"))).await;
+    let mut text = String::new();
+    while text.lines().count() < 2 {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(5), body.next())
+            .await
+            .expect("watch events arrive")
+            .expect("stream open")
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[1]["type"], "MODIFIED");
+    assert_eq!(events[1]["object"]["spec"]["containers"][0]["image"], "b");
+}
+
+#[tokio::test]
+async fn metrics_count_requests() {
+    let (server, token) = server().await;
+    call(&server, "PUT", WEB, Some(&token), Some(pod("a"))).await;
+    let (status, text) = call(&server, "GET", "/metrics", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains("corral_http_requests_total{method=\"PUT\",route=\"/v1/namespaces/{namespace}/{plural}/{name}\",status=\"200\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("corral_history_revisions 1"), "{text}");
+}
+
+#[test]
+fn checked_in_openapi_document_matches_the_types() {
+    let generated = serde_json::to_string_pretty(&corral_server::openapi::document()).unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    let checked_in = std::fs::read_to_string(path).expect("docs/openapi.json is checked in");
+    assert!(
+        generated.trim() == checked_in.trim(),
+        "docs/openapi.json is out of date: regenerate it with `corral openapi > docs/openapi.json`"
+    );
+    let document: Value = serde_json::from_str(&checked_in).unwrap();
+    for schema in [
+        "Object",
+        "PodSpec",
+        "RevisionRecord",
+        "ErrorBody",
+        "ControllerSpec",
+        "VirtualMachineSpec",
+    ] {
+        assert!(
+            document["components"]["schemas"][schema].is_object(),
+            "schema {schema} missing"
+        );
+    }
+    assert!(
+        document["paths"]["/v1/namespaces/{namespace}/{plural}/{name}/rollback"]["post"]
+            .is_object()
+    );
+}
