@@ -17,8 +17,15 @@ fn up_prints_its_config_line_within_two_seconds() {
         "corral up took {:?} to print its config line",
         cluster.startup
     );
-    assert!(cluster.ok(&["whoami"]).starts_with("admin (operator, external)"));
-    assert!(cluster.terminate(), "corral up did not stop cleanly on SIGTERM");
+    assert!(
+        cluster
+            .ok(&["whoami"])
+            .starts_with("admin (operator, external)")
+    );
+    assert!(
+        cluster.terminate(),
+        "corral up did not stop cleanly on SIGTERM"
+    );
 }
 
 #[test]
@@ -27,11 +34,24 @@ fn revisions_history_diff_and_rollback() {
     let v1 = cluster.manifest("v1.yaml", &pod_manifest("web", "local/busybox:1"));
     let v2 = cluster.manifest("v2.yaml", &pod_manifest("web", "local/busybox:2"));
 
-    assert_eq!(cluster.ok(&["apply", "-f", &v1]).trim(), "pod/web created (revision 1)");
+    assert_eq!(
+        cluster.ok(&["apply", "-f", &v1]).trim(),
+        "pod/web created (revision 1)"
+    );
     let first = cluster.get_json("pod/web");
     assert_eq!(first["metadata"]["revision"], 1);
-    for field in ["name", "namespace", "uid", "revision", "resourceVersion", "labels"] {
-        assert!(!first["metadata"][field].is_null(), "metadata.{field} missing: {first}");
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "revision",
+        "resourceVersion",
+        "labels",
+    ] {
+        assert!(
+            !first["metadata"][field].is_null(),
+            "metadata.{field} missing: {first}"
+        );
     }
 
     assert_eq!(
@@ -44,7 +64,10 @@ fn revisions_history_diff_and_rollback() {
     assert_eq!(second["spec"]["containers"][0]["image"], "local/busybox:2");
 
     // Applying the same manifest again changes nothing.
-    assert_eq!(cluster.ok(&["apply", "-f", &v2]).trim(), "pod/web unchanged (revision 2)");
+    assert_eq!(
+        cluster.ok(&["apply", "-f", &v2]).trim(),
+        "pod/web unchanged (revision 2)"
+    );
 
     let history: Vec<Value> =
         serde_json::from_str(&cluster.ok(&["history", "pod/web", "-o", "json"])).unwrap();
@@ -89,13 +112,27 @@ fn history_filters_by_author_and_class() {
     let admins = cluster.manifest("a.yaml", &pod_manifest("by-admin", "busybox"));
     let alices = cluster.manifest("b.yaml", &pod_manifest("by-alice", "busybox"));
     cluster.ok(&["apply", "-f", &admins, "-m", "admin's"]);
-    cluster.ok(&["--config", &alice_config, "apply", "-f", &alices, "-m", "alice's"]);
+    cluster.ok(&[
+        "--config",
+        &alice_config,
+        "apply",
+        "-f",
+        &alices,
+        "-m",
+        "alice's",
+    ]);
 
     let names = |args: &[&str]| -> Vec<String> {
         let records: Vec<Value> = serde_json::from_str(&cluster.ok(args)).unwrap();
         records
             .iter()
-            .map(|r| format!("{}:{}", r["author"].as_str().unwrap(), r["name"].as_str().unwrap()))
+            .map(|r| {
+                format!(
+                    "{}:{}",
+                    r["author"].as_str().unwrap(),
+                    r["name"].as_str().unwrap()
+                )
+            })
             .collect()
     };
     assert_eq!(
@@ -103,21 +140,44 @@ fn history_filters_by_author_and_class() {
         vec!["admin:by-admin", "alice:by-alice"]
     );
     assert_eq!(
-        names(&["history", "--since", "1h", "--exclude-author", "admin", "-o", "json"]),
+        names(&[
+            "history",
+            "--since",
+            "1h",
+            "--exclude-author",
+            "admin",
+            "-o",
+            "json"
+        ]),
         vec!["alice:by-alice"]
     );
     assert_eq!(
-        names(&["history", "--since", "1h", "--author", "admin", "-o", "json"]),
+        names(&[
+            "history", "--since", "1h", "--author", "admin", "-o", "json"
+        ]),
         vec!["admin:by-admin"]
     );
     assert_eq!(
-        names(&["history", "--author", "admin", "--author", "alice", "--exclude-author", "alice", "-o", "json"]),
+        names(&[
+            "history",
+            "--author",
+            "admin",
+            "--author",
+            "alice",
+            "--exclude-author",
+            "alice",
+            "-o",
+            "json"
+        ]),
         vec!["admin:by-admin"]
     );
     assert!(names(&["history", "--since", "1h", "--system", "-o", "json"]).is_empty());
     assert_eq!(names(&["history", "--external", "-o", "json"]).len(), 2);
     let table = cluster.ok(&["history", "--since", "1h"]);
-    assert!(table.contains("pod/by-alice") && table.contains("alice's"), "{table}");
+    assert!(
+        table.contains("pod/by-alice") && table.contains("alice's"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -126,7 +186,11 @@ fn stale_resource_version_is_refused() {
     let path = cluster.manifest("web.yaml", &pod_manifest("web", "busybox:1"));
     cluster.ok(&["apply", "-f", &path]);
     let mut stale = cluster.get_json("pod/web");
-    cluster.ok(&["apply", "-f", &cluster.manifest("v2.yaml", &pod_manifest("web", "busybox:2"))]);
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("v2.yaml", &pod_manifest("web", "busybox:2")),
+    ]);
 
     stale["spec"]["containers"][0]["image"] = "busybox:3".into();
     stale.as_object_mut().unwrap().remove("status");
@@ -141,10 +205,25 @@ fn stale_resource_version_is_refused() {
 
     // The API answers 409 to the same write.
     let config = cluster.client_config();
-    let url = format!("{}/v1/namespaces/default/pods/web", config["server"].as_str().unwrap());
+    let url = format!(
+        "{}/v1/namespaces/default/pods/web",
+        config["server"].as_str().unwrap()
+    );
     let status = std::process::Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", "-H"])
-        .arg(format!("Authorization: Bearer {}", config["token"].as_str().unwrap()))
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "PUT",
+            "-H",
+        ])
+        .arg(format!(
+            "Authorization: Bearer {}",
+            config["token"].as_str().unwrap()
+        ))
         .args(["-H", "Content-Type: application/json", "--data-binary"])
         .arg(format!("@{stale_path}"))
         .arg(&url)
@@ -157,21 +236,57 @@ fn stale_resource_version_is_refused() {
 fn bad_manifests_change_nothing_and_say_where() {
     let cluster = Cluster::start();
     let cases = [
-        ("unknown-kind", "kind: Blob\nmetadata: {name: x}\nspec: {}\n", "unknown kind \"Blob\""),
-        ("missing-name", "kind: Pod\nmetadata: {labels: {a: b}}\nspec: {containers: [{name: c, image: i}]}\n", "metadata.name: is required"),
-        ("wrong-type", "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: i, ports: [http]}]}\n", "spec.containers[0].ports[0]"),
-        ("unknown-field", "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: i, imagee: j}]}\n", "unknown field `imagee`"),
-        ("empty-image", "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: ''}]}\n", "spec.containers[0].image: must not be empty"),
-        ("invalid-yaml", "kind: Pod\nmetadata: {name: x\nspec: [\n", "line"),
-        ("second-bad", "kind: Pod\nmetadata: {name: good}\nspec: {containers: [{name: c, image: i}]}\n---\nkind: Pod\nmetadata: {name: bad}\nspec: {}\n", "document 2 (pod/bad)"),
+        (
+            "unknown-kind",
+            "kind: Blob\nmetadata: {name: x}\nspec: {}\n",
+            "unknown kind \"Blob\"",
+        ),
+        (
+            "missing-name",
+            "kind: Pod\nmetadata: {labels: {a: b}}\nspec: {containers: [{name: c, image: i}]}\n",
+            "metadata.name: is required",
+        ),
+        (
+            "wrong-type",
+            "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: i, ports: [http]}]}\n",
+            "spec.containers[0].ports[0]",
+        ),
+        (
+            "unknown-field",
+            "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: i, imagee: j}]}\n",
+            "unknown field `imagee`",
+        ),
+        (
+            "empty-image",
+            "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c, image: ''}]}\n",
+            "spec.containers[0].image: must not be empty",
+        ),
+        (
+            "invalid-yaml",
+            "kind: Pod\nmetadata: {name: x\nspec: [\n",
+            "line",
+        ),
+        (
+            "second-bad",
+            "kind: Pod\nmetadata: {name: good}\nspec: {containers: [{name: c, image: i}]}\n---\nkind: Pod\nmetadata: {name: bad}\nspec: {}\n",
+            "document 2 (pod/bad)",
+        ),
     ];
     for (name, text, expected) in cases {
         let path = cluster.manifest(&format!("{name}.yaml"), text);
         let error = cluster.fails(&["apply", "-f", &path]);
-        assert!(error.contains(expected), "{name}: expected {expected:?} in {error:?}");
+        assert!(
+            error.contains(expected),
+            "{name}: expected {expected:?} in {error:?}"
+        );
     }
-    let listed: Value = serde_json::from_str(&cluster.ok(&["get", "pods", "-A", "-o", "json"])).unwrap();
-    assert_eq!(listed["items"], serde_json::json!([]), "a bad manifest stored something");
+    let listed: Value =
+        serde_json::from_str(&cluster.ok(&["get", "pods", "-A", "-o", "json"])).unwrap();
+    assert_eq!(
+        listed["items"],
+        serde_json::json!([]),
+        "a bad manifest stored something"
+    );
     let history: Vec<Value> =
         serde_json::from_str(&cluster.ok(&["history", "-o", "json"])).unwrap();
     assert!(history.is_empty(), "{history:?}");
@@ -201,13 +316,25 @@ fn stdin_manifests_namespaces_and_delete() {
         &["apply", "-f", "-", "-n", "team-a"],
         Some(&pod_manifest("web", "busybox")),
     );
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(cluster.fails(&["get", "pod/web"]).contains("not found"));
     let pod: Value =
-        serde_json::from_str(&cluster.ok(&["get", "pod/web", "-n", "team-a", "-o", "json"])).unwrap();
+        serde_json::from_str(&cluster.ok(&["get", "pod/web", "-n", "team-a", "-o", "json"]))
+            .unwrap();
     assert_eq!(pod["metadata"]["namespace"], "team-a");
     let wide = cluster.ok(&["get", "pods", "-A"]);
     assert!(wide.contains("team-a") && wide.contains("web"), "{wide}");
-    assert_eq!(cluster.ok(&["delete", "pod/web", "-n", "team-a"]).trim(), "pod/team-a/web deleted");
-    assert!(cluster.fails(&["get", "pod/web", "-n", "team-a"]).contains("not found"));
+    assert_eq!(
+        cluster.ok(&["delete", "pod/web", "-n", "team-a"]).trim(),
+        "pod/team-a/web deleted"
+    );
+    assert!(
+        cluster
+            .fails(&["get", "pod/web", "-n", "team-a"])
+            .contains("not found")
+    );
 }

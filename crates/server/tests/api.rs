@@ -195,7 +195,14 @@ async fn compare_and_swap_and_status_writes() {
         "a status write makes no revision"
     );
     assert_eq!(with_status["status"]["phase"], "Running");
-    let (_, history) = call(&server, "GET", &format!("{WEB}/history"), Some(&token), None).await;
+    let (_, history) = call(
+        &server,
+        "GET",
+        &format!("{WEB}/history"),
+        Some(&token),
+        None,
+    )
+    .await;
     assert_eq!(history.as_array().unwrap().len(), 2);
 
     // Applying a spec keeps the status.
@@ -207,8 +214,22 @@ async fn compare_and_swap_and_status_writes() {
 #[tokio::test]
 async fn diff_rollback_and_cluster_history() {
     let (server, token) = server().await;
-    call(&server, "PUT", &format!("{WEB}?message=one"), Some(&token), Some(pod("a"))).await;
-    call(&server, "PUT", &format!("{WEB}?message=two"), Some(&token), Some(pod("b"))).await;
+    call(
+        &server,
+        "PUT",
+        &format!("{WEB}?message=one"),
+        Some(&token),
+        Some(pod("a")),
+    )
+    .await;
+    call(
+        &server,
+        "PUT",
+        &format!("{WEB}?message=two"),
+        Some(&token),
+        Some(pod("b")),
+    )
+    .await;
     let (status, diff) = call(
         &server,
         "GET",

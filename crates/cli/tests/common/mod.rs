@@ -40,7 +40,10 @@ impl Cluster {
 
     /// Starts (again) on the same data dir; the previous process must be gone.
     pub fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart: the previous corral up still runs");
+        assert!(
+            self.child.is_none(),
+            "restart: the previous corral up still runs"
+        );
         let started = Instant::now();
         let mut child = Command::new(CORRAL)
             .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
@@ -107,7 +110,11 @@ impl Cluster {
         command
             .args(args)
             .env("CORRAL_CONFIG", &self.config)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = command.spawn().expect("spawn corral");
