@@ -1,0 +1,304 @@
+//! Persistent network namespaces for pods: created by a thread that
+//! unshares `CLONE_NEWNET`, brings up `lo` and bind-mounts its namespace
+//! onto `<run_dir>/<name>`, which outlives the thread; containers join it
+//! by that path. The syscalls sit behind [`NetnsSyscalls`].
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use nix::libc;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use nix::sys::socket::{AddressFamily, SockFlag, SockType};
+
+/// Why a network namespace could not be created or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("network namespace name {0:?} must be 1-64 characters of [A-Za-z0-9_.-]")]
+    InvalidName(String),
+    #[error("network namespace {0:?} already exists")]
+    Exists(PathBuf),
+    #[error("failed to {step} for network namespace {path:?}")]
+    Syscall {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("network namespace thread panicked")]
+    ThreadPanicked,
+}
+
+/// The privileged operations, so the bookkeeping is tested without root.
+pub trait NetnsSyscalls: Send + Sync {
+    /// Moves the calling thread into a new network namespace.
+    fn unshare_network(&self) -> io::Result<()>;
+    /// Sets `lo` up in the calling thread's network namespace.
+    fn loopback_up(&self) -> io::Result<()>;
+    /// Bind-mounts the calling thread's network namespace onto `target`.
+    fn bind_current_netns(&self, target: &Path) -> io::Result<()>;
+    /// Lazily unmounts `target`; `Ok(false)` if nothing was mounted.
+    fn unmount(&self, target: &Path) -> io::Result<bool>;
+}
+
+/// The real syscalls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinuxNetns;
+
+impl NetnsSyscalls for LinuxNetns {
+    fn unshare_network(&self) -> io::Result<()> {
+        nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
+    }
+
+    fn loopback_up(&self) -> io::Result<()> {
+        let socket = nix::sys::socket::socket(
+            AddressFamily::Inet,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        // SAFETY: `ifreq` is a plain C struct (arrays and a union of plain
+        // integers); all-zero bytes are a valid value.
+        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *slot = *byte as libc::c_char;
+        }
+        // SAFETY: `socket` is an open socket for the whole call and
+        // `request` a valid, NUL-terminated `ifreq` that SIOCGIFFLAGS only
+        // writes into.
+        if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: SIOCGIFFLAGS succeeded, so the union holds `ifru_flags`.
+        unsafe {
+            request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        }
+        // SAFETY: as above; SIOCSIFFLAGS only reads `request`.
+        if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn bind_current_netns(&self, target: &Path) -> io::Result<()> {
+        nix::mount::mount(
+            Some("/proc/thread-self/ns/net"),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(io::Error::from)
+    }
+
+    fn unmount(&self, target: &Path) -> io::Result<bool> {
+        match nix::mount::umount2(target, MntFlags::MNT_DETACH) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Creates and removes named network namespaces under one run directory.
+#[derive(Debug, Clone)]
+pub struct NetnsManager<S = LinuxNetns> {
+    run_dir: PathBuf,
+    syscalls: S,
+}
+
+impl NetnsManager<LinuxNetns> {
+    pub fn new(run_dir: impl Into<PathBuf>) -> Self {
+        Self::with_syscalls(run_dir, LinuxNetns)
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+impl<S: NetnsSyscalls + Clone + 'static> NetnsManager<S> {
+    pub fn with_syscalls(run_dir: impl Into<PathBuf>, syscalls: S) -> Self {
+        Self {
+            run_dir: run_dir.into(),
+            syscalls,
+        }
+    }
+
+    /// Where namespace `name` is (or would be) mounted.
+    pub fn path(&self, name: &str) -> Result<PathBuf, NetnsError> {
+        if valid_name(name) {
+            Ok(self.run_dir.join(name))
+        } else {
+            Err(NetnsError::InvalidName(name.to_string()))
+        }
+    }
+
+    /// Creates namespace `name` with `lo` up and returns its path.
+    pub fn create(&self, name: &str) -> Result<PathBuf, NetnsError> {
+        let path = self.path(name)?;
+        let fail = |step: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| NetnsError::Syscall { step, path, source }
+        };
+        fs::create_dir_all(&self.run_dir).map_err(fail("create run dir", &self.run_dir))?;
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(NetnsError::Exists(path));
+            }
+            Err(e) => return Err(fail("create mount point", &path)(e)),
+        }
+        let syscalls = self.syscalls.clone();
+        let target = path.clone();
+        // unshare(CLONE_NEWNET) moves only the calling thread: do it on a
+        // thread of its own that ends once the namespace is pinned.
+        let result = std::thread::spawn(move || -> Result<(), NetnsError> {
+            syscalls
+                .unshare_network()
+                .map_err(fail("unshare", &target))?;
+            syscalls
+                .loopback_up()
+                .map_err(fail("bring up lo", &target))?;
+            syscalls
+                .bind_current_netns(&target)
+                .map_err(fail("bind-mount", &target))
+        })
+        .join()
+        .unwrap_or(Err(NetnsError::ThreadPanicked));
+        if let Err(e) = result {
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(path)
+    }
+
+    /// Unmounts and removes namespace `name`; succeeds if it is gone already.
+    pub fn remove(&self, name: &str) -> Result<(), NetnsError> {
+        let path = self.path(name)?;
+        if !path.exists() {
+            return Ok(());
+        }
+        self.syscalls
+            .unmount(&path)
+            .map_err(|source| NetnsError::Syscall {
+                step: "unmount",
+                path: path.clone(),
+                source,
+            })?;
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(NetnsError::Syscall {
+                step: "remove mount point",
+                path,
+                source,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct FakeSyscalls {
+        calls: Arc<Mutex<Vec<String>>>,
+        fail_unshare: bool,
+    }
+
+    impl FakeSyscalls {
+        fn record(&self, call: String) {
+            self.calls.lock().expect("lock").push(call);
+        }
+    }
+
+    impl NetnsSyscalls for FakeSyscalls {
+        fn unshare_network(&self) -> io::Result<()> {
+            self.record("unshare".into());
+            if self.fail_unshare {
+                Err(io::Error::from_raw_os_error(libc::EPERM))
+            } else {
+                Ok(())
+            }
+        }
+        fn loopback_up(&self) -> io::Result<()> {
+            self.record("lo up".into());
+            Ok(())
+        }
+        fn bind_current_netns(&self, target: &Path) -> io::Result<()> {
+            self.record(format!("bind {}", target.display()));
+            Ok(())
+        }
+        fn unmount(&self, target: &Path) -> io::Result<bool> {
+            self.record(format!("unmount {}", target.display()));
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn create_then_remove() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = FakeSyscalls::default();
+        let manager = NetnsManager::with_syscalls(dir.path().join("netns"), fake.clone());
+        let path = manager.create("pod-1").expect("create");
+        assert_eq!(path, dir.path().join("netns/pod-1"));
+        assert!(path.is_file());
+        assert!(matches!(
+            manager.create("pod-1"),
+            Err(NetnsError::Exists(_))
+        ));
+        manager.remove("pod-1").expect("remove");
+        assert!(!path.exists());
+        manager.remove("pod-1").expect("second remove is a no-op");
+        assert_eq!(
+            *fake.calls.lock().expect("lock"),
+            vec![
+                "unshare".to_string(),
+                "lo up".to_string(),
+                format!("bind {}", path.display()),
+                format!("unmount {}", path.display()),
+            ]
+        );
+    }
+
+    #[test]
+    fn failed_create_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = FakeSyscalls {
+            fail_unshare: true,
+            ..Default::default()
+        };
+        let manager = NetnsManager::with_syscalls(dir.path(), fake);
+        assert!(matches!(
+            manager.create("p"),
+            Err(NetnsError::Syscall {
+                step: "unshare",
+                ..
+            })
+        ));
+        assert!(!dir.path().join("p").exists());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let manager = NetnsManager::with_syscalls("/run/x", FakeSyscalls::default());
+        for bad in ["", "..", "a/b", "a b"] {
+            assert!(
+                matches!(manager.path(bad), Err(NetnsError::InvalidName(_))),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Exit statuses of detached containers. `runc create` exits once the
+//! container is set up, orphaning its init; a process that called
+//! [`become_subreaper`] inherits it and can wait for it by pid (for runsc
+//! the pid is the sandbox, which exits with the container's status).
+//!
+//! A subreaper also inherits the runtime's other orphans (runsc's gofer and
+//! helpers), which must be reaped or runsc believes they still run.
+//! [`reap_orphans`] reaps zombie children that nobody tracks; to never
+//! steal a status someone else will wait for, container inits and exec
+//! children are tracked, and runtime commands are spawned and waited under
+//! [`spawn_lock`]. Other code in a subreaper process that spawns children
+//! must hold [`spawn_lock`] from spawn until it has waited for them.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use nix::errno::Errno;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+/// How a container's init process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl ExitStatus {
+    /// The shell convention: the code, or 128 + signal.
+    pub fn code(self) -> i32 {
+        match self {
+            Self::Exited(code) => code,
+            Self::Signaled(signal) => 128 + signal,
+        }
+    }
+}
+
+/// Why waiting failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReapError {
+    #[error("failed to become a child subreaper")]
+    Subreaper(#[source] Errno),
+    #[error("failed to wait for pid {pid} (is this process its subreaper?)")]
+    Wait {
+        pid: u32,
+        #[source]
+        source: Errno,
+    },
+}
+
+static SPAWN_LOCK: Mutex<()> = Mutex::new(());
+static TRACKED: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// Held while spawning and waiting for short-lived children, so
+/// [`reap_orphans`] never reaps them first.
+pub fn spawn_lock() -> MutexGuard<'static, ()> {
+    SPAWN_LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn tracked() -> MutexGuard<'static, BTreeSet<u32>> {
+    TRACKED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Marks `pid` as waited for by someone: [`reap_orphans`] leaves it.
+pub fn track(pid: u32) {
+    tracked().insert(pid);
+}
+
+/// Forgets a pid passed to [`track`].
+pub fn untrack(pid: u32) {
+    tracked().remove(&pid);
+}
+
+/// Zombie children of this process, from `/proc`.
+fn zombie_children() -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // Fields after the `(comm)`: state, ppid, …
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            fields.next() == Some("Z") && fields.next() == Some(me.to_string().as_str())
+        })
+        .collect()
+}
+
+/// Reaps zombie children that are not tracked (orphans a subreaper
+/// inherited). Does nothing unless this process is a subreaper. Returns
+/// the pids reaped. Takes [`spawn_lock`]; use [`reap_orphans_locked`] when
+/// holding it already.
+pub fn reap_orphans() -> Vec<u32> {
+    let _guard = spawn_lock();
+    reap_orphans_locked()
+}
+
+/// [`reap_orphans`] for a caller that holds [`spawn_lock`].
+pub fn reap_orphans_locked() -> Vec<u32> {
+    if !nix::sys::prctl::get_child_subreaper().unwrap_or(false) {
+        return Vec::new();
+    }
+    let mut tracked = tracked();
+    // Forget tracked pids that no longer exist (their waiter reaped them).
+    tracked.retain(|pid| fs::metadata(format!("/proc/{pid}")).is_ok());
+    let mut reaped = Vec::new();
+    for pid in zombie_children() {
+        if !tracked.contains(&pid)
+            && matches!(
+                waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+            )
+        {
+            reaped.push(pid);
+        }
+    }
+    reaped
+}
+
+/// Makes this process the reaper of its orphaned descendants
+/// (`PR_SET_CHILD_SUBREAPER`), so it can collect container exit statuses.
+/// Affects the whole process; call once at start-up.
+pub fn become_subreaper() -> Result<(), ReapError> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(ReapError::Subreaper)
+}
+
+fn convert(pid: u32, status: WaitStatus) -> Option<ExitStatus> {
+    match status {
+        WaitStatus::Exited(_, code) => Some(ExitStatus::Exited(code)),
+        WaitStatus::Signaled(_, signal, _) => Some(ExitStatus::Signaled(signal as i32)),
+        _ => {
+            tracing::debug!(pid, ?status, "child changed state without exiting");
+            None
+        }
+    }
+}
+
+/// Blocks until `pid` (a child of this process) exits, then untracks it.
+pub fn wait_for_exit(pid: u32) -> Result<ExitStatus, ReapError> {
+    loop {
+        match waitpid(Pid::from_raw(pid as i32), None) {
+            Ok(status) => {
+                if let Some(exit) = convert(pid, status) {
+                    untrack(pid);
+                    return Ok(exit);
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(source) => return Err(ReapError::Wait { pid, source }),
+        }
+    }
+}
+
+/// The exit status of `pid` if it has exited, without blocking.
+pub fn try_wait(pid: u32) -> Result<Option<ExitStatus>, ReapError> {
+    match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::StillAlive) => Ok(None),
+        Ok(status) => {
+            let exit = convert(pid, status);
+            if exit.is_some() {
+                untrack(pid);
+            }
+            Ok(exit)
+        }
+        Err(source) => Err(ReapError::Wait { pid, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // These children are reaped through `waitpid` by pid, not `Child::wait`.
+    #[test]
+    #[allow(clippy::zombie_processes)]
+    fn waits_for_own_children() {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .expect("spawn sh");
+        assert_eq!(
+            wait_for_exit(child.id()).expect("wait"),
+            ExitStatus::Exited(7)
+        );
+        assert_eq!(ExitStatus::Signaled(9).code(), 137);
+    }
+
+    #[test]
+    #[allow(clippy::zombie_processes)]
+    fn try_wait_reports_running_then_exit() {
+        let child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("spawn sleep");
+        assert_eq!(try_wait(child.id()).expect("try"), None);
+        assert_eq!(
+            wait_for_exit(child.id()).expect("wait"),
+            ExitStatus::Exited(0)
+        );
+    }
+}

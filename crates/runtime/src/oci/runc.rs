@@ -1,0 +1,347 @@
+//! [`RuncCli`]: the runc / runsc command lines. Argument building and
+//! output parsing are pure and unit-tested; the rest runs the binary.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde::Deserialize;
+
+use super::reap::{self, ExitStatus};
+use super::{ContainerIo, ContainerState, ExecSpec, OciError, OciRuntime, Signal, Status};
+
+/// An OCI runtime driven through its command line: `runc`, or `runsc`
+/// (gVisor; give it `--rootless=false`, `--network=…` etc. in
+/// `global_args`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuncCli {
+    /// `runc`, `runsc` or a path to one.
+    pub binary: PathBuf,
+    /// The runtime's state directory (`--root`): one per agent, so its
+    /// containers never mix with other users of the same runtime.
+    pub root: PathBuf,
+    /// Flags placed before every subcommand.
+    pub global_args: Vec<String>,
+}
+
+impl RuncCli {
+    /// A runtime at `binary` keeping state in `root`.
+    pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+            root: root.into(),
+            global_args: Vec::new(),
+        }
+    }
+
+    /// Adds flags placed before every subcommand.
+    pub fn with_global_args(mut self, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.global_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        let mut args = vec![format!("--root={}", self.root.display())];
+        args.extend(self.global_args.iter().cloned());
+        args
+    }
+
+    /// Arguments of `create`, writing the runtime's own log beside the bundle.
+    pub fn create_args(&self, id: &str, bundle: &Path) -> Vec<String> {
+        let mut args = self.base_args();
+        args.push(format!("--log={}", runtime_log(bundle).display()));
+        args.extend([
+            "create".to_string(),
+            format!("--bundle={}", bundle.display()),
+            format!("--pid-file={}", pid_file(bundle).display()),
+            id.to_string(),
+        ]);
+        args
+    }
+
+    /// Arguments of `exec`.
+    pub fn exec_args(&self, id: &str, spec: &ExecSpec) -> Vec<String> {
+        let mut args = self.base_args();
+        args.push("exec".to_string());
+        if spec.tty {
+            args.push("--tty".to_string());
+        }
+        for env in &spec.env {
+            args.push(format!("--env={env}"));
+        }
+        if let Some(cwd) = &spec.cwd {
+            args.push(format!("--cwd={cwd}"));
+        }
+        if let Some(user) = spec.user {
+            args.push(format!("--user={}:{}", user.uid, user.gid));
+        }
+        args.push(id.to_string());
+        args.extend(spec.args.iter().cloned());
+        args
+    }
+
+    fn command(&self, args: &[String]) -> Command {
+        let mut command = Command::new(&self.binary);
+        command.args(args).stdin(Stdio::null());
+        command
+    }
+
+    /// Runs a subcommand to completion, failing on a non-zero exit.
+    fn run(&self, subcommand: &[&str]) -> Result<Vec<u8>, OciError> {
+        let mut args = self.base_args();
+        args.extend(subcommand.iter().map(|s| s.to_string()));
+        let output = {
+            let _guard = reap::spawn_lock();
+            reap::reap_orphans_locked();
+            self.command(&args).output()
+        }
+        .map_err(|source| self.spawn_error(source))?;
+        if !output.status.success() {
+            return Err(OciError::Command {
+                command: self.describe(&args),
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            });
+        }
+        Ok(output.stdout)
+    }
+
+    fn spawn_error(&self, source: std::io::Error) -> OciError {
+        OciError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        }
+    }
+
+    fn describe(&self, args: &[String]) -> String {
+        format!("{} {}", self.binary.display(), args.join(" "))
+    }
+}
+
+fn runtime_log(bundle: &Path) -> PathBuf {
+    bundle.join("runtime.log")
+}
+
+fn pid_file(bundle: &Path) -> PathBuf {
+    bundle.join("init.pid")
+}
+
+fn open_log(path: &Path) -> Result<File, OciError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+        .map_err(|source| OciError::LogFile {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// The last `max` bytes of a file, lossily as text (for error messages).
+fn tail(path: &Path, max: usize) -> String {
+    let bytes = fs::read(path).unwrap_or_default();
+    let start = bytes.len().saturating_sub(max);
+    String::from_utf8_lossy(&bytes[start..]).trim().to_string()
+}
+
+#[derive(Debug, Deserialize)]
+struct ListedContainer {
+    id: String,
+    #[serde(default)]
+    pid: i64,
+    status: String,
+    #[serde(default)]
+    bundle: PathBuf,
+}
+
+/// Parses `list --format=json` output (runc prints `null` when empty).
+pub(crate) fn parse_list(stdout: &[u8]) -> Result<Vec<ContainerState>, OciError> {
+    let listed: Option<Vec<ListedContainer>> =
+        serde_json::from_slice(stdout).map_err(|e| OciError::Parse {
+            what: "container list",
+            detail: e.to_string(),
+        })?;
+    Ok(listed
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            let status = Status::parse(&c.status);
+            ContainerState {
+                id: c.id,
+                pid: (c.pid > 0 && status != Status::Stopped).then_some(c.pid as u32),
+                status,
+                bundle: c.bundle,
+            }
+        })
+        .collect())
+}
+
+impl OciRuntime for RuncCli {
+    fn create(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
+        let stdout = open_log(&io.stdout)?;
+        let stderr = if io.stderr == io.stdout {
+            stdout.try_clone().map_err(|source| OciError::LogFile {
+                path: io.stderr.clone(),
+                source,
+            })?
+        } else {
+            open_log(&io.stderr)?
+        };
+        let _ = fs::remove_file(pid_file(bundle));
+        let args = self.create_args(id, bundle);
+        // The container inherits these descriptors: never pipe them, or
+        // waiting for the runtime would wait for the container too.
+        let guard = reap::spawn_lock();
+        reap::reap_orphans_locked();
+        let status = self
+            .command(&args)
+            .stdout(stdout)
+            .stderr(stderr)
+            .status()
+            .map_err(|source| self.spawn_error(source))?;
+        if !status.success() {
+            return Err(OciError::Command {
+                command: self.describe(&args),
+                status,
+                stderr: tail(&runtime_log(bundle), 2048),
+            });
+        }
+        let path = pid_file(bundle);
+        let text = fs::read_to_string(&path).map_err(|source| OciError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let pid: u32 = text.trim().parse().map_err(|_| OciError::Parse {
+            what: "pid file",
+            detail: text.clone(),
+        })?;
+        // Tracked before the lock is released, so no orphan sweep takes it.
+        reap::track(pid);
+        drop(guard);
+        Ok(pid)
+    }
+
+    fn start(&self, id: &str) -> Result<(), OciError> {
+        self.run(&["start", id]).map(drop)
+    }
+
+    fn state(&self, id: &str) -> Result<Option<ContainerState>, OciError> {
+        Ok(self.list()?.into_iter().find(|c| c.id == id))
+    }
+
+    fn kill(&self, id: &str, signal: Signal) -> Result<(), OciError> {
+        if self.state(id)?.is_none() {
+            return Err(OciError::NotFound(id.to_string()));
+        }
+        let number = (signal as i32).to_string();
+        self.run(&["kill", id, &number]).map(drop)
+    }
+
+    fn wait(&self, _id: &str, pid: u32) -> Result<ExitStatus, OciError> {
+        Ok(reap::wait_for_exit(pid)?)
+    }
+
+    fn delete(&self, id: &str, force: bool) -> Result<(), OciError> {
+        if self.state(id)?.is_none() {
+            return Ok(());
+        }
+        if force {
+            self.run(&["delete", "--force", id]).map(drop)
+        } else {
+            self.run(&["delete", id]).map(drop)
+        }
+    }
+
+    fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Child, OciError> {
+        let args = self.exec_args(id, spec);
+        let _guard = reap::spawn_lock();
+        let child = self
+            .command(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| self.spawn_error(source))?;
+        // The caller waits for it; orphan sweeps must leave it alone.
+        reap::track(child.id());
+        Ok(child)
+    }
+
+    fn list(&self) -> Result<Vec<ContainerState>, OciError> {
+        parse_list(&self.run(&["list", "--format=json"])?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundle::UserIds;
+
+    fn cli() -> RuncCli {
+        RuncCli::new("runsc", "/var/lib/corral/runsc").with_global_args(["--network=host"])
+    }
+
+    #[test]
+    fn create_args_put_globals_first() {
+        assert_eq!(
+            cli().create_args("c1", Path::new("/b/c1")),
+            vec![
+                "--root=/var/lib/corral/runsc",
+                "--network=host",
+                "--log=/b/c1/runtime.log",
+                "create",
+                "--bundle=/b/c1",
+                "--pid-file=/b/c1/init.pid",
+                "c1",
+            ]
+        );
+    }
+
+    #[test]
+    fn exec_args_carry_env_cwd_user_and_tty() {
+        let spec = ExecSpec {
+            args: vec!["id".into(), "-u".into()],
+            env: vec!["A=1".into()],
+            cwd: Some("/tmp".into()),
+            user: Some(UserIds {
+                uid: 65534,
+                gid: 65534,
+            }),
+            tty: true,
+        };
+        assert_eq!(
+            cli().exec_args("c1", &spec),
+            vec![
+                "--root=/var/lib/corral/runsc",
+                "--network=host",
+                "exec",
+                "--tty",
+                "--env=A=1",
+                "--cwd=/tmp",
+                "--user=65534:65534",
+                "c1",
+                "id",
+                "-u",
+            ]
+        );
+    }
+
+    #[test]
+    fn parses_list_output() {
+        assert_eq!(parse_list(b"null\n").expect("null"), vec![]);
+        let text = br#"[{"ociVersion":"1.0.2-dev","id":"a","pid":42,"status":"running","bundle":"/b/a","rootfs":"/b/a/rootfs","created":"2024-01-01T00:00:00Z","owner":"root"},
+                        {"ociVersion":"1.0.2-dev","id":"b","pid":0,"status":"stopped","bundle":"/b/b"}]"#;
+        let listed = parse_list(text).expect("list");
+        assert_eq!(listed[0].id, "a");
+        assert_eq!(listed[0].status, Status::Running);
+        assert_eq!(listed[0].pid, Some(42));
+        assert_eq!(listed[1].status, Status::Stopped);
+        assert_eq!(listed[1].pid, None);
+        assert!(matches!(
+            parse_list(b"not json"),
+            Err(OciError::Parse { .. })
+        ));
+    }
+}
