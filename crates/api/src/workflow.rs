@@ -303,6 +303,76 @@ pub struct StepLogEntry {
     pub fields: BTreeMap<String, Value>,
 }
 
+/// What a step owner asks of the server, as `POST …/{name}/steps` takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StepActionKind {
+    /// Take a ready step: it becomes running against its timeout.
+    Claim,
+    /// Report success of the claimed step (optional `note`).
+    Complete,
+    /// Report failure of the claimed step (`error` required).
+    Fail,
+    /// Append a log line about the step (`message` required).
+    Log,
+}
+
+impl StepActionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepActionKind::Claim => "claim",
+            StepActionKind::Complete => "complete",
+            StepActionKind::Fail => "fail",
+            StepActionKind::Log => "log",
+        }
+    }
+}
+
+/// The body of `POST …/{name}/steps`. Which fields apply depends on
+/// `action`; the server refuses a request missing one it needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepActionRequest {
+    pub action: StepActionKind,
+    /// The step's name, `acme/slow-mount`.
+    pub step: String,
+    /// The instance id (`start-1`); default: the newest running instance
+    /// (for `log`, the newest instance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    /// `complete`: what the owner reports, shown by `why`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// `fail`: the error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `log`: the line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// `log`: its level, `info` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<LogLevel>,
+    /// `log`: structured fields.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fields: BTreeMap<String, Value>,
+}
+
+impl StepActionRequest {
+    /// A request of `action` on `step` with every optional field empty.
+    pub fn new(action: StepActionKind, step: impl Into<String>) -> Self {
+        StepActionRequest {
+            action,
+            step: step.into(),
+            workflow: None,
+            note: None,
+            error: None,
+            message: None,
+            level: None,
+            fields: BTreeMap::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{apply, get, history, token, up};
+use crate::commands::{apply, controllers, get, history, token, up, workflow};
 
 /// corral: a container and VM orchestrator you can learn in a week.
 ///
@@ -26,6 +26,8 @@ use crate::commands::{apply, get, history, token, up};
 ///   corral diff pod/web 1 2
 ///   corral rollback pod/web --to 1
 ///   corral history --since 1h --external
+///   corral why pod/web
+///   corral logs pod/web --steps
 #[derive(Debug, Parser)]
 #[command(name = "corral", version, about, long_about, verbatim_doc_comment)]
 struct Cli {
@@ -60,6 +62,19 @@ enum Command {
     Diff(history::DiffArgs),
     /// Make a new revision whose spec is an earlier revision's.
     Rollback(history::RollbackArgs),
+    /// Explain an object's newest operation: a verdict line, then every step
+    /// of its workflow (done, running, failed, waiting, blocked).
+    Why(workflow::WhyArgs),
+    /// Analyze an object's workflow: blame, critical-chain, dot.
+    Analyze(workflow::AnalyzeArgs),
+    /// Show what the workflow and its controllers did about an object (--steps).
+    Logs(workflow::LogsArgs),
+    /// Field ownership: who owns and reads what, and whether the
+    /// controllers converge (list, check, transfer).
+    Controllers(controllers::ControllersArgs),
+    /// Show who owns a field and which controllers read it
+    /// (`corral explain pod.status.node`).
+    Explain(controllers::ExplainArgs),
     /// Manage API tokens.
     Token(token::TokenArgs),
     /// Show who the configured token authenticates as.
@@ -101,6 +116,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::History(args) => history::history(config, args).await,
         Command::Diff(args) => history::diff(config, args).await,
         Command::Rollback(args) => history::rollback(config, args).await,
+        Command::Why(args) => workflow::why(config, args).await,
+        Command::Analyze(args) => workflow::analyze(config, args).await,
+        Command::Logs(args) => workflow::logs(config, args).await,
+        Command::Controllers(args) => controllers::run(config, args).await,
+        Command::Explain(args) => controllers::explain(config, args).await,
         Command::Token(args) => token::run(config, args).await,
         Command::Whoami => token::whoami(config).await,
         Command::Openapi => {

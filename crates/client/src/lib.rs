@@ -11,6 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use corral_api::history::RevisionDiff;
 use corral_api::watch::{ObjectList, WatchEvent};
+use corral_api::workflow::{
+    LogLevel, StepActionKind, StepActionRequest, StepLogEntry, WorkflowInstance,
+};
 use corral_api::{
     FieldError, HistoryQuery, Identity, Kind, Object, ObjectKey, RevisionRecord, Role,
 };
@@ -68,6 +71,17 @@ struct ErrorBody {
 pub struct TokenResponse {
     pub token: String,
     pub identity: Identity,
+}
+
+/// Which step log entries of one object to read; `None` means any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepLogQuery {
+    /// Only this step's entries (`acme/slow-mount`).
+    pub step: Option<String>,
+    /// Only entries about steps of this owner (`acme-storage`).
+    pub owner: Option<String>,
+    /// Only this workflow instance's entries (`start-1`).
+    pub workflow: Option<String>,
 }
 
 /// A connection to one corral API server.
@@ -293,6 +307,103 @@ impl Client {
     pub async fn create_token(&self, name: &str, role: Role) -> Result<TokenResponse, ClientError> {
         let body = serde_json::json!({"name": name, "role": role});
         self.call(self.request(Method::POST, "/v1/tokens").json(&body))
+            .await
+    }
+
+    /// Hands `field` (`Pod:status.node`) from controller `from` to
+    /// controller `to` (operators only). Returns the written `Controller`
+    /// objects as JSON (`from`, absent when it owned the field by default
+    /// only, and `to`).
+    pub async fn transfer_field(
+        &self,
+        from: &str,
+        field: &str,
+        to: &str,
+    ) -> Result<serde_json::Value, ClientError> {
+        let path = format!("/v1/controllers/{from}/transfer");
+        let body = serde_json::json!({"path": field, "to": to});
+        self.call(self.request(Method::POST, &path).json(&body))
+            .await
+    }
+
+    /// A step owner's action on a step of the object's newest running
+    /// workflow instance (or the one `request.workflow` names). Returns the
+    /// instance afterwards. Refused with 403 when the token's identity does
+    /// not own the step, 409 when the step's state does not allow it.
+    pub async fn step_action(
+        &self,
+        key: &ObjectKey,
+        request: &StepActionRequest,
+    ) -> Result<WorkflowInstance, ClientError> {
+        let path = format!("{}/steps", object_path(key));
+        self.call(self.request(Method::POST, &path).json(request))
+            .await
+    }
+
+    /// Claims a ready step: it runs against its timeout from now.
+    pub async fn claim_step(
+        &self,
+        key: &ObjectKey,
+        step: &str,
+    ) -> Result<WorkflowInstance, ClientError> {
+        let request = StepActionRequest::new(StepActionKind::Claim, step);
+        self.step_action(key, &request).await
+    }
+
+    /// Reports the claimed step done, with an optional note for `why`.
+    pub async fn complete_step(
+        &self,
+        key: &ObjectKey,
+        step: &str,
+        note: Option<&str>,
+    ) -> Result<WorkflowInstance, ClientError> {
+        let mut request = StepActionRequest::new(StepActionKind::Complete, step);
+        request.note = note.map(str::to_string);
+        self.step_action(key, &request).await
+    }
+
+    /// Reports the claimed step failed with `error`.
+    pub async fn fail_step(
+        &self,
+        key: &ObjectKey,
+        step: &str,
+        error: &str,
+    ) -> Result<WorkflowInstance, ClientError> {
+        let mut request = StepActionRequest::new(StepActionKind::Fail, step);
+        request.error = Some(error.to_string());
+        self.step_action(key, &request).await
+    }
+
+    /// Appends a log line about a step the caller owns.
+    pub async fn log_step(
+        &self,
+        key: &ObjectKey,
+        step: &str,
+        level: LogLevel,
+        message: &str,
+    ) -> Result<WorkflowInstance, ClientError> {
+        let mut request = StepActionRequest::new(StepActionKind::Log, step);
+        request.level = Some(level);
+        request.message = Some(message.to_string());
+        self.step_action(key, &request).await
+    }
+
+    /// The object's step log (transitions and owners' lines), time order.
+    pub async fn step_logs(
+        &self,
+        key: &ObjectKey,
+        query: &StepLogQuery,
+    ) -> Result<Vec<StepLogEntry>, ClientError> {
+        let path = format!("{}/steplogs", object_path(key));
+        let params: Vec<(&str, &String)> = [
+            ("step", &query.step),
+            ("owner", &query.owner),
+            ("workflow", &query.workflow),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| value.as_ref().map(|value| (name, value)))
+        .collect();
+        self.call(self.request(Method::GET, &path).query(&params))
             .await
     }
 

@@ -16,8 +16,10 @@ pub mod error;
 mod handlers;
 pub mod metrics;
 pub mod openapi;
+pub mod ownership;
 mod query;
 pub mod render;
+pub mod workflows;
 
 use std::sync::Arc;
 
@@ -39,6 +41,7 @@ pub struct Server {
     pub ids: Arc<dyn IdGenerator>,
     pub tokens: auth::TokenCache,
     pub metrics: metrics::Metrics,
+    pub ownership: ownership::Ownership,
 }
 
 impl std::fmt::Debug for Server {
@@ -67,6 +70,7 @@ impl Server {
             clock,
             ids,
             metrics: metrics::Metrics::default(),
+            ownership: ownership::Ownership::default(),
         })
     }
 }
@@ -75,7 +79,7 @@ impl Server {
 /// under `/v1/namespaces/{namespace}/{plural}`, cluster-wide kinds (and
 /// lists across all namespaces) under `/v1/{plural}`.
 pub fn app(server: SharedServer) -> Router {
-    use handlers::{history, objects, system, watch};
+    use handlers::{history, objects, steps, system, watch};
 
     let object_routes = |prefix: &str| {
         Router::new()
@@ -109,6 +113,14 @@ pub fn app(server: SharedServer) -> Router {
                 &format!("{prefix}/{{plural}}/{{name}}/rollback"),
                 post(history::rollback),
             )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/steps"),
+                post(steps::act),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/steplogs"),
+                get(steps::logs),
+            )
     };
 
     Router::new()
@@ -118,6 +130,7 @@ pub fn app(server: SharedServer) -> Router {
         .route("/v1/whoami", get(system::whoami))
         .route("/v1/tokens", post(system::create_token))
         .route("/v1/history", get(history::cluster_history))
+        .route("/v1/controllers/{name}/transfer", post(ownership::transfer))
         .merge(object_routes("/v1/namespaces/{namespace}"))
         .merge(object_routes("/v1"))
         .layer(middleware::from_fn_with_state(

@@ -125,6 +125,26 @@ fn object_paths(prefix: &str, kind_names: &str, namespaced: bool) -> Vec<(String
                     "responses": ok(object, "the rolled-back object")}
             }),
         ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/steps"),
+            json!({
+                "post": {"summary": "a step owner claims, completes, fails or logs for a step of the object's workflow (403: not the owner; 409: the step's state does not allow it)",
+                    "parameters": named.clone(),
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": schema_ref("StepActionRequest")}}},
+                    "responses": ok(schema_ref("WorkflowInstance"), "the workflow instance afterwards")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/steplogs"),
+            json!({
+                "get": {"summary": "the object's workflow step log: every transition and every line step owners appended, in time order",
+                    "parameters": ([named.clone(), vec![
+                        json!({"name": "step", "in": "query", "schema": {"type": "string"}, "description": "only this step"}),
+                        json!({"name": "owner", "in": "query", "schema": {"type": "string"}, "description": "only steps of this owner"}),
+                        json!({"name": "workflow", "in": "query", "schema": {"type": "string"}, "description": "only this workflow instance (start-1)"})]].concat()),
+                    "responses": ok(json!({"type": "array", "items": schema_ref("StepLogEntry")}), "log entries")}
+            }),
+        ),
     ]
 }
 
@@ -136,6 +156,9 @@ pub fn document() -> Value {
     generator.subschema_for::<ErrorBody>();
     generator.subschema_for::<RevisionDiff>();
     generator.subschema_for::<corral_api::Identity>();
+    generator.subschema_for::<corral_api::workflow::StepActionRequest>();
+    generator.subschema_for::<corral_api::workflow::WorkflowInstance>();
+    generator.subschema_for::<corral_api::workflow::StepLogEntry>();
     for kind in Kind::ALL {
         corral_api::kinds::spec_schema(kind, &mut generator);
     }

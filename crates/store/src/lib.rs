@@ -22,6 +22,7 @@ use std::pin::Pin;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use corral_api::history::CompactionPolicy;
+use corral_api::workflow::StepLogEntry;
 use corral_api::{AuthorClass, HistoryQuery, Identity, Kind, Object, ObjectKey, RevisionRecord};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
@@ -92,6 +93,31 @@ pub struct TokenRecord {
     pub hash: String,
     pub identity: Identity,
     pub created_at: DateTime<Utc>,
+}
+
+/// Which step log entries of one object to read; `None` means any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepLogFilter {
+    /// Only entries about this step (`acme/slow-mount`).
+    pub step: Option<String>,
+    /// Only entries about steps of this owner (`acme-storage`).
+    pub owner: Option<String>,
+    /// Only entries of this workflow instance (`start-1`).
+    pub workflow_id: Option<String>,
+}
+
+impl StepLogFilter {
+    pub fn admits(&self, entry: &StepLogEntry) -> bool {
+        self.step.as_ref().is_none_or(|step| *step == entry.step)
+            && self
+                .owner
+                .as_ref()
+                .is_none_or(|owner| *owner == entry.owner)
+            && self
+                .workflow_id
+                .as_ref()
+                .is_none_or(|id| *id == entry.workflow_id)
+    }
 }
 
 /// Everything that can go wrong in a store. Variants are what callers branch
@@ -192,4 +218,16 @@ pub trait Store: Send + Sync + 'static {
     async fn put_token(&self, token: TokenRecord) -> Result<(), StoreError>;
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
+
+    /// Appends workflow step log entries (engine transitions and lines step
+    /// owners wrote), all or none. They outlive the object they are about.
+    async fn append_step_logs(&self, entries: &[StepLogEntry]) -> Result<(), StoreError>;
+
+    /// The step log of the object with `uid` that passes the filter, ordered
+    /// by time, then by the order they were appended.
+    async fn step_logs(
+        &self,
+        uid: &str,
+        filter: &StepLogFilter,
+    ) -> Result<Vec<StepLogEntry>, StoreError>;
 }

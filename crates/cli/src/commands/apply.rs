@@ -1,6 +1,6 @@
 //! `apply`, `edit` and `delete`.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -12,6 +12,10 @@ use super::connect;
 use crate::target::Target;
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral apply -f pod.yaml -m \"first version\"
+  corral apply -f pod.yaml --wait               follow the start or update workflow live
+  corral apply -f pod.yaml --wait --timeout 10m | cat    plain lines, one per step transition")]
 pub struct ApplyArgs {
     /// Manifest file (YAML or JSON; `-` reads standard input).
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
@@ -22,6 +26,15 @@ pub struct ApplyArgs {
     /// Namespace for objects whose manifest names none.
     #[arg(short = 'n', long, value_name = "NS")]
     namespace: Option<String>,
+    /// After applying, follow each object's newest workflow (start, update,
+    /// join) until it succeeds, fails or --timeout passes; exit non-zero
+    /// unless it succeeds. A live view in a terminal, one line per step
+    /// transition otherwise.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits in all (`90s`, `10m`).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration, requires = "wait")]
+    timeout: std::time::Duration,
 }
 
 /// Reads and validates a whole manifest before anything is sent, so a bad
@@ -47,13 +60,25 @@ fn read_manifest(file: &PathBuf, namespace: Option<&str>) -> anyhow::Result<Vec<
 pub async fn apply(config: Option<PathBuf>, args: ApplyArgs) -> anyhow::Result<()> {
     let objects = read_manifest(&args.file, args.namespace.as_deref())?;
     let client = connect(config)?;
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut applied = Vec::new();
     for object in objects {
-        apply_one(&client, &object, args.message.as_deref()).await?;
+        applied.push(apply_one(&client, &object, args.message.as_deref()).await?);
+    }
+    if args.wait {
+        let live = std::io::stdout().is_terminal();
+        for stored in &applied {
+            super::workflow::follow(&client, stored, deadline, live).await?;
+        }
     }
     Ok(())
 }
 
-async fn apply_one(client: &Client, object: &Object, message: Option<&str>) -> anyhow::Result<()> {
+async fn apply_one(
+    client: &Client,
+    object: &Object,
+    message: Option<&str>,
+) -> anyhow::Result<Object> {
     let key = object.key();
     let before = match client.get(&key).await {
         Ok(existing) => Some(existing.metadata.resource_version),
@@ -70,7 +95,7 @@ async fn apply_one(client: &Client, object: &Object, message: Option<&str>) -> a
         Some(_) => "configured",
     };
     println!("{key} {verb} (revision {})", stored.metadata.revision);
-    Ok(())
+    Ok(stored)
 }
 
 #[derive(Debug, Args)]

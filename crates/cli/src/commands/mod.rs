@@ -1,10 +1,12 @@
 //! One module per group of subcommands.
 
 pub mod apply;
+pub mod controllers;
 pub mod get;
 pub mod history;
 pub mod token;
 pub mod up;
+pub mod workflow;
 
 use std::path::{Path, PathBuf};
 

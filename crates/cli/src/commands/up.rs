@@ -39,6 +39,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = listener.local_addr()?;
+    super::controllers::register_builtins(&server, &data_dir).await?;
 
     let config_path = data_dir.join(ADMIN_CONFIG);
     let config = ClientConfig {
@@ -51,9 +52,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    corral_server::serve(listener, server, shutdown)
+    let driver = tokio::spawn(corral_server::workflows::drive(
+        server.clone(),
+        shutdown.clone(),
+    ));
+    corral_server::serve(listener, server, shutdown.clone())
         .await
         .context("the API server failed")?;
+    shutdown.cancel();
+    driver.await.context("the workflow driver failed")?;
     tracing::info!("corral stopped");
     Ok(())
 }

@@ -128,7 +128,9 @@ pub async fn rollback(
     let mut next = current.clone();
     next.spec = spec;
     let expected = current.metadata.resource_version;
-    Ok(Json(server.store.update(next, expected, &change).await?))
+    let updated =
+        crate::ownership::update(&server, &caller, &current, next, expected, &change).await?;
+    Ok(Json(updated))
 }
 
 /// `GET /v1/history?since=1h&author=a&excludeAuthor=b&class=external&kind=Pod&limit=N`.

@@ -3,6 +3,7 @@
 
 pub mod history;
 pub mod objects;
+pub mod steps;
 pub mod system;
 pub mod watch;
 

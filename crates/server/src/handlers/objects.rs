@@ -13,7 +13,9 @@ use super::{Target, change, parse_object};
 use crate::SharedServer;
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::ownership;
 use crate::query::Params;
+use crate::workflows::WriteError;
 
 /// How many times an unconditional apply retries when a concurrent writer
 /// got in between its read and its write.
@@ -21,15 +23,16 @@ const APPLY_ATTEMPTS: usize = 5;
 
 pub async fn get_one(
     State(server): State<SharedServer>,
-    Caller(_caller): Caller,
+    Caller(caller): Caller,
     Path(params): Path<HashMap<String, String>>,
 ) -> Result<Json<Object>, ApiError> {
     let key = Target::from_params(&params)?.key()?;
+    let view = ownership::reader(&server, &caller).await?;
     server
         .store
         .get(&key)
         .await?
-        .map(Json)
+        .map(|object| Json(view.serve(object)))
         .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))
 }
 
@@ -45,7 +48,7 @@ pub async fn create(
     let params = Params::parse(query.as_deref());
     let object = parse_object(&target, &body)?;
     let change = change(&server, &caller, params.get("message"));
-    let created = server.store.create(fresh(&server, object), &change).await?;
+    let created = ownership::create(&server, &caller, fresh(&server, object), &change).await?;
     Ok(Json(created))
 }
 
@@ -86,12 +89,10 @@ pub async fn apply(
                     "{key} not found (the body asks for resourceVersion {pinned_version})"
                 )));
             }
-            match server
-                .store
-                .create(fresh(&server, desired.clone()), &change)
+            match ownership::create(&server, &caller, fresh(&server, desired.clone()), &change)
                 .await
             {
-                Err(StoreError::AlreadyExists { .. }) => continue,
+                Err(WriteError::Store(StoreError::AlreadyExists { .. })) => continue,
                 other => return Ok(Json(other?)),
             }
         };
@@ -113,8 +114,8 @@ pub async fn apply(
         if next == current && expected == current.metadata.resource_version {
             return Ok(Json(current));
         }
-        match server.store.update(next, expected, &change).await {
-            Err(StoreError::Conflict { .. }) if pinned_version == 0 => continue,
+        match ownership::update(&server, &caller, &current, next, expected, &change).await {
+            Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,
             other => return Ok(Json(other?)),
         }
     }
@@ -153,10 +154,10 @@ pub async fn put_status(
         } else {
             current.metadata.resource_version
         };
-        let mut next = current;
+        let mut next = current.clone();
         next.status = status.clone();
-        match server.store.update(next, expected, &change).await {
-            Err(StoreError::Conflict { .. }) if pinned_version == 0 => continue,
+        match ownership::update(&server, &caller, &current, next, expected, &change).await {
+            Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,
             other => return Ok(Json(other?)),
         }
     }
@@ -175,5 +176,7 @@ pub async fn delete(
     let params = Params::parse(query.as_deref());
     let expected = params.number("resourceVersion")?;
     let change = change(&server, &caller, params.get("message"));
-    Ok(Json(server.store.delete(&key, expected, &change).await?))
+    Ok(Json(
+        ownership::delete(&server, &caller, &key, expected, &change).await?,
+    ))
 }

@@ -24,7 +24,7 @@ use crate::query::Params;
 
 pub async fn list_or_watch(
     State(server): State<SharedServer>,
-    Caller(_caller): Caller,
+    Caller(caller): Caller,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -42,12 +42,14 @@ pub async fn list_or_watch(
         .parse()
         .map_err(|e: corral_api::SelectorError| ApiError::BadRequest(e.to_string()))?;
 
+    let view = crate::ownership::reader(&server, &caller).await?;
     if !query.flag("watch") {
         let listed = server.store.list(target.kind, namespace.as_deref()).await?;
         let items = listed
             .objects
             .into_iter()
             .filter(|o| selector.matches(&o.metadata.labels))
+            .map(|o| view.serve(o))
             .collect();
         return Ok(Json(ObjectList {
             items,
@@ -76,7 +78,10 @@ pub async fn list_or_watch(
         .map(move |event| {
             let _alive = &guard;
             let mut line = match event {
-                Ok(event) => serde_json::to_vec(&event),
+                Ok(mut event) => {
+                    event.object = view.serve(event.object);
+                    serde_json::to_vec(&event)
+                }
                 Err(error) => {
                     let error = ApiError::from(error);
                     serde_json::to_vec(&serde_json::json!({

@@ -13,11 +13,14 @@
 //!   a history record.
 //! - the `Deleted` event and the object `delete` returns carry the
 //!   deletion's store revision and keep the last spec revision.
+//! - step log entries are kept per object uid and read back ordered by
+//!   time, ties in the order they were appended.
 //! - `compact_history` keeps a live object's current revision whatever the
 //!   policy; a deleted object's records may all go.
 
 mod history;
 mod objects;
+mod steplogs;
 mod watch;
 
 use std::future::Future;
@@ -37,6 +40,7 @@ pub use history::{
 pub use objects::{
     check_create_get_list, check_delete_and_recreate, check_spec_revisions, check_update_cas,
 };
+pub use steplogs::check_step_logs;
 pub use watch::{check_watch_expired, check_watch_filtered, check_watch_live, check_watch_replay};
 
 /// What the suite needs beyond [`Store`]: a way to make a backend forget old
@@ -67,6 +71,7 @@ where
     check_compaction_last(&fresh().await).await;
     check_compaction_for(&fresh().await).await;
     check_tokens(&fresh().await).await;
+    check_step_logs(&fresh().await).await;
 }
 
 /// How long a check waits for an event that must come.

@@ -12,6 +12,7 @@
 mod history;
 mod objects;
 mod schema;
+mod steplogs;
 mod watch;
 
 use std::fmt;
@@ -22,14 +23,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use corral_api::history::CompactionPolicy;
+use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::broadcast;
 
 use crate::conformance::EventRetention;
 use crate::{
-    ChangeMeta, CompactionReport, HistorySize, ListResult, Store, StoreError, TokenRecord,
-    WatchEvent, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, HistorySize, ListResult, StepLogFilter, Store, StoreError,
+    TokenRecord, WatchEvent, WatchFilter, WatchStream,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -256,6 +258,25 @@ impl Store for SqliteStore {
             }))
         })
         .await
+    }
+
+    async fn append_step_logs(&self, entries: &[StepLogEntry]) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let entries = entries.to_vec();
+        self.blocking(move |conn, _| steplogs::append(conn, &entries))
+            .await
+    }
+
+    async fn step_logs(
+        &self,
+        uid: &str,
+        filter: &StepLogFilter,
+    ) -> Result<Vec<StepLogEntry>, StoreError> {
+        let (uid, filter) = (uid.to_string(), filter.clone());
+        self.blocking(move |conn, _| steplogs::read(conn, &uid, &filter))
+            .await
     }
 }
 

@@ -11,7 +11,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use crate::StoreError;
 
 /// The schema this code writes; kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -21,7 +21,7 @@ pub(super) const META_REVISION: &str = "revision";
 /// `meta` key of the newest store revision whose watch event was pruned.
 pub(super) const META_EVENTS_COMPACTED: &str = "events_compacted";
 
-const SCHEMA_V1: &str = "
+pub(super) const SCHEMA_V1: &str = "
 CREATE TABLE meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -81,6 +81,27 @@ CREATE TABLE tokens (
 INSERT INTO meta (key, value) VALUES ('revision', 0), ('events_compacted', 0);
 ";
 
+/// Version 2: workflow step logs. `seq` keeps the order entries were
+/// appended in, which breaks ties between entries of the same time.
+const SCHEMA_V2: &str = "
+CREATE TABLE step_logs (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    object_uid  TEXT NOT NULL,
+    time        TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    workflow    TEXT NOT NULL,
+    step        TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    level       TEXT NOT NULL,
+    message     TEXT NOT NULL,
+    fields      TEXT NOT NULL
+);
+CREATE INDEX step_logs_object ON step_logs (object_uid, time, seq);
+";
+
+/// The migrations, in order: entry `n` brings version `n` to `n + 1`.
+const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SCHEMA_V2];
+
 /// Applies the connection settings and brings the schema up to date.
 /// `durable` is false only for in-memory databases, which have no WAL.
 pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreError> {
@@ -99,19 +120,24 @@ pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreE
     conn.pragma_update(None, "synchronous", "FULL")?;
 
     let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    match version {
-        0 => {
-            let tx = conn.transaction()?;
-            tx.execute_batch(SCHEMA_V1)?;
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-            tx.commit()?;
-            Ok(())
-        }
-        SCHEMA_VERSION => Ok(()),
-        newer => Err(StoreError::Corrupt(format!(
-            "database schema version {newer} is newer than this corral understands ({SCHEMA_VERSION})"
-        ))),
+    if !(0..=SCHEMA_VERSION).contains(&version) {
+        return Err(StoreError::Corrupt(format!(
+            "database schema version {version} is newer than this corral understands ({SCHEMA_VERSION})"
+        )));
     }
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    // All pending migrations in one transaction: a crash leaves the old
+    // version intact.
+    let tx = conn.transaction()?;
+    let first = usize::try_from(version).unwrap_or(0);
+    for migration in &MIGRATIONS[first..] {
+        tx.execute_batch(migration)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(())
 }
 
 pub(super) fn get_meta(conn: &Connection, key: &str) -> Result<u64, StoreError> {

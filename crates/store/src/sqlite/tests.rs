@@ -99,3 +99,32 @@ async fn retention_prunes_old_events_and_expires_old_watches() {
         "a watcher that fell behind retention gets Expired, got {outcome:?}"
     );
 }
+
+#[tokio::test]
+async fn a_version_1_database_is_migrated_and_keeps_its_objects() {
+    let mut conn = rusqlite::Connection::open_in_memory().expect("open");
+    conn.execute_batch(super::schema::SCHEMA_V1)
+        .expect("v1 schema");
+    conn.pragma_update(None, "user_version", 1)
+        .expect("version 1");
+    conn.execute(
+        "INSERT INTO tokens (hash, identity, created_at) VALUES ('h', ?1, '2030-01-01T00:00:00.000000000Z')",
+        [r#"{"name":"alice","role":"operator"}"#],
+    )
+    .expect("a v1 row");
+    super::schema::prepare(&mut conn, false).expect("migrate");
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .expect("version");
+    assert_eq!(version, super::SCHEMA_VERSION);
+    let store = SqliteStore::from_connection(conn, None, 16);
+    assert!(
+        store.find_token("h").await.expect("read").is_some(),
+        "v1 data survives the migration"
+    );
+    let logs = store
+        .step_logs("uid-1", &crate::StepLogFilter::default())
+        .await
+        .expect("the v2 table exists");
+    assert!(logs.is_empty());
+}

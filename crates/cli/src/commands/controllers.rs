@@ -1,0 +1,305 @@
+//! `corral controllers list|check|transfer` and `corral explain`: who owns
+//! which field, who reads it, and whether the controllers converge.
+//!
+//! The registry is the cluster's `Controller` objects; the rules applied to
+//! them are `corral_ownership`'s, the same the API server enforces.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use corral_api::{Kind, Object};
+use corral_client::Client;
+use corral_ownership::{FieldRef, Owner, Registry, Rule, Source};
+use corral_server::SharedServer;
+use corral_server::ownership::BuiltinTokens;
+use serde::Serialize;
+
+use super::connect;
+use crate::output::{Format, Table, print_structured};
+
+/// The file in the data dir that keeps the built-in controllers' tokens.
+pub const BUILTIN_TOKENS: &str = "controller-tokens.json";
+
+#[derive(Debug, Args)]
+pub struct ControllersArgs {
+    #[command(subcommand)]
+    command: ControllersCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ControllersCommand {
+    /// Show every registered controller (what it owns, reads and adds to
+    /// workflows) and the owner of every field, built-in defaults included
+    /// (people own spec, labels and annotations).
+    List {
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Prove the controllers converge: build the graph "A writes a field B
+    /// reads" and print `converges`, or name every cycle
+    /// (`A writes X read by B; B writes Y read by A`) and exit non-zero.
+    ///
+    /// A controller reading its own fields is not a cycle; step hand-offs
+    /// through workflows are not field writes (a step only moves forward).
+    Check {
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Hand a field over to another controller (operators only). This is the
+    /// only way a field changes owner; both Controller objects get a new
+    /// revision naming the transfer.
+    ///
+    /// Example: corral controllers transfer Pod:status.address --to my-ipam
+    Transfer {
+        /// The field, as KIND:PATH (`Pod:status.node`).
+        #[arg(value_name = "KIND:PATH")]
+        field: String,
+        /// The controller that owns the field afterwards.
+        #[arg(long, value_name = "NAME")]
+        to: String,
+        /// The current owner; default: the controller that owns it now.
+        #[arg(long, value_name = "NAME")]
+        from: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The field, as KIND.PATH: `pod.status.node`, `node.status.prefix`,
+    /// `pod.spec.containers[*].image`.
+    #[arg(value_name = "KIND.PATH")]
+    field: String,
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    output: Format,
+}
+
+pub async fn run(config: Option<PathBuf>, args: ControllersArgs) -> anyhow::Result<()> {
+    let client = connect(config)?;
+    match args.command {
+        ControllersCommand::List { output } => list(&client, output).await,
+        ControllersCommand::Check { output } => check(&client, output).await,
+        ControllersCommand::Transfer { field, to, from } => {
+            transfer(&client, &field, &to, from).await
+        }
+    }
+}
+
+/// The registry of the cluster's `Controller` objects.
+async fn registry(client: &Client) -> anyhow::Result<Registry> {
+    let listed = client
+        .list(Kind::Controller, None, None)
+        .await
+        .context("cannot list controllers")?;
+    let objects: Vec<Object> = listed.items;
+    Ok(Registry::from_objects(&objects))
+}
+
+#[derive(Debug, Serialize)]
+struct ControllerRow {
+    name: String,
+    owns: Vec<String>,
+    reads: Vec<String>,
+    steps: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct FieldRow {
+    field: String,
+    owner: Owner,
+    #[serde(rename = "ownerText")]
+    owner_text: String,
+    source: Source,
+    readers: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Listing {
+    controllers: Vec<ControllerRow>,
+    fields: Vec<FieldRow>,
+}
+
+fn field_row(registry: &Registry, rule: Rule) -> FieldRow {
+    FieldRow {
+        readers: registry.readers_of(rule.field.kind, &rule.field.path),
+        field: rule.field.to_string(),
+        owner_text: rule.owner.to_string(),
+        owner: rule.owner,
+        source: rule.source,
+    }
+}
+
+async fn list(client: &Client, output: Format) -> anyhow::Result<()> {
+    let registry = registry(client).await?;
+    let controllers: Vec<ControllerRow> = registry
+        .controllers()
+        .iter()
+        .map(|c| ControllerRow {
+            name: c.name.clone(),
+            owns: c.spec.owns.clone(),
+            reads: c.spec.reads.clone(),
+            steps: c.spec.steps.iter().map(|s| s.name.clone()).collect(),
+        })
+        .collect();
+    let mut rules = registry.effective_rules();
+    rules.sort_by(|a, b| a.field.cmp(&b.field));
+    let fields: Vec<FieldRow> = rules.into_iter().map(|r| field_row(&registry, r)).collect();
+    let listing = Listing {
+        controllers,
+        fields,
+    };
+    if print_structured(output, &listing)? {
+        return Ok(());
+    }
+    let joined = |items: &[String]| {
+        if items.is_empty() {
+            "-".to_string()
+        } else {
+            items.join(", ")
+        }
+    };
+    for c in &listing.controllers {
+        println!("controller {}", c.name);
+        println!("  owns:  {}", joined(&c.owns));
+        println!("  reads: {}", joined(&c.reads));
+        println!("  steps: {}", joined(&c.steps));
+    }
+    if !listing.controllers.is_empty() {
+        println!();
+    }
+    let mut table = Table::new(&["FIELD", "OWNER", "SOURCE", "READERS"]);
+    for f in &listing.fields {
+        let source = match f.source {
+            Source::Default => "default",
+            Source::Registered => "registered",
+        };
+        table.row(vec![
+            f.field.clone(),
+            f.owner_text.clone(),
+            source.into(),
+            joined(&f.readers),
+        ]);
+    }
+    table.print();
+    Ok(())
+}
+
+async fn check(client: &Client, output: Format) -> anyhow::Result<()> {
+    let convergence = registry(client).await?.check_convergence();
+    if !print_structured(output, &convergence)? {
+        if convergence.converges() {
+            println!("converges");
+        } else {
+            for cycle in &convergence.cycles {
+                println!("{cycle}");
+            }
+        }
+    }
+    if !convergence.converges() {
+        let more = if convergence.truncated {
+            " (more not enumerated)"
+        } else {
+            ""
+        };
+        bail!(
+            "the controllers do not converge: {} cycle(s){more}",
+            convergence.cycles.len()
+        );
+    }
+    Ok(())
+}
+
+async fn transfer(
+    client: &Client,
+    field: &str,
+    to: &str,
+    from: Option<String>,
+) -> anyhow::Result<()> {
+    let field: FieldRef = field.parse()?;
+    let from = match from {
+        Some(from) => from,
+        None => {
+            let owner = registry(client).await?.owner_of(field.kind, &field.path);
+            match owner.controller() {
+                Some(name) => name.to_string(),
+                None => {
+                    bail!("{field} is owned by {owner}, not by a controller: nothing to transfer")
+                }
+            }
+        }
+    };
+    client
+        .transfer_field(&from, &field.to_string(), to)
+        .await
+        .with_context(|| format!("cannot transfer {field}"))?;
+    println!("{field}: transferred from {from} to {to}");
+    Ok(())
+}
+
+#[derive(Debug, Serialize)]
+struct Explanation {
+    field: String,
+    owner: Owner,
+    #[serde(rename = "ownerText")]
+    owner_text: String,
+    readers: Vec<String>,
+}
+
+pub async fn explain(config: Option<PathBuf>, args: ExplainArgs) -> anyhow::Result<()> {
+    let (kind, path) = args
+        .field
+        .split_once('.')
+        .with_context(|| format!("{:?}: expected KIND.PATH, like pod.status.node", args.field))?;
+    let kind: Kind = kind.parse()?;
+    let registry = registry(&connect(config)?).await?;
+    let owner = registry.owner_of(kind, path);
+    let explanation = Explanation {
+        field: FieldRef::new(kind, path).to_string(),
+        owner_text: owner.to_string(),
+        owner,
+        readers: registry.readers_of(kind, path),
+    };
+    if print_structured(args.output, &explanation)? {
+        return Ok(());
+    }
+    println!("{}", explanation.field);
+    println!("  owner:   {}", explanation.owner_text);
+    let readers = if explanation.readers.is_empty() {
+        "no controller declares reading it".to_string()
+    } else {
+        explanation.readers.join(", ")
+    };
+    println!("  readers: {readers}");
+    Ok(())
+}
+
+/// Registers the built-in controllers of `corral up` through the API's own
+/// handler, keeping their tokens in the data dir (mode 0600) across
+/// restarts.
+pub async fn register_builtins(server: &SharedServer, data_dir: &Path) -> anyhow::Result<()> {
+    let path = data_dir.join(BUILTIN_TOKENS);
+    let known: BuiltinTokens = std::fs::read(&path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default();
+    let tokens = corral_server::ownership::register_builtins(server, &known)
+        .await
+        .context("cannot register the built-in controllers")?;
+    if tokens != known {
+        write_private(&path, &serde_json::to_vec_pretty(&tokens)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)
+}

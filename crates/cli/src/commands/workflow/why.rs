@@ -1,0 +1,121 @@
+//! `corral why` and `corral analyze`.
+
+use std::path::PathBuf;
+
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::{display_name, load_instance};
+use crate::commands::connect;
+use crate::output::{Format, print_structured};
+use crate::target::Target;
+
+/// Which object, which instance, which format.
+#[derive(Debug, Args)]
+pub struct ObjectArgs {
+    /// The object: KIND/NAME (pod/web, vm/builder, node/node-1).
+    target: String,
+    #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
+    namespace: String,
+    /// Explain this workflow instance (start-1, update-3) instead of the newest.
+    #[arg(long, value_name = "ID")]
+    workflow: Option<String>,
+    /// `json` or `yaml` for scripts; the default is text.
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    output: Format,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "Each step is marked:
+  ✓ done (how long it took)      ● running (for how long, time left)
+  ✗ failed (the error)           ⊘ blocked (which failed dependency)
+  ○ waiting (on what) or ready (not yet claimed, by whom it should be)
+
+Examples:
+  corral why pod/web                  the newest operation on pod/web
+  corral why pod/web --workflow start-1
+  corral why node/node-1 -o json      verdict and per-step name, owner, state, timings")]
+pub struct WhyArgs {
+    #[command(flatten)]
+    object: ObjectArgs,
+}
+
+/// `corral why KIND/NAME`: a one-line verdict, then the step graph.
+pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
+    let args = args.object;
+    let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
+    let client = connect(config)?;
+    let (_, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
+    let name = display_name(&key);
+    let now = Utc::now();
+    let json = corral_workflow::why_json(&name, &instance, now);
+    if !print_structured(args.output, &json)? {
+        print!("{}", corral_workflow::why_text(&name, &instance, now));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    #[command(subcommand)]
+    command: AnalyzeCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AnalyzeCommand {
+    /// Steps by how long they took, slowest first (like systemd-analyze blame).
+    #[command(after_help = "Example:\n  corral analyze blame pod/web")]
+    Blame(ObjectArgs),
+    /// The chain of steps that set the time to the goal: each with
+    /// @time-since-start when it finished and +duration it took.
+    #[command(after_help = "Example:\n  corral analyze critical-chain pod/web")]
+    CriticalChain(ObjectArgs),
+    /// The step graph in Graphviz dot, coloured by state.
+    #[command(after_help = "Example:\n  corral analyze dot pod/web | dot -Tsvg > web.svg")]
+    Dot(ObjectArgs),
+}
+
+/// The three analyses.
+#[derive(Debug, Clone, Copy)]
+enum Analysis {
+    Blame,
+    CriticalChain,
+    Dot,
+}
+
+/// `corral analyze blame|critical-chain|dot KIND/NAME`.
+pub async fn analyze(config: Option<PathBuf>, args: AnalyzeArgs) -> anyhow::Result<()> {
+    let (analysis, args) = match args.command {
+        AnalyzeCommand::Blame(args) => (Analysis::Blame, args),
+        AnalyzeCommand::CriticalChain(args) => (Analysis::CriticalChain, args),
+        AnalyzeCommand::Dot(args) => (Analysis::Dot, args),
+    };
+    let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
+    let client = connect(config)?;
+    let (_, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
+    let name = display_name(&key);
+    let now = Utc::now();
+    let (json, text) = match analysis {
+        Analysis::Blame => (
+            corral_workflow::blame_json(&name, &instance, now),
+            corral_workflow::blame_text(&name, &instance, now),
+        ),
+        Analysis::CriticalChain => (
+            corral_workflow::critical_chain_json(&name, &instance, now),
+            corral_workflow::critical_chain_text(&name, &instance, now),
+        ),
+        Analysis::Dot => {
+            let dot = corral_workflow::dot(&name, &instance, now);
+            let json = json!({"object": name, "workflowId": instance.id, "dot": dot});
+            (json, dot)
+        }
+    };
+    if !print_structured(args.output, &json)? {
+        print!("{text}");
+        if !text.ends_with('\n') {
+            println!();
+        }
+    }
+    Ok(())
+}

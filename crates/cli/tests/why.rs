@@ -1,0 +1,416 @@
+//! End to end through the real binary: `corral up`, a controller that
+//! registers `acme/slow-mount` before `storage`, a pod, the step driven
+//! through the HTTP API with the controller's own token, and what `why`,
+//! `logs --steps`, `analyze` and `apply --wait` say about it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use corral_api::ObjectKey;
+use corral_api::workflow::LogLevel;
+use corral_client::{Client, ClientConfig};
+use serde_json::Value;
+
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+
+/// A `corral up` process, killed when dropped (even when the test fails).
+struct Cluster {
+    child: Child,
+    config: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("corral-why-")
+            .tempdir()
+            .expect("temp dir");
+        let stderr = std::fs::File::create(dir.path().join("up.log")).expect("log file");
+        let mut child = Command::new(CORRAL)
+            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("corral up starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        // Guard first, so a failure below still kills the process.
+        let mut cluster = Cluster {
+            child,
+            config: PathBuf::new(),
+            dir,
+        };
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read corral up's output");
+        let Some(path) = line.trim().strip_prefix("export CORRAL_CONFIG=") else {
+            let log =
+                std::fs::read_to_string(cluster.dir.path().join("up.log")).unwrap_or_default();
+            panic!("corral up printed {line:?} instead of the export line; its log:\n{log}");
+        };
+        cluster.config = PathBuf::from(path);
+        cluster
+    }
+
+    fn corral(&self, args: &[&str]) -> Output {
+        Command::new(CORRAL)
+            .args(args)
+            .env("CORRAL_CONFIG", &self.config)
+            .output()
+            .expect("corral runs")
+    }
+
+    /// Runs `corral ARGS`, which must succeed, and returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.corral(args);
+        assert!(
+            output.status.success(),
+            "corral {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8 output")
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("write manifest");
+        path.display().to_string()
+    }
+
+    fn client(&self, token: &str) -> Client {
+        let mut config = ClientConfig::load(&self.config).expect("client config");
+        config.token = token.trim().to_string();
+        Client::new(&config).expect("client")
+    }
+}
+
+/// Graphviz must be installed for the dot check; missing, the test fails.
+fn require_dot() {
+    let found = Command::new("dot")
+        .arg("-V")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    assert!(
+        found,
+        "this test needs Graphviz's `dot` (apt-get install graphviz)"
+    );
+}
+
+fn render_svg(dot: &str) -> Output {
+    let mut child = Command::new("dot")
+        .arg("-Tsvg")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dot starts");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(dot.as_bytes())
+        .expect("feed dot");
+    child.wait_with_output().expect("dot finishes")
+}
+
+fn line_with<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines()
+        .find(|line| line.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"))
+}
+
+fn json_step<'a>(why: &'a Value, name: &str) -> &'a Value {
+    why["steps"]
+        .as_array()
+        .and_then(|steps| steps.iter().find(|step| step["name"] == name))
+        .unwrap_or_else(|| panic!("no step {name} in {why}"))
+}
+
+const CONTROLLER: &str = "kind: Controller
+metadata: {name: acme-storage}
+spec:
+  steps:
+    - {name: acme/slow-mount, kind: Pod, workflow: start, before: [storage], timeout: 10m}
+";
+
+fn pod_manifest(name: &str) -> String {
+    format!(
+        "kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  containers:
+    - {{name: web, image: local/busybox:1, command: [httpd, -f, -p, '8080']}}
+"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
+    require_dot();
+    let cluster = Cluster::start();
+    let controller = cluster.write("controller.yaml", CONTROLLER);
+    cluster.ok(&["apply", "-f", &controller]);
+    let pod = cluster.write("pod.yaml", &pod_manifest("web"));
+    let applied = cluster.ok(&["apply", "-f", &pod, "-m", "first version"]);
+    assert!(
+        applied.contains("pod/web created (revision 1)"),
+        "{applied}"
+    );
+    let token = cluster.ok(&["token", "create", "--controller", "acme-storage"]);
+    let acme = cluster.client(&token);
+    let web = ObjectKey::new(corral_api::Kind::Pod, Some("default"), "web");
+
+    // Unclaimed: why names the step, how long it has been ready, and whose it is.
+    let why = cluster.ok(&["why", "pod/web"]);
+    assert!(
+        why.starts_with("pod/web (revision 1) is not running: "),
+        "{why}"
+    );
+    let line = line_with(&why, "○ acme/slow-mount");
+    assert!(
+        line.contains("ready for")
+            && line.contains("not yet claimed")
+            && line.contains("(owner acme-storage)"),
+        "{line}"
+    );
+    assert!(
+        line_with(&why, "storage (target)").contains("waiting on"),
+        "{why}"
+    );
+
+    // Claimed: the verdict names it, how long it has run, and its timeout.
+    acme.claim_step(&web, "acme/slow-mount")
+        .await
+        .expect("claim");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let why = cluster.ok(&["why", "pod/web"]);
+    let verdict = why.lines().next().unwrap_or_default();
+    assert!(
+        verdict
+            .starts_with("pod/web (revision 1) is not running: step acme/slow-mount running for ")
+            && verdict.ends_with("(timeout 10m)"),
+        "{verdict}"
+    );
+    let line = line_with(&why, "● acme/slow-mount");
+    assert!(
+        line.contains("running") && line.contains("of 10m") && line.contains("left"),
+        "{line}"
+    );
+
+    let json: Value =
+        serde_json::from_str(&cluster.ok(&["why", "pod/web", "-o", "json"])).expect("why json");
+    assert_eq!(json["verdict"]["step"], "acme/slow-mount");
+    let step = json_step(&json, "acme/slow-mount");
+    assert_eq!(step["owner"], "acme-storage");
+    assert_eq!(step["state"], "running");
+    assert_eq!(step["timeoutMs"], 600_000);
+    for field in ["startedAt", "since", "durationMs", "timeLeftMs"] {
+        assert!(!step[field].is_null(), "{field} missing in {step}");
+    }
+    for step in json["steps"].as_array().expect("steps") {
+        for field in ["name", "owner", "state", "kind"] {
+            assert!(step[field].is_string(), "{field} missing in {step}");
+        }
+    }
+
+    // The scheduler's step (played by a controller token, as the built-in
+    // scheduler will) completes, so the chain has timings.
+    let scheduler_token = cluster.ok(&["token", "create", "--controller", "scheduler"]);
+    let scheduler = cluster.client(&scheduler_token);
+    scheduler
+        .claim_step(&web, "scheduler/place")
+        .await
+        .expect("claim place");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    scheduler
+        .complete_step(&web, "scheduler/place", Some("node-1"))
+        .await
+        .expect("complete place");
+
+    // A non-owner is refused, naming the owner.
+    let refused = scheduler
+        .fail_step(&web, "acme/slow-mount", "not mine")
+        .await
+        .expect_err("the scheduler does not own acme/slow-mount");
+    assert_eq!(refused.status(), Some(403), "{refused}");
+    assert!(
+        refused.to_string().contains("controller acme-storage"),
+        "{refused}"
+    );
+
+    // The owner logs and fails it: why shows the failure and the blocked dependents.
+    acme.log_step(
+        &web,
+        "acme/slow-mount",
+        LogLevel::Warn,
+        "nfs-1 answers slowly",
+    )
+    .await
+    .expect("log");
+    acme.fail_step(&web, "acme/slow-mount", "mount.nfs: connection refused")
+        .await
+        .expect("fail");
+    let why = cluster.ok(&["why", "pod/web"]);
+    let verdict = why.lines().next().unwrap_or_default();
+    assert_eq!(
+        verdict,
+        "pod/web (revision 1) is not running: step acme/slow-mount failed: mount.nfs: connection refused (attempt 1 of 1)"
+    );
+    assert!(
+        line_with(&why, "✗ acme/slow-mount").contains("failed: mount.nfs: connection refused"),
+        "{why}"
+    );
+    assert!(
+        line_with(&why, "storage (target)").contains("blocked: required acme/slow-mount failed"),
+        "{why}"
+    );
+    assert!(
+        line_with(&why, "node/start-containers").contains("blocked"),
+        "{why}"
+    );
+    assert!(
+        line_with(&why, "✓ scheduler/place").contains("node-1"),
+        "{why}"
+    );
+    let json: Value =
+        serde_json::from_str(&cluster.ok(&["why", "pod/web", "-o", "json"])).expect("why json");
+    let step = json_step(&json, "acme/slow-mount");
+    assert_eq!(step["state"], "failed");
+    assert_eq!(step["error"], "mount.nfs: connection refused");
+    assert!(
+        step["finishedAt"].is_string() && step["durationMs"].is_i64(),
+        "{step}"
+    );
+    assert_eq!(json_step(&json, "storage")["state"], "blocked");
+    assert_eq!(json_step(&json, "storage")["blockedBy"], "acme/slow-mount");
+
+    // The step log: the owner's line and the failure, with the owner, in order.
+    let logs = cluster.ok(&["logs", "pod/web", "--steps"]);
+    let failure = line_with(&logs, "mount.nfs: connection refused");
+    assert!(
+        failure.contains("acme-storage")
+            && failure.contains("error")
+            && failure.contains("start-1"),
+        "{failure}"
+    );
+    let owned = cluster.ok(&[
+        "logs",
+        "pod/web",
+        "--steps",
+        "--step",
+        "acme/slow-mount",
+        "--owner",
+        "acme-storage",
+    ]);
+    let order: Vec<usize> = [
+        "ready",
+        "claimed by acme-storage",
+        "nfs-1 answers slowly",
+        "connection refused",
+    ]
+    .iter()
+    .map(|needle| {
+        owned
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing in:\n{owned}"))
+    })
+    .collect();
+    assert!(
+        order.windows(2).all(|pair| pair[0] < pair[1]),
+        "out of order:\n{owned}"
+    );
+    assert!(!owned.contains("scheduler/place"), "filtered:\n{owned}");
+    let entries: Value =
+        serde_json::from_str(&cluster.ok(&["logs", "pod/web", "--steps", "-o", "json"]))
+            .expect("logs json");
+    let entry = entries
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["message"] == "nfs-1 answers slowly"))
+        .expect("the owner's line");
+    assert_eq!(entry["owner"], "acme-storage");
+    assert_eq!(entry["level"], "warn");
+    assert_eq!(entry["step"], "acme/slow-mount");
+    assert!(
+        entry["time"].is_string() && entry["objectUid"].is_string(),
+        "{entry}"
+    );
+    let no_steps = cluster.corral(&["logs", "pod/web"]);
+    assert!(!no_steps.status.success());
+    assert!(String::from_utf8_lossy(&no_steps.stderr).contains("node agent"));
+
+    // Analyses.
+    let chain = cluster.ok(&["analyze", "critical-chain", "pod/web"]);
+    let place = line_with(&chain, "scheduler/place");
+    assert!(place.contains(" @") && place.contains(" +"), "{chain}");
+    assert!(
+        line_with(&chain, "scheduled (target)").contains(" @"),
+        "{chain}"
+    );
+    let chain_json: Value =
+        serde_json::from_str(&cluster.ok(&["analyze", "critical-chain", "pod/web", "-o", "json"]))
+            .expect("chain json");
+    let link = chain_json["chain"]
+        .as_array()
+        .and_then(|links| links.iter().find(|l| l["name"] == "scheduler/place"))
+        .expect("scheduler/place in the chain");
+    assert!(
+        link["atMs"].is_i64() && link["durationMs"].is_i64(),
+        "{link}"
+    );
+    let blame = cluster.ok(&["analyze", "blame", "pod/web"]);
+    assert!(
+        blame.contains("acme/slow-mount") && blame.contains("scheduler/place"),
+        "{blame}"
+    );
+    let dot = cluster.ok(&["analyze", "dot", "pod/web"]);
+    let svg = render_svg(&dot);
+    assert!(
+        svg.status.success(),
+        "dot -Tsvg refused it: {}\n{dot}",
+        String::from_utf8_lossy(&svg.stderr)
+    );
+    assert!(String::from_utf8_lossy(&svg.stdout).contains("<svg"));
+    let dot_json: Value =
+        serde_json::from_str(&cluster.ok(&["analyze", "dot", "pod/web", "-o", "json"]))
+            .expect("dot json");
+    assert!(
+        dot_json["dot"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("digraph")),
+        "{dot_json}"
+    );
+
+    // apply --wait, not on a terminal: plain lines, then the verdict, non-zero on timeout.
+    let other = cluster.write("cache.yaml", &pod_manifest("cache"));
+    let waited = cluster.corral(&["apply", "-f", &other, "--wait", "--timeout", "2s"]);
+    let stdout = String::from_utf8_lossy(&waited.stdout);
+    let stderr = String::from_utf8_lossy(&waited.stderr);
+    assert!(
+        !waited.status.success(),
+        "a workflow nobody drives cannot succeed in 2s"
+    );
+    assert!(
+        stdout.contains("pod/cache: following start workflow start-1"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("pod/cache start-1: acme/slow-mount ready, for acme-storage to claim"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("gave up waiting: pod/cache (revision 1) is not running"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,293 @@
+//! Masks over objects: serving a controller only the fields it declared
+//! ([`strip`]) and, when it writes back what it was served, keeping the
+//! fields it never saw ([`overlay`]).
+//!
+//! `kind` and `metadata` are always served whole; the mask applies to
+//! `spec` and `status`. Patterns are field paths (`spec.containers`,
+//! `spec.containers[*].image`, `status.node`); a pattern covers its subtree.
+
+use corral_api::Object;
+use serde_json::{Map, Value};
+
+/// One step of a path: a key, an index, or `[*]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Key(String),
+    Index(usize),
+    AnyIndex,
+}
+
+/// Splits `a.b[0].c[*]` into its segments; a final `.*` is dropped (a
+/// pattern covers its subtree anyway).
+fn segments(path: &str) -> Vec<Segment> {
+    let path = path.strip_suffix(".*").unwrap_or(path);
+    let mut out = Vec::new();
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let mut rest = part;
+        while let Some(open) = rest.find('[') {
+            if open > 0 {
+                out.push(Segment::Key(rest[..open].to_string()));
+            }
+            let close = rest[open..].find(']').map_or(rest.len(), |c| open + c + 1);
+            let inner = rest[open..close]
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            out.push(match inner.parse() {
+                Ok(index) => Segment::Index(index),
+                Err(_) => Segment::AnyIndex,
+            });
+            rest = &rest[close..];
+        }
+        if !rest.is_empty() {
+            out.push(Segment::Key(rest.to_string()));
+        }
+    }
+    out
+}
+
+/// How many segments a path has: how specific it is.
+pub fn segment_count(path: &str) -> usize {
+    segments(path).len()
+}
+
+/// The patterns under `root` (`spec` or `status`), relative to it.
+fn under(root: &str, patterns: &[String]) -> Vec<Vec<Segment>> {
+    patterns
+        .iter()
+        .map(|pattern| segments(pattern))
+        .filter(|segments| segments.first() == Some(&Segment::Key(root.to_string())))
+        .map(|mut segments| {
+            segments.remove(0);
+            segments
+        })
+        .collect()
+}
+
+/// The patterns that continue into the child at `key` or `index`.
+fn descend(patterns: &[Vec<Segment>], step: &Segment) -> Vec<Vec<Segment>> {
+    patterns
+        .iter()
+        .filter(|pattern| match (pattern.first(), step) {
+            (Some(Segment::Key(want)), Segment::Key(have)) => want == have,
+            (Some(Segment::AnyIndex), Segment::Index(_)) => true,
+            (Some(Segment::Index(want)), Segment::Index(have)) => want == have,
+            _ => false,
+        })
+        .map(|pattern| pattern[1..].to_vec())
+        .collect()
+}
+
+/// `object` with `spec` and `status` cut down to `patterns` (full paths,
+/// `spec.…` or `status.…`). A part nothing reaches becomes `null`.
+pub fn strip(object: &Object, patterns: &[String]) -> Object {
+    let mut stripped = object.clone();
+    stripped.spec = strip_value(&object.spec, &under("spec", patterns)).unwrap_or(Value::Null);
+    stripped.status =
+        strip_value(&object.status, &under("status", patterns)).unwrap_or(Value::Null);
+    stripped
+}
+
+fn strip_value(value: &Value, patterns: &[Vec<Segment>]) -> Option<Value> {
+    if patterns.is_empty() {
+        return None;
+    }
+    if patterns.iter().any(Vec::is_empty) {
+        return Some(value.clone());
+    }
+    match value {
+        Value::Object(map) => {
+            let kept: Map<String, Value> = map
+                .iter()
+                .filter_map(|(key, child)| {
+                    let deeper = descend(patterns, &Segment::Key(key.clone()));
+                    strip_value(child, &deeper).map(|kept| (key.clone(), kept))
+                })
+                .collect();
+            Some(Value::Object(kept))
+        }
+        Value::Array(items) => Some(Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(index, child)| {
+                    strip_value(child, &descend(patterns, &Segment::Index(index)))
+                        .unwrap_or(Value::Null)
+                })
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
+/// What a writer who sees only `patterns` means by writing `incoming`
+/// over `stored`: its `spec` and `status` inside the patterns; outside
+/// them, where it was served nothing, the stored values — unless it set a
+/// value there anyway, which is then a write like any other (and the
+/// ownership check decides). Metadata comes from `incoming`.
+pub fn overlay(stored: &Object, incoming: &Object, patterns: &[String]) -> Object {
+    let mut merged = incoming.clone();
+    merged.spec = overlay_value(&stored.spec, &incoming.spec, &under("spec", patterns));
+    merged.status = overlay_value(&stored.status, &incoming.status, &under("status", patterns));
+    merged
+}
+
+fn overlay_value(stored: &Value, incoming: &Value, patterns: &[Vec<Segment>]) -> Value {
+    if patterns.is_empty() {
+        // Hidden: absent in what the writer was served. Left absent it
+        // means "unchanged"; a value there is a write to be checked.
+        return if incoming.is_null() {
+            stored.clone()
+        } else {
+            incoming.clone()
+        };
+    }
+    if patterns.iter().any(Vec::is_empty) {
+        return incoming.clone();
+    }
+    let empty = Map::new();
+    match (stored, incoming) {
+        (Value::Object(_) | Value::Null, Value::Object(_) | Value::Null) => {
+            let old = stored.as_object().unwrap_or(&empty);
+            let new = incoming.as_object().unwrap_or(&empty);
+            let mut merged = Map::new();
+            for key in old
+                .keys()
+                .chain(new.keys().filter(|k| !old.contains_key(*k)))
+            {
+                let deeper = descend(patterns, &Segment::Key(key.clone()));
+                let value = overlay_value(
+                    old.get(key).unwrap_or(&Value::Null),
+                    new.get(key).unwrap_or(&Value::Null),
+                    &deeper,
+                );
+                if !value.is_null() || old.contains_key(key) {
+                    merged.insert(key.clone(), value);
+                }
+            }
+            if merged.is_empty() && stored.is_null() {
+                Value::Null
+            } else {
+                Value::Object(merged)
+            }
+        }
+        (Value::Array(_) | Value::Null, Value::Array(new)) => {
+            let old = stored.as_array().map(Vec::as_slice).unwrap_or_default();
+            Value::Array(
+                new.iter()
+                    .enumerate()
+                    .map(|(index, item)| {
+                        overlay_value(
+                            old.get(index).unwrap_or(&Value::Null),
+                            item,
+                            &descend(patterns, &Segment::Index(index)),
+                        )
+                    })
+                    .collect(),
+            )
+        }
+        _ => stored.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_api::Kind;
+    use serde_json::json;
+
+    fn pod(spec: Value, status: Value) -> Object {
+        let mut object = Object::new(Kind::Pod, Some("default"), "web", spec);
+        object.status = status;
+        object.metadata.labels.insert("app".into(), "web".into());
+        object
+    }
+
+    fn paths(list: &[&str]) -> Vec<String> {
+        list.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn strip_keeps_metadata_and_declared_fields_only() {
+        let object = pod(
+            json!({"containers": [{"name": "web", "image": "a"}], "runtime": "runc", "availability": "ha"}),
+            json!({"node": "n1", "phase": "Running"}),
+        );
+        let stripped = strip(&object, &paths(&["spec.containers"]));
+        assert_eq!(
+            stripped.spec,
+            json!({"containers": [{"name": "web", "image": "a"}]})
+        );
+        assert_eq!(stripped.status, Value::Null);
+        assert_eq!(stripped.metadata, object.metadata);
+        assert_eq!(stripped.kind, Kind::Pod);
+    }
+
+    #[test]
+    fn strip_supports_any_index_and_leaves() {
+        let object = pod(
+            json!({"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}),
+            json!({"node": "n1", "phase": "Running"}),
+        );
+        let stripped = strip(
+            &object,
+            &paths(&["spec.containers[*].image", "status.node"]),
+        );
+        assert_eq!(
+            stripped.spec,
+            json!({"containers": [{"image": "x"}, {"image": "y"}]})
+        );
+        assert_eq!(stripped.status, json!({"node": "n1"}));
+        let nothing = strip(&object, &[]);
+        assert_eq!((nothing.spec, nothing.status), (Value::Null, Value::Null));
+        let whole = strip(&object, &paths(&["spec", "status"]));
+        assert_eq!(whole, object);
+    }
+
+    #[test]
+    fn overlay_restores_what_the_writer_never_saw() {
+        let stored = pod(
+            json!({"containers": [{"name": "web", "image": "a"}], "runtime": "runc"}),
+            json!({"node": "n1", "phase": "Running", "address": "fd00::1"}),
+        );
+        let served = strip(&stored, &paths(&["status.node"]));
+        let mut written = served.clone();
+        written.status = json!({"node": "n2"});
+        let merged = overlay(&stored, &written, &paths(&["status.node"]));
+        assert_eq!(merged.spec, stored.spec);
+        assert_eq!(
+            merged.status,
+            json!({"node": "n2", "phase": "Running", "address": "fd00::1"})
+        );
+        // Writing back exactly what was served changes nothing.
+        assert_eq!(overlay(&stored, &served, &paths(&["status.node"])), stored);
+    }
+
+    #[test]
+    fn overlay_into_an_empty_status_and_through_arrays() {
+        let stored = pod(
+            json!({"containers": [{"name": "a", "image": "x"}]}),
+            Value::Null,
+        );
+        let mut written = stored.clone();
+        written.status = json!({"node": "n1", "phase": "Failed"});
+        written.spec = json!({"containers": [{"image": "z"}]});
+        let merged = overlay(
+            &stored,
+            &written,
+            &paths(&["status.node", "spec.containers[*].image"]),
+        );
+        // A value set where nothing was served stays, for the check to refuse.
+        assert_eq!(merged.status, json!({"node": "n1", "phase": "Failed"}));
+        assert_eq!(
+            merged.spec,
+            json!({"containers": [{"name": "a", "image": "z"}]})
+        );
+    }
+
+    #[test]
+    fn segments_count_indices_and_ignore_a_final_star() {
+        assert_eq!(segment_count("spec.containers[*].image"), 4);
+        assert_eq!(segment_count("spec.*"), 1);
+        assert_eq!(segment_count("status.node"), 2);
+    }
+}

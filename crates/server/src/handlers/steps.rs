@@ -1,0 +1,61 @@
+//! The step API: `POST …/{name}/steps` (claim, complete, fail, log) and
+//! `GET …/{name}/steplogs?step=&owner=&workflow=`. Parsing only; the
+//! behaviour is in [`crate::workflows`].
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, RawQuery, State};
+use bytes::Bytes;
+use corral_api::workflow::{StepActionRequest, StepLogEntry, WorkflowInstance};
+use corral_store::StepLogFilter;
+
+use super::Target;
+use crate::SharedServer;
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::query::Params;
+use crate::workflows::{self, StepAction};
+
+/// `POST …/{name}/steps {"action", "step", "workflow"?, …}`: returns the
+/// instance after the transition.
+pub async fn act(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    body: Bytes,
+) -> Result<Json<WorkflowInstance>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let request: StepActionRequest = serde_json::from_slice(&body).map_err(|error| {
+        ApiError::BadRequest(format!(
+            "request body is not a step action ({{\"action\": \"claim\"|\"complete\"|\"fail\"|\"log\", \"step\": …}}): {error}"
+        ))
+    })?;
+    let action = StepAction::try_from(request)?;
+    Ok(Json(workflows::act(&server, &caller, &key, action).await?))
+}
+
+/// `GET …/{name}/steplogs`: everything recorded about the object's steps,
+/// in time order, optionally only one step's, one owner's or one
+/// instance's.
+pub async fn logs(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<StepLogEntry>>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let query = Params::parse(query.as_deref());
+    let given = |name: &str| {
+        query
+            .get(name)
+            .filter(|value| !value.is_empty())
+            .map(str::to_string)
+    };
+    let filter = StepLogFilter {
+        step: given("step"),
+        owner: given("owner"),
+        workflow_id: given("workflow"),
+    };
+    Ok(Json(workflows::step_logs(&server, &key, &filter).await?))
+}

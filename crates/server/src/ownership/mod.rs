@@ -1,0 +1,211 @@
+//! Field ownership in the server: every write is checked against the
+//! owner of each field it changes, `Controller` registrations are checked
+//! for conflicts, and what a controller is served is cut down to the
+//! fields it declared.
+//!
+//! - [`create`], [`update`] and [`delete`] wrap the object handlers'
+//!   writes: they check the caller's change (before the workflow module
+//!   adds instances on the server's behalf), then hand over to
+//!   [`crate::workflows`]. A refusal is 403 naming the path and its owner; a
+//!   second owner of a field is 409 naming the first.
+//! - [`reader`] gives the handlers that serve objects (get, list, watch,
+//!   and these writes' answers) the mask for the caller.
+//! - [`transfer`] is the one way a field changes hands.
+//! - [`register_builtins`] registers the built-in controllers at start
+//!   through the same handler as any request.
+//!
+//! The rules themselves are `corral_ownership`'s; this module loads the
+//! registry (cached, rebuilt after every `Controller` write, which all pass
+//! through here) and maps verdicts to [`ApiError`]s. `Controller` writes are
+//! serialized so two registrations of one field cannot both pass.
+
+mod builtin;
+mod read;
+mod transfer;
+
+use std::sync::{Arc, RwLock};
+
+use corral_api::{Identity, Kind, Object, ObjectKey, Role};
+use corral_ownership::{Registry, check_delete, overlay};
+use corral_store::ChangeMeta;
+
+pub use builtin::{BuiltinTokens, register_builtins};
+pub use read::{ReadView, reader};
+pub use transfer::{TransferRequest, TransferResponse, transfer};
+
+use crate::Server;
+use crate::error::ApiError;
+use crate::workflows::{self, WriteError};
+
+/// The cached registry and the lock that serializes registrations.
+#[derive(Debug, Default)]
+pub struct Ownership {
+    cache: RwLock<Option<Arc<Registry>>>,
+    registrations: tokio::sync::Mutex<()>,
+}
+
+/// The registry in effect: cached, or loaded from the stored `Controller`
+/// objects.
+pub async fn registry(server: &Server) -> Result<Arc<Registry>, ApiError> {
+    if let Ok(cache) = server.ownership.cache.read()
+        && let Some(registry) = cache.as_ref()
+    {
+        return Ok(registry.clone());
+    }
+    let registry = Arc::new(load(server).await?);
+    if let Ok(mut cache) = server.ownership.cache.write() {
+        *cache = Some(registry.clone());
+    }
+    Ok(registry)
+}
+
+async fn load(server: &Server) -> Result<Registry, ApiError> {
+    let listed = server.store.list(Kind::Controller, None).await?;
+    Ok(Registry::from_objects(&listed.objects))
+}
+
+/// Forgets the cached registry; the next use reloads it.
+fn invalidate(server: &Server) {
+    if let Ok(mut cache) = server.ownership.cache.write() {
+        *cache = None;
+    }
+}
+
+/// Creates `object` if `caller` may set every field it sets.
+pub async fn create(
+    server: &Server,
+    caller: &Identity,
+    object: Object,
+    change: &ChangeMeta,
+) -> Result<Object, WriteError> {
+    let registering = object.kind == Kind::Controller;
+    let _serial = if registering {
+        Some(server.ownership.registrations.lock().await)
+    } else {
+        None
+    };
+    let registry = fresh_registry(server, registering)
+        .await
+        .map_err(WriteError::Refused)?;
+    admit(&registry, caller, None, &object)?;
+    let created = workflows::create(server, object, change).await;
+    finish(server, caller, registering, created).await
+}
+
+/// Replaces `current` by `next` (at `expected`) if `caller` may change
+/// every field that differs. A controller's write is read as a write of
+/// the fields it is served: fields it never saw keep their stored values.
+pub async fn update(
+    server: &Server,
+    caller: &Identity,
+    current: &Object,
+    next: Object,
+    expected: u64,
+    change: &ChangeMeta,
+) -> Result<Object, WriteError> {
+    let registering = current.kind == Kind::Controller;
+    let _serial = if registering {
+        Some(server.ownership.registrations.lock().await)
+    } else {
+        None
+    };
+    let registry = fresh_registry(server, registering)
+        .await
+        .map_err(WriteError::Refused)?;
+    let next = match visible(&registry, caller, current) {
+        Some(paths) => overlay(current, &next, &paths),
+        None => next,
+    };
+    if next == *current && expected == current.metadata.resource_version {
+        return Ok(ReadView::new(caller, registry).serve(next));
+    }
+    admit(&registry, caller, Some(current), &next)?;
+    let updated = workflows::update(server, current, next, expected, change).await;
+    finish(server, caller, registering, updated).await
+}
+
+/// Deletes the object at `key`: people only; policies and controllers
+/// operators only.
+pub async fn delete(
+    server: &Server,
+    caller: &Identity,
+    key: &ObjectKey,
+    expected: Option<u64>,
+    change: &ChangeMeta,
+) -> Result<Object, ApiError> {
+    check_delete(caller, key).map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
+    let registering = key.kind == Kind::Controller;
+    let _serial = if registering {
+        Some(server.ownership.registrations.lock().await)
+    } else {
+        None
+    };
+    let deleted = server.store.delete(key, expected, change).await;
+    if registering {
+        invalidate(server);
+    }
+    Ok(deleted?)
+}
+
+/// The registry, reloaded from the store when a registration is being
+/// decided (under the registration lock) so it is never stale.
+async fn fresh_registry(server: &Server, registering: bool) -> Result<Arc<Registry>, ApiError> {
+    if registering {
+        invalidate(server);
+    }
+    registry(server).await
+}
+
+/// The field patterns `caller` is served of `object`; `None` for all of
+/// them (people, nodes, a controller's own registration).
+fn visible(registry: &Registry, caller: &Identity, object: &Object) -> Option<Vec<String>> {
+    if caller.role != Role::Controller {
+        return None;
+    }
+    registry.visible_paths(&caller.name, object.kind, &object.metadata.name)
+}
+
+/// The ownership verdict on one write, and for a `Controller` the
+/// registration check.
+fn admit(
+    registry: &Registry,
+    caller: &Identity,
+    old: Option<&Object>,
+    new: &Object,
+) -> Result<(), WriteError> {
+    registry
+        .check_write(caller, old, new)
+        .map_err(|refusal| WriteError::Refused(ApiError::Forbidden(refusal.to_string())))?;
+    if new.kind == Kind::Controller {
+        let spec = new
+            .typed_spec()
+            .map_err(|error| WriteError::Refused(ApiError::BadRequest(format!("spec: {error}"))))?;
+        registry
+            .check_registration(&new.metadata.name, &spec)
+            .map_err(|error| {
+                WriteError::Refused(match error {
+                    corral_ownership::RegistrationError::AlreadyOwned { .. } => {
+                        ApiError::Conflict(error.to_string())
+                    }
+                    _ => ApiError::BadRequest(error.to_string()),
+                })
+            })?;
+    }
+    Ok(())
+}
+
+/// After a write: forget the registry if a registration changed, and serve
+/// the answer through the caller's mask.
+async fn finish(
+    server: &Server,
+    caller: &Identity,
+    registering: bool,
+    written: Result<Object, WriteError>,
+) -> Result<Object, WriteError> {
+    if registering {
+        invalidate(server);
+    }
+    let written = written?;
+    let view = reader(server, caller).await.map_err(WriteError::Refused)?;
+    Ok(view.serve(written))
+}

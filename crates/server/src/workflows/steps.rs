@@ -1,0 +1,263 @@
+//! The step API's behaviour: a step owner's claim, complete, fail and log,
+//! applied by the engine's transitions (which enforce the owner rule) and
+//! persisted with compare-and-swap; and reading an object's step log.
+
+use std::collections::BTreeMap;
+
+use corral_api::workflow::{
+    LogLevel, StepActionKind, StepActionRequest, StepLogEntry, WorkflowInstance, WorkflowOutcome,
+    WorkflowStatus,
+};
+use corral_api::{Identity, ObjectKey};
+use corral_store::{StepLogFilter, StoreError};
+use corral_workflow::TransitionError;
+use serde_json::Value;
+
+use super::{bound_node, read_status, store_logs, write_status};
+use crate::Server;
+use crate::error::ApiError;
+
+/// How many times a transition is retried when the object changed between
+/// its read and its write.
+const ATTEMPTS: usize = 5;
+
+/// One request of a step owner, checked for the fields its action needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepAction {
+    Claim {
+        step: String,
+        workflow: Option<String>,
+    },
+    Complete {
+        step: String,
+        workflow: Option<String>,
+        note: Option<String>,
+    },
+    Fail {
+        step: String,
+        workflow: Option<String>,
+        error: String,
+    },
+    Log {
+        step: String,
+        workflow: Option<String>,
+        level: LogLevel,
+        message: String,
+        fields: BTreeMap<String, Value>,
+    },
+}
+
+impl TryFrom<StepActionRequest> for StepAction {
+    type Error = ApiError;
+
+    fn try_from(request: StepActionRequest) -> Result<Self, ApiError> {
+        let action = request.action;
+        let unexpected = |field: &str, present: bool| {
+            if present {
+                Err(ApiError::BadRequest(format!(
+                    "{field}: the {} action takes no {field}",
+                    action.as_str()
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let required = |field: &str, value: Option<String>| {
+            value.filter(|v| !v.trim().is_empty()).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "{field}: the {} action needs a non-empty {field}",
+                    action.as_str()
+                ))
+            })
+        };
+        if request.step.is_empty() {
+            return Err(ApiError::BadRequest(
+                "step: name the step, like acme/slow-mount".into(),
+            ));
+        }
+        let (step, workflow) = (request.step, request.workflow);
+        if action != StepActionKind::Log {
+            unexpected("message", request.message.is_some())?;
+            unexpected("level", request.level.is_some())?;
+            unexpected("fields", !request.fields.is_empty())?;
+        }
+        if action != StepActionKind::Complete {
+            unexpected("note", request.note.is_some())?;
+        }
+        if action != StepActionKind::Fail {
+            unexpected("error", request.error.is_some())?;
+        }
+        Ok(match action {
+            StepActionKind::Claim => StepAction::Claim { step, workflow },
+            StepActionKind::Complete => StepAction::Complete {
+                step,
+                workflow,
+                note: request.note,
+            },
+            StepActionKind::Fail => StepAction::Fail {
+                step,
+                workflow,
+                error: required("error", request.error)?,
+            },
+            StepActionKind::Log => StepAction::Log {
+                step,
+                workflow,
+                level: request.level.unwrap_or(LogLevel::Info),
+                message: required("message", request.message)?,
+                fields: request.fields,
+            },
+        })
+    }
+}
+
+impl StepAction {
+    fn workflow(&self) -> Option<&str> {
+        match self {
+            StepAction::Claim { workflow, .. }
+            | StepAction::Complete { workflow, .. }
+            | StepAction::Fail { workflow, .. }
+            | StepAction::Log { workflow, .. } => workflow.as_deref(),
+        }
+    }
+}
+
+/// Applies `action` by `caller` to the object at `key` and returns the
+/// instance as stored afterwards. Refusals: 403 when the caller does not
+/// own the step (or did not claim it), 409 when the step's state or the
+/// instance's outcome does not allow it, 404 for an unknown step or
+/// instance.
+pub async fn act(
+    server: &Server,
+    caller: &Identity,
+    key: &ObjectKey,
+    action: StepAction,
+) -> Result<WorkflowInstance, ApiError> {
+    for _ in 0..ATTEMPTS {
+        let object = server
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
+        let mut status = read_status(&object).map_err(|error| {
+            ApiError::Internal(format!("{key}: status.workflow is unreadable: {error}"))
+        })?;
+        let index = choose(&status, key, action.workflow())?;
+        let bound = bound_node(&object);
+        let bound = bound.as_deref();
+        let now = server.clock.now();
+        let instance = &mut status.instances[index];
+        let logs = match &action {
+            StepAction::Claim { step, .. } => {
+                corral_workflow::claim(instance, step, caller, bound, now)
+            }
+            StepAction::Complete { step, note, .. } => {
+                corral_workflow::complete(instance, step, caller, bound, now, note.clone())
+            }
+            StepAction::Fail { step, error, .. } => {
+                corral_workflow::fail(instance, step, caller, bound, now, error)
+            }
+            StepAction::Log {
+                step,
+                level,
+                message,
+                fields,
+                ..
+            } => {
+                // A log line changes no state: store it, write nothing.
+                let entry = corral_workflow::append_log(
+                    instance,
+                    step,
+                    caller,
+                    bound,
+                    now,
+                    *level,
+                    message,
+                    fields.clone(),
+                )
+                .map_err(refusal)?;
+                server.store.append_step_logs(&[entry]).await?;
+                return Ok(instance.clone());
+            }
+        }
+        .map_err(refusal)?;
+        let result = instance.clone();
+        let expected = object.metadata.resource_version;
+        let mut next = object;
+        write_status(&mut next, &status);
+        let change = crate::handlers::change(server, caller, None);
+        match server.store.update(next, expected, &change).await {
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(error) => return Err(error.into()),
+            Ok(_) => {
+                store_logs(server, &logs).await;
+                return Ok(result);
+            }
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "{key} kept changing under this step action; try again"
+    )))
+}
+
+/// The instance a request is about: the one named, else the newest running
+/// one, else the newest.
+fn choose(status: &WorkflowStatus, key: &ObjectKey, id: Option<&str>) -> Result<usize, ApiError> {
+    if status.instances.is_empty() {
+        return Err(ApiError::NotFound(format!(
+            "{key} has no workflow instances"
+        )));
+    }
+    if let Some(id) = id {
+        return status
+            .instances
+            .iter()
+            .position(|instance| instance.id == id)
+            .ok_or_else(|| {
+                let kept: Vec<&str> = status.instances.iter().map(|i| i.id.as_str()).collect();
+                ApiError::NotFound(format!(
+                    "{key} has no workflow instance {id} (kept: {})",
+                    kept.join(", ")
+                ))
+            });
+    }
+    let newest = status.instances.len() - 1;
+    Ok(status
+        .instances
+        .iter()
+        .rposition(|instance| instance.outcome == WorkflowOutcome::Running)
+        .unwrap_or(newest))
+}
+
+/// The status a refused transition maps to, with the engine's message.
+fn refusal(error: TransitionError) -> ApiError {
+    let message = error.to_string();
+    match error {
+        TransitionError::NotOwner { .. } | TransitionError::NotClaimant { .. } => {
+            ApiError::Forbidden(message)
+        }
+        TransitionError::UnknownStep { .. } => ApiError::NotFound(message),
+        TransitionError::Finished { .. }
+        | TransitionError::Target { .. }
+        | TransitionError::WrongState { .. } => ApiError::Conflict(message),
+    }
+}
+
+/// The step log of the object at `key` (or of the last object deleted under
+/// that key), filtered, in time order.
+pub async fn step_logs(
+    server: &Server,
+    key: &ObjectKey,
+    filter: &StepLogFilter,
+) -> Result<Vec<StepLogEntry>, ApiError> {
+    let uid = match server.store.get(key).await? {
+        Some(object) => object.metadata.uid,
+        None => server
+            .store
+            .history(key)
+            .await?
+            .last()
+            .map(|record| record.uid.clone())
+            .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?,
+    };
+    Ok(server.store.step_logs(&uid, filter).await?)
+}

@@ -1,0 +1,490 @@
+//! Workflow instances, the step API, the driver's tick and step logs, driven
+//! through the router in-process on an in-memory store with a manual clock.
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use corral_api::workflow::{StepLogEntry, WorkflowInstance, WorkflowStatus};
+use corral_api::{Identity, Object, Role};
+use corral_server::clock::SequentialIds;
+use corral_server::{Clock, Server, SharedServer, TokenIssuer};
+use corral_store::sqlite::SqliteStore;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// A clock tests move by hand.
+#[derive(Debug)]
+struct ManualClock(Mutex<DateTime<Utc>>);
+
+impl ManualClock {
+    fn advance(&self, by: TimeDelta) {
+        let mut now = self.0.lock().expect("clock lock");
+        *now += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *self.0.lock().expect("clock lock")
+    }
+}
+
+struct Harness {
+    server: SharedServer,
+    app: Router,
+    clock: Arc<ManualClock>,
+    admin: String,
+}
+
+const PODS: &str = "/v1/namespaces/default/pods";
+
+impl Harness {
+    async fn new() -> Harness {
+        let store = Arc::new(SqliteStore::open_in_memory().expect("in-memory store"));
+        let start = Utc
+            .with_ymd_and_hms(2030, 1, 1, 0, 0, 0)
+            .single()
+            .expect("valid time");
+        let clock = Arc::new(ManualClock(Mutex::new(start)));
+        let server = Server::with(store, clock.clone(), Arc::new(SequentialIds::default()));
+        let app = corral_server::app(server.clone());
+        let mut harness = Harness {
+            server,
+            app,
+            clock,
+            admin: String::new(),
+        };
+        harness.admin = harness.token("admin", Role::Operator).await;
+        harness
+    }
+
+    async fn token(&self, name: &str, role: Role) -> String {
+        TokenIssuer::issue(
+            &*self.server.store,
+            &*self.server.clock,
+            Identity::new(name, role),
+        )
+        .await
+        .expect("token")
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .body(match body {
+                Some(body) => Body::from(body.to_string()),
+                None => Body::empty(),
+            })
+            .expect("request");
+        let response = self.app.clone().oneshot(request).await.expect("response");
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        (status, value)
+    }
+
+    async fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.call(method, path, &self.admin.clone(), body).await;
+        assert!(status.is_success(), "{method} {path}: {status} {value}");
+        value
+    }
+
+    async fn create_pod(&self, name: &str, image: &str) -> Object {
+        let body = pod(name, image);
+        serde_json::from_value(self.ok("POST", PODS, Some(body)).await).expect("an object")
+    }
+
+    async fn register_slow_mount(&self) {
+        let body = json!({
+            "kind": "Controller",
+            "metadata": {"name": "acme-storage"},
+            "spec": {"steps": [{
+                "name": "acme/slow-mount", "kind": "Pod", "workflow": "start",
+                "before": ["storage"], "timeout": "10m"
+            }]}
+        });
+        self.ok("PUT", "/v1/controllers/acme-storage", Some(body))
+            .await;
+    }
+
+    async fn workflows(&self, name: &str) -> WorkflowStatus {
+        let object: Object =
+            serde_json::from_value(self.ok("GET", &format!("{PODS}/{name}"), None).await)
+                .expect("an object");
+        serde_json::from_value(object.status["workflow"].clone()).expect("status.workflow")
+    }
+
+    async fn step(&self, name: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call("POST", &format!("{PODS}/{name}/steps"), token, Some(body))
+            .await
+    }
+
+    async fn step_ok(&self, name: &str, token: &str, body: Value) -> WorkflowInstance {
+        let (status, value) = self.step(name, token, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {value}");
+        serde_json::from_value(value).expect("an instance")
+    }
+
+    async fn logs(&self, name: &str, query: &str) -> Vec<StepLogEntry> {
+        let value = self
+            .ok("GET", &format!("{PODS}/{name}/steplogs{query}"), None)
+            .await;
+        serde_json::from_value(value).expect("log entries")
+    }
+}
+
+fn pod(name: &str, image: &str) -> Value {
+    json!({
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "image": image}]}
+    })
+}
+
+fn phase(instance: &WorkflowInstance, step: &str) -> String {
+    instance
+        .step(step)
+        .unwrap_or_else(|| panic!("{} has no step {step}", instance.id))
+        .state
+        .phase()
+        .to_string()
+}
+
+#[tokio::test]
+async fn creating_a_pod_creates_its_start_instance_in_the_same_write() {
+    let h = Harness::new().await;
+    let created = h.create_pod("web", "img:1").await;
+    let status: WorkflowStatus =
+        serde_json::from_value(created.status["workflow"].clone()).expect("status.workflow");
+    let [instance] = status.instances.as_slice() else {
+        panic!("one instance expected: {status:?}");
+    };
+    assert_eq!(instance.id, "start-1");
+    assert_eq!(instance.workflow, "start");
+    assert_eq!(instance.revision, 1);
+    assert_eq!(instance.object_uid, created.metadata.uid);
+    assert_eq!(phase(instance, "scheduler/place"), "ready");
+    assert_eq!(phase(instance, "node/start-containers"), "waiting");
+    // The creation's transitions are in the step log.
+    let logs = h.logs("web", "?step=scheduler/place").await;
+    assert!(logs.iter().any(|e| e.message == "ready"), "{logs:?}");
+
+    // A new node gets a join instance; a Policy gets none.
+    let node = h
+        .ok(
+            "POST",
+            "/v1/nodes",
+            Some(json!({"kind": "Node", "metadata": {"name": "node-1"}, "spec": {}})),
+        )
+        .await;
+    assert_eq!(node["status"]["workflow"]["instances"][0]["id"], "join-1");
+}
+
+#[tokio::test]
+async fn a_spec_change_adds_an_update_instance_and_cancels_the_running_start() {
+    let h = Harness::new().await;
+    h.create_pod("web", "img:1").await;
+    h.clock.advance(TimeDelta::seconds(5));
+    h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:2")))
+        .await;
+    let status = h.workflows("web").await;
+    let ids: Vec<&str> = status.instances.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["start-1", "update-2"]);
+    assert_eq!(status.instances[0].outcome.as_str(), "cancelled");
+    assert_eq!(status.instances[1].outcome.as_str(), "running");
+    // Same spec again: no new instance.
+    h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:2")))
+        .await;
+    assert_eq!(h.workflows("web").await.instances.len(), 2);
+    // A rollback is a new revision, so a new update instance.
+    h.ok(
+        "POST",
+        &format!("{PODS}/web/rollback"),
+        Some(json!({"to": 1})),
+    )
+    .await;
+    let status = h.workflows("web").await;
+    assert_eq!(status.latest().map(|i| i.id.as_str()), Some("update-3"));
+}
+
+#[tokio::test]
+async fn registered_steps_join_new_instances_only_and_leave_with_the_registration() {
+    let h = Harness::new().await;
+    h.create_pod("before", "img:1").await;
+    h.register_slow_mount().await;
+    h.create_pod("during", "img:1").await;
+    h.ok("DELETE", "/v1/controllers/acme-storage", None).await;
+    h.create_pod("after", "img:1").await;
+
+    let has_step = |status: &WorkflowStatus| {
+        status
+            .latest()
+            .and_then(|i| i.step("acme/slow-mount"))
+            .is_some()
+    };
+    assert!(
+        !has_step(&h.workflows("before").await),
+        "existing instances keep their steps"
+    );
+    let during = h.workflows("during").await;
+    assert!(
+        has_step(&during),
+        "a new instance includes the registered step"
+    );
+    let instance = during.latest().expect("an instance");
+    let step = instance.step("acme/slow-mount").expect("step");
+    assert_eq!(step.definition.owner, "acme-storage");
+    assert_eq!(step.definition.timeout_ms, Some(600_000));
+    assert_eq!(phase(instance, "acme/slow-mount"), "ready");
+    assert_eq!(phase(instance, "storage"), "waiting");
+    assert!(
+        !has_step(&h.workflows("after").await),
+        "removing the registration removes the step"
+    );
+}
+
+#[tokio::test]
+async fn a_registration_that_breaks_a_workflow_is_refused() {
+    let h = Harness::new().await;
+    let body = json!({
+        "kind": "Controller",
+        "metadata": {"name": "loopy"},
+        "spec": {"steps": [{
+            "name": "loopy/spin", "kind": "Pod", "workflow": "start",
+            "after": ["containers"], "before": ["network"]
+        }]}
+    });
+    let (status, value) = h
+        .call("PUT", "/v1/controllers/loopy", &h.admin.clone(), Some(body))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{value}");
+    let message = value["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ordering cycle"), "{message}");
+    assert_eq!(value["fields"][0]["path"], "spec.steps");
+}
+
+#[tokio::test]
+async fn only_the_owner_moves_a_step_and_failure_blocks_its_dependents() {
+    let h = Harness::new().await;
+    h.register_slow_mount().await;
+    h.create_pod("web", "img:1").await;
+    let owner = h.token("acme-storage", Role::Controller).await;
+    let other = h.token("scheduler", Role::Controller).await;
+    let claim = json!({"action": "claim", "step": "acme/slow-mount"});
+
+    for token in [&other, &h.admin] {
+        let (status, value) = h.step("web", token, claim.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{value}");
+        let message = value["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("it belongs to controller acme-storage"),
+            "{message}"
+        );
+    }
+    // Completing before claiming is a state conflict.
+    let (status, value) = h
+        .step(
+            "web",
+            &owner,
+            json!({"action": "complete", "step": "acme/slow-mount"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{value}");
+    // A malformed request names what is missing.
+    let (status, value) = h
+        .step(
+            "web",
+            &owner,
+            json!({"action": "fail", "step": "acme/slow-mount"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
+    assert!(
+        value["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("error:"),
+        "{value}"
+    );
+    // An unknown step is not found.
+    let (status, _) = h
+        .step(
+            "web",
+            &owner,
+            json!({"action": "claim", "step": "acme/nothing"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let instance = h.step_ok("web", &owner, claim.clone()).await;
+    assert_eq!(phase(&instance, "acme/slow-mount"), "running");
+    let (status, _) = h.step("web", &owner, claim).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a running step cannot be claimed again"
+    );
+
+    h.clock.advance(TimeDelta::seconds(30));
+    let log = json!({"action": "log", "step": "acme/slow-mount", "level": "warn",
+        "message": "nfs server slow to answer", "fields": {"server": "nfs-1"}});
+    h.step_ok("web", &owner, log.clone()).await;
+    let (status, _) = h.step("web", &other, log).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "only the owner logs for a step"
+    );
+
+    h.clock.advance(TimeDelta::seconds(30));
+    let failed = h
+        .step_ok(
+            "web",
+            &owner,
+            json!({"action": "fail", "step": "acme/slow-mount",
+            "error": "mount: connection refused"}),
+        )
+        .await;
+    assert_eq!(phase(&failed, "acme/slow-mount"), "failed");
+    assert_eq!(phase(&failed, "storage"), "blocked");
+    assert_eq!(phase(&failed, "containers"), "blocked");
+    assert_eq!(phase(&failed, "running"), "blocked");
+    assert_eq!(failed.outcome.as_str(), "failed");
+    let stored = h.workflows("web").await;
+    assert_eq!(
+        stored.latest(),
+        Some(&failed),
+        "the returned instance is the stored one"
+    );
+
+    // Everything is in the log, with owners, in order.
+    let logs = h.logs("web", "?step=acme/slow-mount").await;
+    let messages: Vec<&str> = logs.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(
+        messages,
+        [
+            "ready",
+            "claimed by acme-storage (attempt 1)",
+            "nfs server slow to answer",
+            "failed (attempt 1, the last): mount: connection refused"
+        ]
+    );
+    assert!(
+        logs.iter()
+            .all(|e| e.owner == "acme-storage" && e.workflow_id == "start-1")
+    );
+    assert_eq!(logs[2].level.as_str(), "warn");
+    assert_eq!(logs[2].fields["server"], "nfs-1");
+    let by_owner = h.logs("web", "?owner=acme-storage").await;
+    assert_eq!(by_owner.len(), 4, "{by_owner:?}");
+    let all = h.logs("web", "").await;
+    assert!(all.len() > by_owner.len());
+    assert!(
+        all.windows(2).all(|pair| pair[0].time <= pair[1].time),
+        "time order"
+    );
+    assert!(
+        all.iter()
+            .any(|e| e.step == "storage" && e.message.contains("blocked"))
+    );
+
+    // The instance is finished: nothing moves any more.
+    let (status, value) = h
+        .step(
+            "web",
+            &owner,
+            json!({"action": "claim", "step": "acme/slow-mount"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{value}");
+}
+
+#[tokio::test]
+async fn the_driver_times_out_a_running_step_and_leaves_quiet_objects_alone() {
+    let h = Harness::new().await;
+    h.register_slow_mount().await;
+    h.create_pod("web", "img:1").await;
+    let owner = h.token("acme-storage", Role::Controller).await;
+    h.step_ok(
+        "web",
+        &owner,
+        json!({"action": "claim", "step": "acme/slow-mount"}),
+    )
+    .await;
+    let version = |object: Value| object["metadata"]["resourceVersion"].as_u64();
+    let before = version(h.ok("GET", &format!("{PODS}/web"), None).await);
+
+    h.clock.advance(TimeDelta::minutes(5));
+    let written = corral_server::workflows::tick_all(&h.server)
+        .await
+        .expect("tick");
+    assert_eq!(written, 0, "nothing changed, nothing written");
+    assert_eq!(
+        version(h.ok("GET", &format!("{PODS}/web"), None).await),
+        before
+    );
+
+    h.clock.advance(TimeDelta::minutes(6));
+    let written = corral_server::workflows::tick_all(&h.server)
+        .await
+        .expect("tick");
+    assert_eq!(written, 1);
+    let status = h.workflows("web").await;
+    let instance = status.latest().expect("instance");
+    assert_eq!(phase(instance, "acme/slow-mount"), "timedOut");
+    assert_eq!(phase(instance, "storage"), "blocked");
+    assert_eq!(instance.outcome.as_str(), "failed");
+    let logs = h.logs("web", "?step=acme/slow-mount").await;
+    let last = logs.last().expect("entries");
+    assert_eq!(last.message, "timed out after 10m (attempt 1, the last)");
+    assert_eq!(last.level.as_str(), "error");
+    // A finished instance is not touched again.
+    h.clock.advance(TimeDelta::minutes(1));
+    assert_eq!(
+        corral_server::workflows::tick_all(&h.server)
+            .await
+            .expect("tick"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn step_logs_outlive_the_object() {
+    let h = Harness::new().await;
+    h.create_pod("web", "img:1").await;
+    h.ok("DELETE", &format!("{PODS}/web"), None).await;
+    let logs = h.logs("web", "?step=scheduler/place").await;
+    assert!(!logs.is_empty(), "the deleted pod's log is still readable");
+    let (status, _) = h
+        .call(
+            "GET",
+            &format!("{PODS}/never/steplogs"),
+            &h.admin.clone(),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
