@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{apply, controllers, get, history, token, up, workflow};
+use crate::commands::{apply, controllers, get, history, image, token, up, workflow};
 
 /// corral: a container and VM orchestrator you can learn in a week.
 ///
@@ -45,6 +45,14 @@ enum Command {
     /// Run a single-node cluster in this process: store, API server and
     /// (as they land) controllers and the node agent.
     Up(up::UpArgs),
+    /// Run the control plane alone (API server, store, built-in
+    /// controllers) for a cluster of `corral agent` nodes.
+    Server(up::ServerArgs),
+    /// Run a node agent alone, joining the server named by --server with a
+    /// node token. Pods keep running while the server is unreachable.
+    Agent(up::AgentArgs),
+    /// Import and list images on this node.
+    Image(image::ImageArgs),
     /// Create or update the objects in a manifest (YAML or JSON, several
     /// documents allowed). Each spec change becomes a numbered revision.
     Apply(apply::ApplyArgs),
@@ -107,7 +115,10 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = cli.config;
     match cli.command {
-        Command::Up(args) => up::run(args).await,
+        Command::Up(args) => up::up(args).await,
+        Command::Server(args) => up::server(args).await,
+        Command::Agent(args) => up::agent(args).await,
+        Command::Image(args) => image::run(args).await,
         Command::Apply(args) => apply::apply(config, args).await,
         Command::Get(args) => get::get(config, args).await,
         Command::Describe(args) => get::describe(config, args).await,

@@ -41,6 +41,7 @@ pub fn builtin_controllers() -> Vec<Registration> {
                 &[
                     "Pod:spec",
                     "Pod:status.workflow",
+                    "Pod:status.phase",
                     "VirtualMachine:spec",
                     "VirtualMachine:status.workflow",
                     "Node:spec",
@@ -72,7 +73,7 @@ pub fn builtin_controllers() -> Vec<Registration> {
             NODE_LIFECYCLE,
             spec(
                 &["Node:status.phase", "Node:status.silentSince"],
-                &["Node:status.heartbeat"],
+                &["Node:status.heartbeat", "Node:status.workflow"],
             ),
         ),
         (

@@ -44,6 +44,10 @@ pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
     })
 }
 
+/// An unschedulable pod is placed again as the cluster changes: its
+/// `scheduler/place` step is retried (with backoff) this many times.
+pub const UNSCHEDULABLE_RETRIES: u32 = 10_000;
+
 fn pod_start() -> Vec<StepDefinition> {
     vec![
         step(
@@ -51,6 +55,7 @@ fn pod_start() -> Vec<StepDefinition> {
             "choose a node with room for the pod and bind it",
         )
         .wanted_by("scheduled")
+        .attempts(UNSCHEDULABLE_RETRIES)
         .build(),
         target("scheduled", "the pod is bound to a node", &[]),
         step(

@@ -276,7 +276,12 @@ pub async fn explain(config: Option<PathBuf>, args: ExplainArgs) -> anyhow::Resu
 /// Registers the built-in controllers of `corral up` through the API's own
 /// handler, keeping their tokens in the data dir (mode 0600) across
 /// restarts.
-pub async fn register_builtins(server: &SharedServer, data_dir: &Path) -> anyhow::Result<()> {
+/// Registers the built-in controllers through the API's own handlers and
+/// returns their tokens (kept in `DATA_DIR/controller-tokens.json`).
+pub async fn register_builtins(
+    server: &SharedServer,
+    data_dir: &Path,
+) -> anyhow::Result<corral_server::ownership::BuiltinTokens> {
     let path = data_dir.join(BUILTIN_TOKENS);
     let known: BuiltinTokens = std::fs::read(&path)
         .ok()
@@ -289,7 +294,7 @@ pub async fn register_builtins(server: &SharedServer, data_dir: &Path) -> anyhow
         write_private(&path, &serde_json::to_vec_pretty(&tokens)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
-    Ok(())
+    Ok(tokens)
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

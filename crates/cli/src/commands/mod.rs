@@ -4,6 +4,7 @@ pub mod apply;
 pub mod controllers;
 pub mod get;
 pub mod history;
+pub mod image;
 pub mod token;
 pub mod up;
 pub mod workflow;

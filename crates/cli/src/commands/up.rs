@@ -1,35 +1,93 @@
-//! `corral up`: a whole single-node cluster in one process.
+//! `corral up` (a whole single-node cluster in one process), `corral
+//! server` (the control plane alone) and `corral agent` (a node alone).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use corral_api::{Identity, Role};
-use corral_client::ClientConfig;
+use corral_client::{Client, ClientConfig};
+use corral_net::ipam::ClusterPrefix;
 use corral_server::{Server, SharedServer, TokenIssuer};
 use corral_store::sqlite::SqliteStore;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::{ADMIN_CONFIG, default_data_dir};
 
+/// The agent's client config inside the data dir of `corral up`.
+pub const NODE_CONFIG: &str = "node.json";
+/// The cluster's settings chosen at first start.
+pub const CLUSTER_FILE: &str = "cluster.json";
+
 #[derive(Debug, Args)]
-pub struct UpArgs {
-    /// Where the store, the admin config and (later) node state live.
+pub struct ServerArgs {
+    /// Where the store, the configs and (for `up`) node state live.
     /// Default: /var/lib/corral as root, ~/.local/share/corral otherwise.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Address the API listens on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
     listen: String,
+    /// The cluster's IPv6 prefix (/32 to /64; each node gets a /64 of it),
+    /// fixed at the first start. Default: a random RFC 4193 ULA /48.
+    #[arg(long, value_name = "PREFIX")]
+    cluster_prefix: Option<String>,
 }
 
-pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    init_logging();
-    let data_dir = args.data_dir.unwrap_or_else(default_data_dir);
-    create_private_dir(&data_dir)?;
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    /// This node's name. Default: the machine's hostname.
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The API server's URL, e.g. http://10.0.0.1:7443.
+    #[arg(long, value_name = "URL", required_unless_present = "config")]
+    server: Option<String>,
+    /// A node token (`corral token create --node NAME`).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "CORRAL_NODE_TOKEN",
+        required_unless_present = "config"
+    )]
+    token: Option<String>,
+    /// Read server and token from this client config instead.
+    #[arg(long = "agent-config", id = "config", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// This node's name (the token's identity). Default: the hostname.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// Where pod state, images and container files live.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ClusterSettings {
+    prefix: String,
+}
+
+/// The parts of a running control plane.
+struct ControlPlane {
+    server: SharedServer,
+    listener: TcpListener,
+    url: String,
+    controller_tokens: corral_server::ownership::BuiltinTokens,
+    prefix: ClusterPrefix,
+}
+
+async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Result<ControlPlane> {
+    create_private_dir(data_dir)?;
     let store_path = data_dir.join("store.db");
     let store = tokio::task::spawn_blocking(move || SqliteStore::open(&store_path))
         .await?
@@ -38,43 +96,208 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let address = listener.local_addr()?;
-    super::controllers::register_builtins(&server, &data_dir).await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let controller_tokens = super::controllers::register_builtins(&server, data_dir).await?;
+    let prefix = cluster_prefix(data_dir, args.cluster_prefix.as_deref())?;
 
     let config_path = data_dir.join(ADMIN_CONFIG);
     let config = ClientConfig {
-        server: format!("http://{address}"),
-        token: admin_token(&server, &config_path).await?,
+        server: url.clone(),
+        token: identity_token(
+            &server,
+            &config_path,
+            Identity::new("admin", Role::Operator),
+        )
+        .await?,
     };
     config.save(&config_path)?;
-    println!("export CORRAL_CONFIG={}", config_path.display());
-    tracing::info!(api = %config.server, data_dir = %data_dir.display(), "corral is up");
+    Ok(ControlPlane {
+        server,
+        listener,
+        url,
+        controller_tokens,
+        prefix,
+    })
+}
 
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
+/// The cluster prefix: as stored at first start, or chosen now and stored.
+fn cluster_prefix(data_dir: &Path, given: Option<&str>) -> anyhow::Result<ClusterPrefix> {
+    let path = data_dir.join(CLUSTER_FILE);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let settings: ClusterSettings = serde_json::from_str(&text)
+            .with_context(|| format!("{} is corrupt", path.display()))?;
+        let stored: ClusterPrefix = settings.prefix.parse()?;
+        if let Some(given) = given {
+            anyhow::ensure!(
+                given.parse::<ClusterPrefix>()?.to_string() == stored.to_string(),
+                "--cluster-prefix {given}: this cluster was created with {stored}, which cannot change"
+            );
+        }
+        return Ok(stored);
+    }
+    let prefix = match given {
+        Some(given) => given
+            .parse()
+            .with_context(|| format!("--cluster-prefix {given}"))?,
+        None => ClusterPrefix::generate_ula(&mut rand::rng()),
+    };
+    let settings = ClusterSettings {
+        prefix: prefix.to_string(),
+    };
+    std::fs::write(&path, serde_json::to_vec_pretty(&settings)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(prefix)
+}
+
+/// Spawns the built-in controllers, each with its own token.
+fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let client = |name: &str| -> anyhow::Result<Client> {
+        let token = plane
+            .controller_tokens
+            .get(name)
+            .with_context(|| format!("the built-in controller {name} has no token"))?;
+        Ok(Client::new(&ClientConfig {
+            server: plane.url.clone(),
+            token: token.clone(),
+        })?)
+    };
+    corral_controllers::spawn_all(
+        client("scheduler")?,
+        client("ipam")?,
+        client("node-lifecycle")?,
+        plane.prefix,
+        shutdown.clone(),
+    );
+    Ok(())
+}
+
+async fn serve(plane: ControlPlane, shutdown: CancellationToken) -> anyhow::Result<()> {
     let driver = tokio::spawn(corral_server::workflows::drive(
-        server.clone(),
+        plane.server.clone(),
         shutdown.clone(),
     ));
-    corral_server::serve(listener, server, shutdown.clone())
+    corral_server::serve(plane.listener, plane.server, shutdown.clone())
         .await
         .context("the API server failed")?;
     shutdown.cancel();
     driver.await.context("the workflow driver failed")?;
-    tracing::info!("corral stopped");
     Ok(())
 }
 
-/// The operator token of the admin config, kept across restarts; a new one
-/// if the config is missing or its token is unknown to this store.
-async fn admin_token(server: &SharedServer, config_path: &Path) -> anyhow::Result<String> {
-    if let Ok(existing) = ClientConfig::load(config_path)
-        && server.tokens.resolve(&existing.token).await?.is_some()
+/// `corral up`: control plane, built-in controllers and a node agent.
+pub async fn up(args: UpArgs) -> anyhow::Result<()> {
+    init_logging();
+    let data_dir = args
+        .server
+        .data_dir
+        .clone()
+        .unwrap_or_else(default_data_dir);
+    let plane = start_control_plane(&args.server, &data_dir).await?;
+    let node = args.node_name.clone().unwrap_or_else(hostname);
+    let node_config = ClientConfig {
+        server: plane.url.clone(),
+        token: identity_token(
+            &plane.server,
+            &data_dir.join(NODE_CONFIG),
+            Identity::new(node.clone(), Role::Node),
+        )
+        .await?,
+    };
+    node_config.save(&data_dir.join(NODE_CONFIG))?;
+    println!(
+        "export CORRAL_CONFIG={}",
+        data_dir.join(ADMIN_CONFIG).display()
+    );
+    tracing::info!(api = %plane.url, data_dir = %data_dir.display(), node = %node, prefix = %plane.prefix, "corral is up");
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    spawn_controllers(&plane, &shutdown)?;
+    let agent = tokio::spawn(run_agent(node, node_config, data_dir, shutdown.clone()));
+    serve(plane, shutdown.clone()).await?;
+    shutdown.cancel();
+    agent.await.context("the agent task failed")??;
+    tracing::info!("corral stopped; containers keep running until the next start");
+    Ok(())
+}
+
+/// `corral server`: the control plane and built-in controllers, no agent.
+pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
+    init_logging();
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let plane = start_control_plane(&args, &data_dir).await?;
+    println!(
+        "export CORRAL_CONFIG={}",
+        data_dir.join(ADMIN_CONFIG).display()
+    );
+    tracing::info!(api = %plane.url, data_dir = %data_dir.display(), prefix = %plane.prefix, "corral server is up");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    spawn_controllers(&plane, &shutdown)?;
+    serve(plane, shutdown).await
+}
+
+/// `corral agent`: one node, talking to a server elsewhere.
+pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    init_logging();
+    let config = match &args.config {
+        Some(path) => ClientConfig::load(path)?,
+        None => ClientConfig {
+            server: args.server.clone().unwrap_or_default(),
+            token: args.token.clone().unwrap_or_default(),
+        },
+    };
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    create_private_dir(&data_dir)?;
+    let node = args.name.clone().unwrap_or_else(hostname);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    run_agent(node, config, data_dir, shutdown).await
+}
+
+async fn run_agent(
+    node: String,
+    config: ClientConfig,
+    data_dir: PathBuf,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let client = Client::new(&config)?;
+    let agent_config = corral_agent::AgentConfig {
+        node,
+        data_dir,
+        address: None,
+        image_revisions: 3,
+        heartbeat: Duration::from_secs(5),
+    };
+    let ctx = corral_agent::context(&agent_config, Some(client.clone()), Arc::new(client))
+        .context("cannot set up the node agent")?;
+    corral_agent::run(agent_config, ctx, shutdown)
+        .await
+        .context("the node agent failed")
+}
+
+/// A token for `identity`, kept in the config at `path` across restarts; a
+/// new one if the config is missing or its token is unknown to this store.
+async fn identity_token(
+    server: &SharedServer,
+    path: &Path,
+    identity: Identity,
+) -> anyhow::Result<String> {
+    if let Ok(existing) = ClientConfig::load(path)
+        && server.tokens.resolve(&existing.token).await?.as_ref() == Some(&identity)
     {
         return Ok(existing.token);
     }
-    let identity = Identity::new("admin", Role::Operator);
     Ok(TokenIssuer::issue(&*server.store, &*server.clock, identity).await?)
+}
+
+/// The machine's hostname, lowercased, as a default node name.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_ascii_lowercase())
+        .ok()
+        .filter(|h| corral_api::validate::is_dns_label(h))
+        .unwrap_or_else(|| "node-1".to_string())
 }
 
 fn create_private_dir(path: &Path) -> anyhow::Result<()> {

@@ -184,3 +184,75 @@ pub fn pod_manifest(name: &str, image: &str) -> String {
         "kind: Pod\nmetadata: {{name: {name}, labels: {{app: {name}}}}}\nspec:\n  containers:\n    - name: {name}\n      image: {image}\n      command: [httpd, -f, -p, \"8080\"]\n      env: {{GREETING: hello}}\n      ports: [8080]\n"
     )
 }
+
+/// Removes what a node agent left on this machine under `data_dir`:
+/// containers of both runtimes, then every mount below the data dir
+/// (overlay rootfs, network namespace files). The agent keeps containers
+/// running across its own restarts by design, so tests must do this.
+pub fn cleanup_node(data_dir: &Path) {
+    for (binary, state) in [("runc", "runc"), ("runsc", "runsc")] {
+        let root = data_dir.join(state);
+        if !root.exists() {
+            continue;
+        }
+        let listed = Command::new(binary)
+            .arg(format!("--root={}", root.display()))
+            .args(["list", "-q"])
+            .output();
+        if let Ok(listed) = listed {
+            for id in String::from_utf8_lossy(&listed.stdout).lines() {
+                let _ = Command::new(binary)
+                    .arg(format!("--root={}", root.display()))
+                    .args(["delete", "--force", id.trim()])
+                    .status();
+            }
+        }
+    }
+    let prefix = data_dir.to_string_lossy().into_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut targets: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .filter(|target| target.starts_with(&prefix))
+        .collect();
+    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+    for target in targets {
+        let _ = Command::new("umount").args(["-l", target]).status();
+    }
+    // The pods' cgroups, `/corral/<uid>` in every hierarchy.
+    let pods = std::fs::read_dir(data_dir.join("pods"))
+        .into_iter()
+        .flatten()
+        .flatten();
+    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|h| h.path())
+        .collect();
+    for pod in pods {
+        for hierarchy in &hierarchies {
+            let dir = hierarchy.join("corral").join(pod.file_name());
+            for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let _ = std::fs::remove_dir(child.path());
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, or panics with
+/// `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,304 @@
+//! Starting and stopping one container of a pod with the OCI runtime:
+//! image → overlay rootfs → bundle → `runc create` + `start`. Blocking
+//! calls; the pod worker runs them on the blocking pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use corral_api::kinds::{Container, PodSpec, RuntimeClass};
+use corral_runtime::bundle::{
+    ContainerConfig, NetworkNamespace, ProcessOverrides, merge_process, resolve_user_in_rootfs,
+    write_bundle,
+};
+use corral_runtime::image::{Image, ImageError, ImageStore, Registry, RegistryError};
+use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status};
+
+use crate::plan::config_hash;
+use crate::state::ContainerRecord;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("image {reference}")]
+    Image {
+        reference: String,
+        #[source]
+        source: ImageError,
+    },
+    #[error("runtime {0:?} is not available on this node")]
+    RuntimeUnavailable(RuntimeClass),
+    #[error("container {container}: {message}")]
+    Config { container: String, message: String },
+    #[error("container {container}: the runtime failed")]
+    Runtime {
+        container: String,
+        #[source]
+        source: corral_runtime::oci::OciError,
+    },
+    #[error("cannot prepare {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The runtimes a node has.
+#[derive(Clone)]
+pub struct Runtimes {
+    pub runc: Arc<dyn OciRuntime>,
+    pub gvisor: Option<Arc<dyn OciRuntime>>,
+}
+
+impl std::fmt::Debug for Runtimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtimes")
+            .field("gvisor", &self.gvisor.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runtimes {
+    pub fn for_class(
+        &self,
+        class: Option<RuntimeClass>,
+    ) -> Result<&Arc<dyn OciRuntime>, ContainerError> {
+        match class.unwrap_or(RuntimeClass::Runc) {
+            RuntimeClass::Runc => Ok(&self.runc),
+            RuntimeClass::Gvisor => self
+                .gvisor
+                .as_ref()
+                .ok_or(ContainerError::RuntimeUnavailable(RuntimeClass::Gvisor)),
+        }
+    }
+}
+
+/// Makes a registry client. Called on the blocking pool for each pull: the
+/// HTTP client blocks, so it must never be made or dropped on an async task.
+pub type RegistryFactory = Arc<dyn Fn() -> Result<Box<dyn Registry>, RegistryError> + Send + Sync>;
+
+/// Runs containers for pods on this node.
+#[derive(Clone)]
+pub struct ContainerRunner {
+    pub images: Arc<ImageStore>,
+    pub registry: RegistryFactory,
+    pub runtimes: Runtimes,
+    /// `DATA/pods`: per-pod directories (rootfs layers, bundles, logs).
+    pub pods_dir: PathBuf,
+}
+
+impl std::fmt::Debug for ContainerRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContainerRunner")
+            .field("pods_dir", &self.pods_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The directory of one pod's files.
+pub fn pod_dir(pods_dir: &Path, uid: &str) -> PathBuf {
+    pods_dir.join(uid)
+}
+
+/// A container's log file.
+pub fn log_path(pods_dir: &Path, uid: &str, container: &str) -> PathBuf {
+    pod_dir(pods_dir, uid)
+        .join("logs")
+        .join(format!("{container}.log"))
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ContainerError + '_ {
+    move |source| ContainerError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl ContainerRunner {
+    /// The image, from the local store or pulled from its registry.
+    pub fn ensure_image(&self, reference: &str) -> Result<Image, ContainerError> {
+        let error = |source| ContainerError::Image {
+            reference: reference.to_string(),
+            source,
+        };
+        match self.images.resolve(reference) {
+            Ok(image) => Ok(image),
+            Err(ImageError::NotFound(_)) => {
+                let registry = (self.registry)().map_err(|e| error(ImageError::Registry(e)))?;
+                self.images
+                    .pull(registry.as_ref(), reference)
+                    .map_err(error)
+            }
+            Err(other) => Err(error(other)),
+        }
+    }
+
+    /// Starts `container` of the pod `uid` in the pod's network namespace;
+    /// returns its new record.
+    pub fn start(
+        &self,
+        uid: &str,
+        pod_name: &str,
+        spec: &PodSpec,
+        container: &Container,
+        netns: &Path,
+        generation: u64,
+    ) -> Result<ContainerRecord, ContainerError> {
+        let runtime = self.runtimes.for_class(spec.runtime)?;
+        let image = self.ensure_image(&container.image)?;
+        let runtime_id = runtime_id(uid, &container.name, generation);
+        let dir = pod_dir(&self.pods_dir, uid)
+            .join("containers")
+            .join(&runtime_id);
+        std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+        let mounted =
+            self.images
+                .mount_rootfs(&image, &dir)
+                .map_err(|source| ContainerError::Image {
+                    reference: container.image.clone(),
+                    source,
+                })?;
+        let config_error = |message: String| ContainerError::Config {
+            container: container.name.clone(),
+            message,
+        };
+        let process = merge_process(
+            &image.config,
+            &ProcessOverrides {
+                command: container.command.clone(),
+                args: container.args.clone(),
+                env: container.env.clone(),
+                working_dir: container.working_dir.clone(),
+            },
+        )
+        .map_err(|e| config_error(e.to_string()))?;
+        let user =
+            resolve_user_in_rootfs(image.config.user.as_deref().unwrap_or(""), &mounted.rootfs)
+                .map_err(|e| config_error(e.to_string()))?;
+        let mut config =
+            ContainerConfig::new(&runtime_id, &mounted.rootfs, Vec::new()).with_process(process);
+        config.user = user;
+        config.hostname = Some(pod_name.to_string());
+        config.network = NetworkNamespace::Join(netns.to_path_buf());
+        config.cgroup_path = Some(format!("/corral/{uid}/{}", container.name));
+        if let Some(memory) = container.resources.memory {
+            let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
+            config.memory_limit_bytes = Some(bytes);
+            config.memory_swap_limit_bytes = Some(bytes);
+        }
+        if let Some(cpu) = container.resources.cpu {
+            config.cpu_limit_millicores = Some(cpu.millis);
+            config.cpu_shares_millicores = Some(cpu.millis);
+        }
+        let bundle = dir.join("bundle");
+        write_bundle(&bundle, &config).map_err(|e| config_error(e.to_string()))?;
+        let log = log_path(&self.pods_dir, uid, &container.name);
+        if let Some(parent) = log.parent() {
+            std::fs::create_dir_all(parent).map_err(io_error(parent))?;
+        }
+        let runtime_error = |source| ContainerError::Runtime {
+            container: container.name.clone(),
+            source,
+        };
+        // A container left over from a crashed start would block the id.
+        runtime.delete(&runtime_id, true).map_err(runtime_error)?;
+        let pid = runtime
+            .create(&runtime_id, &bundle, &ContainerIo::combined(&log))
+            .map_err(runtime_error)?;
+        runtime.start(&runtime_id).map_err(runtime_error)?;
+        Ok(ContainerRecord {
+            runtime_id,
+            config_hash: config_hash(spec, container),
+            generation,
+            started_at: Some(Utc::now()),
+            restarts: 0,
+            exit_code: None,
+            pid: Some(pid),
+            running: true,
+            ready: false,
+            restart_after: None,
+        })
+    }
+
+    /// Whether the container's process is alive, per the runtime.
+    pub fn is_running(&self, spec: &PodSpec, record: &ContainerRecord) -> bool {
+        let Ok(runtime) = self.runtimes.for_class(spec.runtime) else {
+            return false;
+        };
+        matches!(
+            runtime.state(&record.runtime_id),
+            Ok(Some(state)) if matches!(state.status, Status::Running | Status::Created | Status::Creating)
+        )
+    }
+
+    /// Stops a container: SIGTERM, up to `grace` to exit, then SIGKILL; then
+    /// deletes it and its rootfs. Safe to call for a container that is gone.
+    pub fn stop(
+        &self,
+        uid: &str,
+        spec: &PodSpec,
+        record: &ContainerRecord,
+        grace: Duration,
+    ) -> Result<(), ContainerError> {
+        let runtime = self.runtimes.for_class(spec.runtime)?;
+        let id = &record.runtime_id;
+        let runtime_error = |source| ContainerError::Runtime {
+            container: id.clone(),
+            source,
+        };
+        if self.is_running(spec, record) {
+            let _ = runtime.kill(id, Signal::SIGTERM);
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline && self.is_running(spec, record) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        runtime.delete(id, true).map_err(runtime_error)?;
+        self.cleanup(uid, record)
+    }
+
+    /// Unmounts and removes a container's files after it stopped.
+    pub fn cleanup(&self, uid: &str, record: &ContainerRecord) -> Result<(), ContainerError> {
+        let dir = pod_dir(&self.pods_dir, uid)
+            .join("containers")
+            .join(&record.runtime_id);
+        let _ = corral_runtime::image::unmount_rootfs(&dir);
+        match std::fs::remove_dir_all(&dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(ContainerError::Io {
+                path: dir,
+                source: error,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `c<uid prefix>-<container>-<generation>`: unique per start, readable in
+/// `runc list`.
+pub fn runtime_id(uid: &str, container: &str, generation: u64) -> String {
+    let short: String = uid
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect();
+    format!("c{short}-{container}-{generation}")
+}
+
+/// Removes the pod's cgroup directories (`/corral/<uid>` in every
+/// hierarchy) once its containers are gone; runc removes only the
+/// containers' own.
+pub fn remove_pod_cgroups(uid: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for hierarchy in hierarchies.flatten() {
+        let pod = hierarchy.path().join("corral").join(uid);
+        if let Ok(children) = std::fs::read_dir(&pod) {
+            for child in children.flatten().filter(|c| c.path().is_dir()) {
+                let _ = std::fs::remove_dir(child.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&pod);
+    }
+}

@@ -1,0 +1,174 @@
+//! The corral node agent.
+//!
+//! It owns everything that happens on one node: registering the `Node`
+//! object and its heartbeat, running each bound pod's containers with
+//! `runc` (or `runsc`) through the pod's workflow steps, restarting exited
+//! containers per policy, updating pods in place (only changed containers
+//! restart), and reporting the status fields the node owns.
+//!
+//! Everything it needs is in local state under its data dir, so pods keep
+//! running, crashed containers restart, and after the agent's own restart
+//! its pods come back, all with the API unreachable. It never decides
+//! placement or addresses: those come from the API.
+
+pub mod containers;
+pub mod manager;
+pub mod node;
+pub mod plan;
+pub mod state;
+pub mod steps;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_client::Client;
+use corral_runtime::image::{HttpRegistry, ImageStore};
+use corral_runtime::oci::netns::NetnsManager;
+use corral_runtime::oci::{OciRuntime, RuncCli, reap};
+use tokio_util::sync::CancellationToken;
+
+use crate::containers::{ContainerRunner, Runtimes};
+use crate::state::LocalState;
+use crate::steps::StepApi;
+
+/// Everything the workers share.
+pub struct AgentContext {
+    pub node: String,
+    pub client: Option<Client>,
+    pub steps: Arc<dyn StepApi>,
+    pub runner: ContainerRunner,
+    pub state: LocalState,
+    pub netns: Arc<NetnsManager>,
+    /// Revisions whose images stay on the node (rollback without a pull).
+    pub image_revisions: usize,
+}
+
+impl std::fmt::Debug for AgentContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentContext")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to start an agent.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub node: String,
+    /// Holds `agent/` (pod records), `images/`, `pods/`, `runc/`, `netns/`.
+    pub data_dir: PathBuf,
+    /// The node's address, reported in its status.
+    pub address: Option<String>,
+    pub image_revisions: usize,
+    pub heartbeat: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("local state")]
+    State(#[from] state::StateError),
+    #[error("image store")]
+    Image(#[from] corral_runtime::image::ImageError),
+    #[error("cannot become the reaper of container processes")]
+    Reap(#[from] reap::ReapError),
+}
+
+/// The error and its sources, joined with `: `.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// Builds the agent's context from its config.
+pub fn context(
+    config: &AgentConfig,
+    client: Option<Client>,
+    steps: Arc<dyn StepApi>,
+) -> Result<AgentContext, AgentError> {
+    let data = &config.data_dir;
+    let runc: Arc<dyn OciRuntime> = Arc::new(RuncCli::new("runc", data.join("runc")));
+    let gvisor: Option<Arc<dyn OciRuntime>> = node::find_binary("runsc").map(|binary| {
+        Arc::new(
+            RuncCli::new(binary, data.join("runsc"))
+                .with_global_args(["--rootless=false", "--ignore-cgroups"]),
+        ) as Arc<dyn OciRuntime>
+    });
+    Ok(AgentContext {
+        node: config.node.clone(),
+        client,
+        steps,
+        runner: ContainerRunner {
+            images: Arc::new(ImageStore::open(data.join("images"))?),
+            registry: Arc::new(|| {
+                HttpRegistry::new(Duration::from_secs(60))
+                    .map(|r| Box::new(r) as Box<dyn corral_runtime::image::Registry>)
+            }),
+            runtimes: Runtimes { runc, gvisor },
+            pods_dir: data.join("pods"),
+        },
+        state: LocalState::open(data.join("agent").join("pods"))?,
+        netns: Arc::new(NetnsManager::new(data.join("netns"))),
+        image_revisions: config.image_revisions,
+    })
+}
+
+/// Runs the agent until cancelled: restores pods from local state at once,
+/// then registers the node and follows the API (retrying while it is
+/// unreachable). Containers keep running when the agent stops.
+pub async fn run(
+    config: AgentConfig,
+    ctx: AgentContext,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    reap::become_subreaper()?;
+    let ctx = Arc::new(ctx);
+    let mut manager = manager::Manager::new(ctx.clone());
+    let restored = manager.restore()?;
+    tracing::info!(node = %ctx.node, restored, "agent started");
+    if let Some(client) = ctx.client.clone() {
+        tokio::spawn(heartbeat_loop(client, config.clone(), shutdown.clone()));
+    }
+    manager.run(shutdown).await;
+    Ok(())
+}
+
+/// How often the heartbeat loop looks for ready join steps.
+const JOIN_TICK: Duration = Duration::from_millis(500);
+
+async fn heartbeat_loop(client: Client, config: AgentConfig, shutdown: CancellationToken) {
+    let mut node = None;
+    let mut last_beat: Option<std::time::Instant> = None;
+    while !shutdown.is_cancelled() {
+        if last_beat.is_none_or(|at| at.elapsed() >= config.heartbeat) {
+            let status = node::detect_status(config.address.clone());
+            let result = match &mut node {
+                None => node::register(&client, &config.node, &status)
+                    .await
+                    .map(|n| node = Some(n)),
+                Some(object) => node::heartbeat(&client, object, &status).await,
+            };
+            match result {
+                Ok(()) => last_beat = Some(std::time::Instant::now()),
+                Err(error) => tracing::debug!(error = %chain(&error), "heartbeat failed; retrying"),
+            }
+        }
+        if let Some(object) = &mut node
+            && let Ok(fresh) = client.get(&object.key()).await
+        {
+            *object = fresh;
+            node::run_join_steps(&client, object).await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(JOIN_TICK) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Routes pods to their workers: restores workers from local state at
+//! start, then follows the API (list, then watch; list again after any
+//! break) and sends each worker its pod, or tells it to remove the pod.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_api::kinds::PodStatus;
+use corral_api::watch::EventType;
+use corral_api::{Kind, Object, ObjectKey};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::AgentContext;
+use crate::state::PodRecord;
+use crate::worker::{PodMessage, PodWorker};
+
+/// How long to wait before listing again after the API failed.
+const RETRY: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub struct Manager {
+    ctx: Arc<AgentContext>,
+    workers: BTreeMap<ObjectKey, mpsc::Sender<PodMessage>>,
+}
+
+impl Manager {
+    pub fn new(ctx: Arc<AgentContext>) -> Self {
+        Manager {
+            ctx,
+            workers: BTreeMap::new(),
+        }
+    }
+
+    /// Starts a worker for every pod in local state: they keep running (or
+    /// start again) without any word from the API.
+    pub fn restore(&mut self) -> Result<usize, crate::state::StateError> {
+        let records = self.ctx.state.load_all()?;
+        let count = records.len();
+        for record in records {
+            self.spawn(record);
+        }
+        Ok(count)
+    }
+
+    fn spawn(&mut self, record: PodRecord) -> mpsc::Sender<PodMessage> {
+        let key = record.pod.key();
+        let (sender, receiver) = mpsc::channel(16);
+        tokio::spawn(PodWorker::new(self.ctx.clone(), record).run(receiver));
+        self.workers.insert(key, sender.clone());
+        sender
+    }
+
+    fn bound_here(&self, pod: &Object) -> bool {
+        pod.typed_status::<PodStatus>()
+            .ok()
+            .and_then(|s| s.node)
+            .is_some_and(|node| node == self.ctx.node)
+    }
+
+    async fn route(&mut self, pod: Object) {
+        let key = pod.key();
+        if !self.bound_here(&pod) {
+            self.remove(&key).await;
+            return;
+        }
+        let sender = match self.workers.get(&key) {
+            Some(sender) if !sender.is_closed() => sender.clone(),
+            _ => self.spawn(PodRecord {
+                pod: pod.clone(),
+                admitted_revision: 0,
+                recent_images: Vec::new(),
+                containers: BTreeMap::new(),
+                generations: BTreeMap::new(),
+                netns: None,
+            }),
+        };
+        let _ = sender.send(PodMessage::Desired(Box::new(pod))).await;
+    }
+
+    async fn remove(&mut self, key: &ObjectKey) {
+        if let Some(sender) = self.workers.remove(key) {
+            let _ = sender.send(PodMessage::Remove).await;
+        }
+    }
+
+    /// Follows the API until cancelled. With the API unreachable it keeps
+    /// retrying; the workers carry on meanwhile.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let Some(client) = self.ctx.client.clone() else {
+            shutdown.cancelled().await;
+            return;
+        };
+        while !shutdown.is_cancelled() {
+            let list = tokio::select! {
+                list = client.list(Kind::Pod, None, None) => list,
+                () = shutdown.cancelled() => return,
+            };
+            let list = match list {
+                Ok(list) => list,
+                Err(error) => {
+                    tracing::debug!(error = %crate::chain(&error), "cannot list pods; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY) => continue,
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            };
+            let listed: Vec<ObjectKey> = list.items.iter().map(Object::key).collect();
+            let gone: Vec<ObjectKey> = self
+                .workers
+                .keys()
+                .filter(|key| !listed.contains(key))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.remove(&key).await;
+            }
+            for pod in list.items {
+                self.route(pod).await;
+            }
+            let events = match client
+                .watch(Kind::Pod, None, None, list.resource_version)
+                .await
+            {
+                Ok(events) => events,
+                Err(error) => {
+                    tracing::debug!(error = %crate::chain(&error), "cannot watch pods; listing again");
+                    continue;
+                }
+            };
+            futures::pin_mut!(events);
+            loop {
+                let event = tokio::select! {
+                    event = events.next() => event,
+                    () = shutdown.cancelled() => return,
+                };
+                match event {
+                    Some(Ok(event)) => match event.event_type {
+                        EventType::Deleted => self.remove(&event.object.key()).await,
+                        EventType::Added | EventType::Modified => self.route(event.object).await,
+                    },
+                    Some(Err(error)) => {
+                        tracing::debug!(error = %crate::chain(&error), "watch broke; listing again");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The node's own object: what it offers (capacity, runtimes, kernel
+//! features) and its heartbeat.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use chrono::Utc;
+use corral_api::kinds::{NodeCapacity, NodePhase, NodeStatus, RuntimeClass};
+use corral_api::workflow::StepActionKind;
+
+use crate::steps::{instance_for, is_running, node_steps, request};
+use corral_api::quantity::{Cpu, Memory};
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::{Client, ClientError};
+
+/// Pods a node accepts at most, whatever its memory says.
+pub const MAX_PODS: u32 = 110;
+
+/// What this machine offers, read from the host.
+pub fn detect_status(address: Option<String>) -> NodeStatus {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024);
+    let mut runtimes = Vec::new();
+    if find_binary("runc").is_some() {
+        runtimes.push(RuntimeClass::Runc);
+    }
+    if find_binary("runsc").is_some() {
+        runtimes.push(RuntimeClass::Gvisor);
+    }
+    let mut features = BTreeMap::new();
+    features.insert(
+        "kvm".to_string(),
+        if Path::new("/dev/kvm").exists() {
+            "present (unprobed)".to_string()
+        } else {
+            "absent".to_string()
+        },
+    );
+    features.insert(
+        "apparmor".to_string(),
+        if Path::new("/sys/module/apparmor").exists() {
+            "available".to_string()
+        } else {
+            "unavailable: the kernel has no AppArmor".to_string()
+        },
+    );
+    NodeStatus {
+        phase: NodePhase::Ready,
+        address,
+        capacity: NodeCapacity {
+            cpu: Cpu {
+                millis: cpus * 1000,
+            },
+            memory: Memory { bytes: memory },
+            pods: MAX_PODS,
+        },
+        runtimes,
+        features,
+        heartbeat: Some(Utc::now()),
+        ..NodeStatus::default()
+    }
+}
+
+/// The first executable called `name` on `PATH`.
+pub fn find_binary(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Creates the Node object if needed and writes its status.
+pub async fn register(
+    client: &Client,
+    name: &str,
+    status: &NodeStatus,
+) -> Result<Object, ClientError> {
+    let key = ObjectKey::new(Kind::Node, None, name);
+    let mut node = match client.get(&key).await {
+        Ok(node) => node,
+        Err(error) if error.status() == Some(404) => {
+            let node = Object::new(Kind::Node, None, name, serde_json::json!({}));
+            client.create(&node, Some("node registered")).await?
+        }
+        Err(error) => return Err(error),
+    };
+    heartbeat(client, &mut node, status).await?;
+    Ok(node)
+}
+
+/// Writes the node's status with a fresh heartbeat time. Only the fields
+/// the node owns are touched; the rest of the stored status (the prefix
+/// IPAM chose, the phase node-lifecycle decides, the workflow) is kept as
+/// stored.
+pub async fn heartbeat(
+    client: &Client,
+    node: &mut Object,
+    status: &NodeStatus,
+) -> Result<(), ClientError> {
+    let mut current = client.get(&node.key()).await?;
+    let ours = serde_json::to_value(status).unwrap_or_default();
+    let mut merged = current.status.as_object().cloned().unwrap_or_default();
+    for field in ["address", "capacity", "runtimes", "features"] {
+        match ours.get(field) {
+            Some(value) if !value.is_null() => merged.insert(field.to_string(), value.clone()),
+            _ => merged.remove(field),
+        };
+    }
+    merged.insert(
+        "heartbeat".to_string(),
+        serde_json::to_value(Utc::now()).unwrap_or_default(),
+    );
+    current.status = serde_json::Value::Object(merged);
+    *node = client.put_status(&current).await?;
+    Ok(())
+}
+
+/// Executes the node-owned steps of the node's join workflow that are ready.
+pub async fn run_join_steps(client: &Client, node: &Object) {
+    let Some(instance) = instance_for(node, node.metadata.revision) else {
+        return;
+    };
+    if !is_running(&instance) {
+        return;
+    }
+    let key = node.key();
+    for step in node_steps(&instance, "ready") {
+        if client
+            .step_action(&key, &request(StepActionKind::Claim, &step, &instance.id))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let outcome = join_step(&step, node);
+        let mut report = match &outcome {
+            Ok(_) => request(StepActionKind::Complete, &step, &instance.id),
+            Err(_) => request(StepActionKind::Fail, &step, &instance.id),
+        };
+        match outcome {
+            Ok(note) => report.note = Some(note),
+            Err(error) => report.error = Some(error),
+        }
+        if let Err(error) = client.step_action(&key, &report).await {
+            tracing::warn!(%step, error = %crate::chain(&error), "cannot report a join step");
+        }
+    }
+}
+
+fn join_step(step: &str, node: &Object) -> Result<String, String> {
+    let status: NodeStatus = node.typed_status().unwrap_or_default();
+    match step {
+        "node/register" => Ok(format!(
+            "{} cpu, {} memory, runtimes {:?}",
+            status.capacity.cpu, status.capacity.memory, status.runtimes
+        )),
+        "node/configure-routes" => Ok(format!(
+            "node prefix {}; routes to other nodes come with multi-node networking",
+            status.prefix.as_deref().unwrap_or("?")
+        )),
+        "node/configure-egress" => {
+            Ok("not configured: IPv4 egress comes with multi-node networking".to_string())
+        }
+        "node/check-runtime" => {
+            // The agent reaps orphans; hold the lock so our own child is not taken.
+            let _spawning = corral_runtime::oci::reap::spawn_lock();
+            let output = std::process::Command::new("runc")
+                .arg("--version")
+                .output()
+                .map_err(|error| format!("cannot run runc: {error}"))?;
+            let version = String::from_utf8_lossy(&output.stdout);
+            let first = version.lines().next().unwrap_or("runc").to_string();
+            if output.status.success() {
+                Ok(first)
+            } else {
+                Err(format!(
+                    "runc --version failed: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ))
+            }
+        }
+        other => Err(format!("this node does not know step {other}")),
+    }
+}

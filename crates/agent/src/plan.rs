@@ -1,0 +1,221 @@
+//! Pure decisions: which containers a new revision restarts, when an exited
+//! container starts again, and what phase a pod is in. No I/O, no clock.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use corral_api::kinds::{Container, PodPhase, PodSpec, RestartPolicy};
+use sha2::{Digest, Sha256};
+
+use crate::state::ContainerRecord;
+
+/// A hash of everything a container is started from: its own spec and the
+/// pod-level settings that shape it (runtime, security, volumes). Equal
+/// hashes mean an update can leave the container running.
+pub fn config_hash(spec: &PodSpec, container: &Container) -> String {
+    let mut hasher = Sha256::new();
+    let inputs = serde_json::json!({
+        "container": container,
+        "runtime": spec.runtime,
+        "security": spec.security,
+        "volumes": spec.volumes,
+    });
+    hasher.update(inputs.to_string().as_bytes());
+    hex::encode(&hasher.finalize()[..8])
+}
+
+/// How a new revision changes a running pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RevisionPlan {
+    /// Same config: keep running untouched.
+    pub unchanged: Vec<String>,
+    /// Config changed: stop (SIGTERM, grace, SIGKILL) and start again.
+    pub changed: Vec<String>,
+    /// New in this revision: start.
+    pub added: Vec<String>,
+    /// Gone from this revision: stop.
+    pub removed: Vec<String>,
+}
+
+impl RevisionPlan {
+    /// Containers to stop before the new ones start.
+    pub fn to_stop(&self) -> impl Iterator<Item = &String> {
+        self.changed.iter().chain(&self.removed)
+    }
+
+    /// Containers to start after the stops.
+    pub fn to_start(&self) -> impl Iterator<Item = &String> {
+        self.changed.iter().chain(&self.added)
+    }
+}
+
+/// Compares a revision's containers with what runs.
+pub fn plan_revision(spec: &PodSpec, current: &BTreeMap<String, ContainerRecord>) -> RevisionPlan {
+    let mut plan = RevisionPlan::default();
+    for container in &spec.containers {
+        match current.get(&container.name) {
+            Some(record) if record.config_hash == config_hash(spec, container) => {
+                plan.unchanged.push(container.name.clone());
+            }
+            Some(_) => plan.changed.push(container.name.clone()),
+            None => plan.added.push(container.name.clone()),
+        }
+    }
+    for name in current.keys() {
+        if !spec.containers.iter().any(|c| c.name == *name) {
+            plan.removed.push(name.clone());
+        }
+    }
+    plan
+}
+
+/// The first restart waits this long; each further one twice as long.
+pub const INITIAL_BACKOFF_SECONDS: i64 = 1;
+/// Restarts never wait longer than this.
+pub const MAX_BACKOFF_SECONDS: i64 = 60;
+
+/// When an exited container should start again, or `None` if the policy
+/// says it stays down.
+pub fn restart_at(
+    policy: RestartPolicy,
+    exit_code: Option<i32>,
+    restarts: u32,
+    exited_at: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let restart = match policy {
+        RestartPolicy::Always => true,
+        RestartPolicy::OnFailure => exit_code != Some(0),
+        RestartPolicy::Never => false,
+    };
+    restart.then(|| {
+        let exponent = restarts.min(16);
+        let wait = (INITIAL_BACKOFF_SECONDS << exponent).min(MAX_BACKOFF_SECONDS);
+        exited_at + Duration::seconds(wait)
+    })
+}
+
+/// The pod's phase from its containers' records.
+pub fn pod_phase(spec: &PodSpec, records: &BTreeMap<String, ContainerRecord>) -> PodPhase {
+    let all: Vec<Option<&ContainerRecord>> = spec
+        .containers
+        .iter()
+        .map(|c| records.get(&c.name))
+        .collect();
+    if all.iter().any(Option::is_none) {
+        return PodPhase::Pending;
+    }
+    let records: Vec<&ContainerRecord> = all.into_iter().flatten().collect();
+    if records.iter().all(|r| r.running && r.pid.is_some()) {
+        return PodPhase::Running;
+    }
+    let finished = records.iter().all(|r| !r.running);
+    if finished {
+        if records.iter().all(|r| r.exit_code == Some(0)) {
+            return PodPhase::Succeeded;
+        }
+        return PodPhase::Failed;
+    }
+    if records.iter().any(|r| r.pid.is_some()) {
+        PodPhase::Running
+    } else {
+        PodPhase::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(containers: serde_json::Value) -> PodSpec {
+        serde_json::from_value(json!({ "containers": containers })).unwrap()
+    }
+
+    fn record(spec: &PodSpec, name: &str) -> ContainerRecord {
+        let container = spec.containers.iter().find(|c| c.name == name).unwrap();
+        ContainerRecord {
+            runtime_id: format!("{name}-1"),
+            config_hash: config_hash(spec, container),
+            generation: 1,
+            started_at: None,
+            restarts: 0,
+            exit_code: None,
+            pid: Some(1),
+            running: true,
+            ready: false,
+            restart_after: None,
+        }
+    }
+
+    #[test]
+    fn only_changed_containers_restart() {
+        let old = spec(json!([
+            {"name": "web", "image": "busybox", "env": {"A": "1"}},
+            {"name": "side", "image": "busybox"},
+            {"name": "gone", "image": "busybox"}
+        ]));
+        let current: BTreeMap<String, ContainerRecord> = ["web", "side", "gone"]
+            .iter()
+            .map(|n| (n.to_string(), record(&old, n)))
+            .collect();
+        let new = spec(json!([
+            {"name": "web", "image": "busybox", "env": {"A": "2"}},
+            {"name": "side", "image": "busybox"},
+            {"name": "extra", "image": "busybox"}
+        ]));
+        let plan = plan_revision(&new, &current);
+        assert_eq!(plan.unchanged, vec!["side"]);
+        assert_eq!(plan.changed, vec!["web"]);
+        assert_eq!(plan.added, vec!["extra"]);
+        assert_eq!(plan.removed, vec!["gone"]);
+        assert_eq!(plan.to_stop().collect::<Vec<_>>(), vec!["web", "gone"]);
+        assert_eq!(plan.to_start().collect::<Vec<_>>(), vec!["web", "extra"]);
+    }
+
+    #[test]
+    fn pod_level_changes_restart_every_container() {
+        let old = spec(json!([{"name": "web", "image": "busybox"}]));
+        let current = BTreeMap::from([("web".to_string(), record(&old, "web"))]);
+        let mut new = old.clone();
+        new.runtime = Some(corral_api::kinds::RuntimeClass::Gvisor);
+        assert_eq!(plan_revision(&new, &current).changed, vec!["web"]);
+    }
+
+    #[test]
+    fn restart_policy_and_backoff() {
+        let t = Utc::now();
+        assert_eq!(
+            restart_at(RestartPolicy::Always, Some(0), 0, t),
+            Some(t + Duration::seconds(1))
+        );
+        assert_eq!(
+            restart_at(RestartPolicy::Always, Some(1), 3, t),
+            Some(t + Duration::seconds(8))
+        );
+        assert_eq!(
+            restart_at(RestartPolicy::Always, None, 30, t),
+            Some(t + Duration::seconds(60))
+        );
+        assert_eq!(restart_at(RestartPolicy::OnFailure, Some(0), 0, t), None);
+        assert!(restart_at(RestartPolicy::OnFailure, Some(2), 0, t).is_some());
+        assert!(restart_at(RestartPolicy::OnFailure, None, 0, t).is_some());
+        assert_eq!(restart_at(RestartPolicy::Never, Some(1), 0, t), None);
+    }
+
+    #[test]
+    fn phases() {
+        let s = spec(json!([{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]));
+        let mut records = BTreeMap::from([("a".to_string(), record(&s, "a"))]);
+        assert_eq!(pod_phase(&s, &records), PodPhase::Pending);
+        records.insert("b".into(), record(&s, "b"));
+        assert_eq!(pod_phase(&s, &records), PodPhase::Running);
+        for r in records.values_mut() {
+            r.running = false;
+            r.pid = None;
+            r.exit_code = Some(0);
+        }
+        assert_eq!(pod_phase(&s, &records), PodPhase::Succeeded);
+        records.get_mut("b").unwrap().exit_code = Some(3);
+        assert_eq!(pod_phase(&s, &records), PodPhase::Failed);
+    }
+}

@@ -1,0 +1,213 @@
+//! The agent's local state: everything it needs to run its pods with the
+//! control plane gone, even across its own restart. One JSON file per pod
+//! under `DATA/agent/pods/`, written atomically (temporary file, fsync,
+//! rename, fsync of the directory).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use corral_api::{Object, ObjectKey};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot {action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("local state file {path} is corrupt")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What the agent remembers of one pod.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRecord {
+    /// The pod as last seen; its spec is the one the node runs once
+    /// `admitted_revision` equals its revision.
+    pub pod: Object,
+    /// The spec revision this node runs; 0 before the first start.
+    #[serde(default)]
+    pub admitted_revision: u64,
+    /// The container images of the last few revisions (newest last): image
+    /// retention keeps them so a rollback starts without a registry.
+    #[serde(default)]
+    pub recent_images: Vec<Vec<String>>,
+    #[serde(default)]
+    pub containers: BTreeMap<String, ContainerRecord>,
+    /// The last generation started per container name, kept when a
+    /// container is stopped so its next runtime id is new.
+    #[serde(default)]
+    pub generations: BTreeMap<String, u64>,
+    /// The pod's network namespace, once created.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
+}
+
+/// One container of a pod as the agent last ran it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerRecord {
+    /// The runtime's container id; changes on every (re)start.
+    pub runtime_id: String,
+    /// Hash of everything the container was started from; a different hash
+    /// in a new revision means the container must restart.
+    pub config_hash: String,
+    /// Incremented on every start, part of the runtime id.
+    pub generation: u64,
+    pub started_at: Option<DateTime<Utc>>,
+    /// Restarts after exits (not counting restarts for a new revision).
+    pub restarts: u32,
+    pub exit_code: Option<i32>,
+    /// The init process's pid while running.
+    pub pid: Option<u32>,
+    /// Whether the container is meant to run (false once it exited for good).
+    pub running: bool,
+    #[serde(default)]
+    pub ready: bool,
+    /// When the container may be started again after an exit (backoff).
+    #[serde(default)]
+    pub restart_after: Option<DateTime<Utc>>,
+}
+
+/// The directory of pod records.
+#[derive(Debug, Clone)]
+pub struct LocalState {
+    dir: PathBuf,
+}
+
+fn file_name(key: &ObjectKey) -> String {
+    format!("{}_{}.json", key.namespace, key.name)
+}
+
+impl LocalState {
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| StateError::Io {
+            action: "create",
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(LocalState { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every pod record, sorted by key.
+    pub fn load_all(&self) -> Result<Vec<PodRecord>, StateError> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| StateError::Io {
+            action: "list",
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let text = fs::read_to_string(&path).map_err(|source| StateError::Io {
+                action: "read",
+                path: path.clone(),
+                source,
+            })?;
+            let record: PodRecord = serde_json::from_str(&text)
+                .map_err(|source| StateError::Corrupt { path, source })?;
+            records.push(record);
+        }
+        records.sort_by_key(|r| r.pod.key());
+        Ok(records)
+    }
+
+    /// Writes a record durably before returning.
+    pub fn save(&self, record: &PodRecord) -> Result<(), StateError> {
+        let path = self.dir.join(file_name(&record.pod.key()));
+        let temporary = path.with_extension("tmp");
+        let io = |action, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StateError::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let text = serde_json::to_vec_pretty(record).unwrap_or_default();
+        let mut file = fs::File::create(&temporary).map_err(io("create", &temporary))?;
+        file.write_all(&text).map_err(io("write", &temporary))?;
+        file.sync_all().map_err(io("fsync", &temporary))?;
+        fs::rename(&temporary, &path).map_err(io("rename", &path))?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("fsync", &self.dir))
+    }
+
+    pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
+        let path = self.dir.join(file_name(key));
+        match fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(StateError::Io {
+                action: "remove",
+                path,
+                source: error,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = LocalState::open(dir.path()).unwrap();
+        let pod = Object::new(
+            corral_api::Kind::Pod,
+            Some("a"),
+            "web",
+            serde_json::json!({}),
+        );
+        let mut record = PodRecord {
+            pod,
+            admitted_revision: 1,
+            recent_images: vec![vec!["busybox".into()]],
+            containers: BTreeMap::new(),
+            generations: BTreeMap::new(),
+            netns: None,
+        };
+        record.containers.insert(
+            "web".into(),
+            ContainerRecord {
+                runtime_id: "x-web-1".into(),
+                config_hash: "h".into(),
+                generation: 1,
+                started_at: None,
+                restarts: 2,
+                exit_code: Some(1),
+                pid: None,
+                running: true,
+                ready: false,
+                restart_after: None,
+            },
+        );
+        state.save(&record).unwrap();
+        let reopened = LocalState::open(dir.path()).unwrap();
+        assert_eq!(reopened.load_all().unwrap(), vec![record.clone()]);
+        reopened.remove(&record.pod.key()).unwrap();
+        reopened.remove(&record.pod.key()).unwrap();
+        assert!(reopened.load_all().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,559 @@
+//! One task per pod: admits new revisions through the pod's workflow steps,
+//! keeps its containers running per the restart policy, and reports status.
+//! It works from its local record, so it keeps going with the API down.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use corral_api::kinds::{ContainerState, ContainerStatus, PodSpec, PodStatus};
+use corral_api::{Object, ObjectKey};
+use corral_runtime::oci::reap;
+use tokio::sync::mpsc;
+
+use crate::containers::ContainerError;
+use crate::plan::{RevisionPlan, plan_revision, pod_phase, restart_at};
+use crate::state::PodRecord;
+use corral_api::workflow::{StepActionKind, WorkflowInstance};
+
+use crate::AgentContext;
+use crate::steps::{instance_for, is_running, node_steps, request};
+
+/// How often a worker looks at its containers without being told to.
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// What the manager tells a worker.
+#[derive(Debug)]
+pub enum PodMessage {
+    /// The pod as the API now has it (bound to this node).
+    Desired(Box<Object>),
+    /// The pod is gone from the API, or bound elsewhere: stop everything.
+    Remove,
+}
+
+/// The state of one pod on this node.
+#[derive(Debug)]
+pub struct PodWorker {
+    ctx: Arc<AgentContext>,
+    record: PodRecord,
+    desired: Object,
+    /// The status last reported, to write only on change.
+    reported: Option<serde_json::Value>,
+}
+
+fn typed_spec(object: &Object) -> Option<PodSpec> {
+    object.typed_spec().ok()
+}
+
+impl PodWorker {
+    pub fn new(ctx: Arc<AgentContext>, record: PodRecord) -> Self {
+        let desired = record.pod.clone();
+        PodWorker {
+            ctx,
+            record,
+            desired,
+            reported: None,
+        }
+    }
+
+    fn key(&self) -> ObjectKey {
+        self.record.pod.key()
+    }
+
+    fn uid(&self) -> String {
+        self.record.pod.metadata.uid.clone()
+    }
+
+    /// Runs until the pod is removed or the channel closes (agent shutdown,
+    /// which leaves containers running).
+    pub async fn run(mut self, mut messages: mpsc::Receiver<PodMessage>) {
+        loop {
+            self.reconcile().await;
+            let message = tokio::select! {
+                message = messages.recv() => message,
+                () = tokio::time::sleep(TICK) => continue,
+            };
+            match message {
+                Some(PodMessage::Desired(object)) => self.desired = *object,
+                Some(PodMessage::Remove) => {
+                    self.remove().await;
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    async fn reconcile(&mut self) {
+        self.admit().await;
+        self.supervise().await;
+        self.report().await;
+    }
+
+    fn save(&self) {
+        if let Err(error) = self.ctx.state.save(&self.record) {
+            tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot save local pod state");
+        }
+    }
+
+    /// Moves the pod towards the desired revision, one ready workflow step
+    /// at a time, following the instance the API returns after each
+    /// transition so no step is executed twice.
+    async fn admit(&mut self) {
+        let desired_revision = self.desired.metadata.revision;
+        let Some(mut instance) = instance_for(&self.desired, desired_revision) else {
+            if desired_revision > self.record.admitted_revision {
+                // No workflow for this revision (none was recorded): admit directly.
+                let _ = self.run_step("node/start-containers").await;
+            }
+            return;
+        };
+        let mut attempted = std::collections::BTreeSet::new();
+        while is_running(&instance) {
+            let running = node_steps(&instance, "running");
+            let Some(step) = running
+                .iter()
+                .chain(node_steps(&instance, "ready").iter())
+                .find(|step| !attempted.contains(*step))
+                .cloned()
+            else {
+                return;
+            };
+            attempted.insert(step.clone());
+            if !running.contains(&step) {
+                let claim = request(StepActionKind::Claim, &step, &instance.id);
+                match self.ctx.steps.act(&self.key(), &claim).await {
+                    Ok(fresh) => instance = self.remember(fresh),
+                    Err(error) => {
+                        // Our view is stale (or the API is away): wait for the next update.
+                        tracing::debug!(pod = %self.key(), %step, %error, "claim refused");
+                        return;
+                    }
+                }
+            }
+            let action = match self.run_step(&step).await {
+                StepOutcome::Done(note) => {
+                    let mut done = request(StepActionKind::Complete, &step, &instance.id);
+                    done.note = note;
+                    done
+                }
+                StepOutcome::Failed(error) => {
+                    let mut failed = request(StepActionKind::Fail, &step, &instance.id);
+                    failed.error = Some(error);
+                    failed
+                }
+                StepOutcome::NotYet => continue,
+            };
+            match self.ctx.steps.act(&self.key(), &action).await {
+                Ok(fresh) => instance = self.remember(fresh),
+                Err(error) => {
+                    tracing::debug!(pod = %self.key(), %step, %error, "cannot report step");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Puts an instance the API returned into the local copy of the pod, so
+    /// the next round does not act on an older view of it.
+    fn remember(&mut self, fresh: WorkflowInstance) -> WorkflowInstance {
+        if let Some(instances) = self
+            .desired
+            .status
+            .pointer_mut("/workflow/instances")
+            .and_then(|v| v.as_array_mut())
+        {
+            for slot in instances.iter_mut() {
+                if slot.get("id").and_then(|id| id.as_str()) == Some(fresh.id.as_str()) {
+                    *slot = serde_json::to_value(&fresh).unwrap_or_default();
+                }
+            }
+        }
+        fresh
+    }
+
+    /// Executes one node step for the desired revision.
+    async fn run_step(&mut self, step: &str) -> StepOutcome {
+        let Some(spec) = typed_spec(&self.desired) else {
+            return StepOutcome::Failed("the pod's spec does not decode".into());
+        };
+        match step {
+            "node/create-sandbox" => match self.ensure_sandbox().await {
+                Ok(path) => StepOutcome::Done(Some(path)),
+                Err(error) => StepOutcome::Failed(error),
+            },
+            "node/pull-image" => {
+                let runner = self.ctx.runner.clone();
+                let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
+                let pulled = tokio::task::spawn_blocking(move || {
+                    images
+                        .iter()
+                        .map(|image| runner.ensure_image(image).map(|_| ()))
+                        .collect::<Result<Vec<()>, ContainerError>>()
+                })
+                .await;
+                match pulled {
+                    Ok(Ok(_)) => StepOutcome::Done(None),
+                    Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
+                    Err(error) => StepOutcome::Failed(error.to_string()),
+                }
+            }
+            "node/prepare-volumes" => StepOutcome::Done(None),
+            "node/start-containers"
+            | "node/start-changed-containers"
+            | "node/stop-changed-containers" => {
+                if let Err(error) = self.ensure_sandbox().await {
+                    return StepOutcome::Failed(error);
+                }
+                let plan = plan_revision(&spec, &self.record.containers);
+                let stop_only = step == "node/stop-changed-containers";
+                match self.apply_revision(&spec, &plan, stop_only).await {
+                    Ok(()) => StepOutcome::Done(None),
+                    Err(error) => StepOutcome::Failed(error),
+                }
+            }
+            "node/await-readiness" => {
+                if self.record.admitted_revision != self.desired.metadata.revision {
+                    return StepOutcome::NotYet;
+                }
+                let all_ready = spec.containers.iter().all(|c| {
+                    self.record.containers.get(&c.name).is_some_and(|r| {
+                        r.running && r.pid.is_some() && (r.ready || c.readiness.is_none())
+                    })
+                });
+                if all_ready {
+                    StepOutcome::Done(None)
+                } else {
+                    StepOutcome::NotYet
+                }
+            }
+            other => StepOutcome::Failed(format!("this node does not know step {other}")),
+        }
+    }
+
+    async fn ensure_sandbox(&mut self) -> Result<String, String> {
+        if let Some(path) = &self.record.netns
+            && path.exists()
+        {
+            return Ok(path.display().to_string());
+        }
+        let netns = self.ctx.netns.clone();
+        let name = format!("pod-{}", short(&self.uid()));
+        let path = tokio::task::spawn_blocking(move || netns.create(&name))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| crate::chain(&e))?;
+        self.record.netns = Some(path.clone());
+        self.save();
+        Ok(path.display().to_string())
+    }
+
+    /// Stops what the plan stops and (unless `stop_only`) starts what it
+    /// starts; then the desired revision is the admitted one.
+    async fn apply_revision(
+        &mut self,
+        spec: &PodSpec,
+        plan: &RevisionPlan,
+        stop_only: bool,
+    ) -> Result<(), String> {
+        let grace = Duration::from_secs(u64::from(spec.termination_grace_seconds.unwrap_or(10)));
+        let old_spec = typed_spec(&self.record.pod).unwrap_or_else(|| spec.clone());
+        for name in plan.to_stop() {
+            if let Some(record) = self.record.containers.remove(name) {
+                let runner = self.ctx.runner.clone();
+                let uid = self.uid();
+                let old_spec = old_spec.clone();
+                tokio::task::spawn_blocking(move || runner.stop(&uid, &old_spec, &record, grace))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| crate::chain(&e))?;
+            }
+        }
+        self.save();
+        if stop_only {
+            return Ok(());
+        }
+        let netns = self.record.netns.clone().ok_or("the pod has no sandbox")?;
+        for name in plan.to_start() {
+            let Some(container) = spec.containers.iter().find(|c| c.name == *name).cloned() else {
+                continue;
+            };
+            let generation = self.next_generation(name);
+            let runner = self.ctx.runner.clone();
+            let (uid, pod_name, spec2, netns2) = (
+                self.uid(),
+                self.desired.metadata.name.clone(),
+                spec.clone(),
+                netns.clone(),
+            );
+            let started = tokio::task::spawn_blocking(move || {
+                runner.start(&uid, &pod_name, &spec2, &container, &netns2, generation)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| crate::chain(&e))?;
+            self.record.containers.insert(name.clone(), started);
+            self.save();
+        }
+        self.admit_desired(spec);
+        Ok(())
+    }
+
+    /// The next generation of a container, recorded as taken.
+    fn next_generation(&mut self, name: &str) -> u64 {
+        let current = self
+            .record
+            .containers
+            .get(name)
+            .map_or(0, |r| r.generation)
+            .max(self.record.generations.get(name).copied().unwrap_or(0));
+        self.record
+            .generations
+            .insert(name.to_string(), current + 1);
+        current + 1
+    }
+
+    /// Records the desired revision as the one this node runs.
+    fn admit_desired(&mut self, spec: &PodSpec) {
+        let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
+        if self.record.recent_images.last() != Some(&images) {
+            self.record.recent_images.push(images);
+        }
+        let keep = self.ctx.image_revisions;
+        let excess = self.record.recent_images.len().saturating_sub(keep);
+        self.record.recent_images.drain(..excess);
+        self.record.pod = self.desired.clone();
+        self.record.admitted_revision = self.desired.metadata.revision;
+        self.save();
+    }
+
+    /// Notices exited containers and restarts them per the restart policy.
+    async fn supervise(&mut self) {
+        let Some(spec) = typed_spec(&self.record.pod) else {
+            return;
+        };
+        let now = Utc::now();
+        let mut changed = false;
+        let names: Vec<String> = self.record.containers.keys().cloned().collect();
+        for name in names {
+            let Some(record) = self.record.containers.get(&name).cloned() else {
+                continue;
+            };
+            if let (true, Some(pid)) = (record.running, record.pid) {
+                let exit_code = match liveness(pid) {
+                    Liveness::Alive => continue,
+                    Liveness::Exited(code) => code,
+                };
+                let restart = restart_at(spec.restart_policy, exit_code, record.restarts, now);
+                tracing::info!(pod = %self.key(), container = %name, ?exit_code, restart = ?restart, "container exited");
+                let entry = self
+                    .record
+                    .containers
+                    .get_mut(&name)
+                    .expect("INVARIANT: name came from the map");
+                entry.pid = None;
+                entry.exit_code = exit_code;
+                entry.ready = false;
+                entry.running = restart.is_some();
+                entry.restart_after = restart;
+                changed = true;
+            } else if record.running && record.restart_after.is_some_and(|at| at <= now) {
+                let Some(container) = spec.containers.iter().find(|c| c.name == name).cloned()
+                else {
+                    continue;
+                };
+                let Some(netns) = self.record.netns.clone() else {
+                    continue;
+                };
+                let runner = self.ctx.runner.clone();
+                let (uid, pod_name, spec2) = (
+                    self.uid(),
+                    self.record.pod.metadata.name.clone(),
+                    spec.clone(),
+                );
+                let generation = self.next_generation(&name);
+                let old = record.clone();
+                let result = tokio::task::spawn_blocking(move || {
+                    let _ = runner.cleanup(&uid, &old);
+                    runner.start(&uid, &pod_name, &spec2, &container, &netns, generation)
+                })
+                .await;
+                let key = self.key();
+                let entry = self
+                    .record
+                    .containers
+                    .get_mut(&name)
+                    .expect("INVARIANT: name came from the map");
+                match result {
+                    Ok(Ok(mut started)) => {
+                        started.restarts = record.restarts + 1;
+                        *entry = started;
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(pod = %key, container = %name, error = %crate::chain(&error), "restart failed");
+                        entry.restarts += 1;
+                        entry.restart_after =
+                            restart_at(spec.restart_policy, None, entry.restarts, now);
+                    }
+                    Err(error) => tracing::error!(%error, "restart task failed"),
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            self.save();
+        }
+    }
+
+    /// The status fields this node owns, from the local record.
+    fn status(&self) -> PodStatus {
+        let spec = typed_spec(&self.record.pod);
+        let containers = spec
+            .as_ref()
+            .map(|spec| {
+                spec.containers
+                    .iter()
+                    .filter_map(|c| self.record.containers.get(&c.name).map(|r| (c, r)))
+                    .map(|(c, r)| ContainerStatus {
+                        name: c.name.clone(),
+                        state: match (r.running, r.pid) {
+                            (true, Some(_)) => ContainerState::Running,
+                            (true, None) => ContainerState::Waiting,
+                            (false, _) => ContainerState::Exited,
+                        },
+                        restarts: r.restarts,
+                        started_at: r.started_at,
+                        container_id: Some(r.runtime_id.clone()),
+                        exit_code: r.exit_code,
+                        ready: r.pid.is_some() && (r.ready || c.readiness.is_none()),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let empty = BTreeMap::new();
+        PodStatus {
+            phase: spec
+                .as_ref()
+                .map_or(corral_api::kinds::PodPhase::Pending, |s| {
+                    pod_phase(
+                        s,
+                        if self.record.containers.is_empty() {
+                            &empty
+                        } else {
+                            &self.record.containers
+                        },
+                    )
+                }),
+            observed_revision: Some(self.record.pod.metadata.revision)
+                .filter(|r| *r > 0 && !self.record.containers.is_empty()),
+            containers,
+            ..PodStatus::default()
+        }
+    }
+
+    /// Writes the node-owned status fields when they changed; on failure
+    /// (API down) tries again next tick.
+    async fn report(&mut self) {
+        let Some(client) = &self.ctx.client else {
+            return;
+        };
+        let status = self.status();
+        let value = serde_json::to_value(&status).unwrap_or_default();
+        if self.reported.as_ref() == Some(&value) {
+            return;
+        }
+        let key = self.key();
+        let result: Result<(), corral_client::ClientError> = async {
+            let mut current = client.get(&key).await?;
+            let mut merged = current.status.as_object().cloned().unwrap_or_default();
+            for field in ["phase", "containers", "observedRevision", "message"] {
+                match value.get(field) {
+                    Some(v) if !v.is_null() => merged.insert(field.to_string(), v.clone()),
+                    _ => merged.remove(field),
+                };
+            }
+            current.status = serde_json::Value::Object(merged);
+            client.put_status(&current).await?;
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => self.reported = Some(value),
+            Err(error) => {
+                tracing::debug!(pod = %key, error = %crate::chain(&error), "status not reported; will retry")
+            }
+        }
+    }
+
+    /// Stops every container, removes the sandbox and forgets the pod.
+    async fn remove(&mut self) {
+        let spec = typed_spec(&self.record.pod);
+        let grace = Duration::from_secs(u64::from(
+            spec.as_ref()
+                .and_then(|s| s.termination_grace_seconds)
+                .unwrap_or(10),
+        ));
+        if let Some(spec) = spec {
+            for record in std::mem::take(&mut self.record.containers).into_values() {
+                let runner = self.ctx.runner.clone();
+                let (uid, spec) = (self.uid(), spec.clone());
+                let _ =
+                    tokio::task::spawn_blocking(move || runner.stop(&uid, &spec, &record, grace))
+                        .await;
+            }
+        }
+        let netns = self.ctx.netns.clone();
+        let name = format!("pod-{}", short(&self.uid()));
+        let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;
+        let _ = std::fs::remove_dir_all(crate::containers::pod_dir(
+            &self.ctx.runner.pods_dir,
+            &self.uid(),
+        ));
+        if let Err(error) = self.ctx.state.remove(&self.key()) {
+            tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot forget the pod");
+        }
+        tracing::info!(pod = %self.key(), "pod removed from this node");
+    }
+}
+
+enum Liveness {
+    Alive,
+    /// Gone; the exit code when this process could collect it.
+    Exited(Option<i32>),
+}
+
+/// Whether a container's init process still runs. Its own children (the
+/// agent is their subreaper) are waited for, which yields the exit code;
+/// processes adopted after an agent restart are looked up in `/proc`.
+fn liveness(pid: u32) -> Liveness {
+    match reap::try_wait(pid) {
+        Ok(None) => Liveness::Alive,
+        Ok(Some(status)) => Liveness::Exited(Some(status.code())),
+        Err(_) => {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state is the field after the parenthesised command name.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next());
+            match state {
+                Some("Z") | Some("X") | None => Liveness::Exited(None),
+                Some(_) => Liveness::Alive,
+            }
+        }
+    }
+}
+
+enum StepOutcome {
+    Done(Option<String>),
+    Failed(String),
+    NotYet,
+}
+
+fn short(uid: &str) -> String {
+    uid.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect()
+}
