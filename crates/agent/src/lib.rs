@@ -12,9 +12,13 @@
 //! placement or addresses: those come from the API.
 
 pub mod containers;
+pub mod exec;
+pub mod logs;
 pub mod manager;
 pub mod node;
 pub mod plan;
+pub mod probes;
+pub mod serve;
 pub mod state;
 pub mod steps;
 pub mod worker;
@@ -63,6 +67,9 @@ pub struct AgentConfig {
     pub address: Option<String>,
     pub image_revisions: usize,
     pub heartbeat: Duration,
+    /// The logs and exec endpoint the API server proxies to; `None`
+    /// serves none (`corral logs` and `exec` then fail for this node).
+    pub endpoint: Option<serve::EndpointConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +80,12 @@ pub enum AgentError {
     Image(#[from] corral_runtime::image::ImageError),
     #[error("cannot become the reaper of container processes")]
     Reap(#[from] reap::ReapError),
+    #[error("cannot listen for logs and exec on {listen}")]
+    Endpoint {
+        listen: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The error and its sources, joined with `: `.
@@ -132,9 +145,34 @@ pub async fn run(
     let ctx = Arc::new(ctx);
     let mut manager = manager::Manager::new(ctx.clone());
     let restored = manager.restore()?;
-    tracing::info!(node = %ctx.node, restored, "agent started");
+    let endpoint = match &config.endpoint {
+        Some(endpoint) => Some(
+            serve::start(
+                endpoint,
+                config.address.as_deref(),
+                ctx.clone(),
+                shutdown.clone(),
+            )
+            .await
+            .map_err(|source| AgentError::Endpoint {
+                listen: endpoint.listen.clone(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    tokio::spawn(logs::rotate_loop(
+        ctx.runner.pods_dir.clone(),
+        shutdown.clone(),
+    ));
+    tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
-        tokio::spawn(heartbeat_loop(client, config.clone(), shutdown.clone()));
+        tokio::spawn(heartbeat_loop(
+            client,
+            config.clone(),
+            endpoint,
+            shutdown.clone(),
+        ));
     }
     manager.run(shutdown).await;
     Ok(())
@@ -143,12 +181,18 @@ pub async fn run(
 /// How often the heartbeat loop looks for ready join steps.
 const JOIN_TICK: Duration = Duration::from_millis(500);
 
-async fn heartbeat_loop(client: Client, config: AgentConfig, shutdown: CancellationToken) {
+async fn heartbeat_loop(
+    client: Client,
+    config: AgentConfig,
+    endpoint: Option<String>,
+    shutdown: CancellationToken,
+) {
     let mut node = None;
     let mut last_beat: Option<std::time::Instant> = None;
     while !shutdown.is_cancelled() {
         if last_beat.is_none_or(|at| at.elapsed() >= config.heartbeat) {
-            let status = node::detect_status(config.address.clone());
+            let mut status = node::detect_status(config.address.clone());
+            status.agent_endpoint = endpoint.clone();
             let result = match &mut node {
                 None => node::register(&client, &config.node, &status)
                     .await

@@ -108,7 +108,13 @@ pub async fn heartbeat(
     let mut current = client.get(&node.key()).await?;
     let ours = serde_json::to_value(status).unwrap_or_default();
     let mut merged = current.status.as_object().cloned().unwrap_or_default();
-    for field in ["address", "capacity", "runtimes", "features"] {
+    for field in [
+        "address",
+        "capacity",
+        "runtimes",
+        "features",
+        "agentEndpoint",
+    ] {
         match ours.get(field) {
             Some(value) if !value.is_null() => merged.insert(field.to_string(), value.clone()),
             _ => merged.remove(field),

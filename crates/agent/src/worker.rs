@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use corral_api::kinds::{ContainerState, ContainerStatus, PodSpec, PodStatus};
@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::containers::ContainerError;
 use crate::plan::{RevisionPlan, plan_revision, pod_phase, restart_at};
+use crate::probes;
 use crate::state::PodRecord;
 use corral_api::workflow::{StepActionKind, WorkflowInstance};
 
@@ -40,6 +41,19 @@ pub struct PodWorker {
     desired: Object,
     /// The status last reported, to write only on change.
     reported: Option<serde_json::Value>,
+    /// Probe bookkeeping per container (not persisted: probes start over).
+    probes: BTreeMap<String, ProbeState>,
+    /// When `node/await-readiness` began waiting for a revision.
+    readiness_wait: Option<(u64, Instant)>,
+}
+
+/// Where one container's probes stand.
+#[derive(Debug, Default)]
+struct ProbeState {
+    next_at: Option<Instant>,
+    readiness_failures: u32,
+    liveness_failures: u32,
+    last_error: Option<String>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -54,6 +68,8 @@ impl PodWorker {
             record,
             desired,
             reported: None,
+            probes: BTreeMap::new(),
+            readiness_wait: None,
         }
     }
 
@@ -88,7 +104,113 @@ impl PodWorker {
     async fn reconcile(&mut self) {
         self.admit().await;
         self.supervise().await;
+        self.probe().await;
         self.report().await;
+    }
+
+    /// Runs the readiness and liveness probes that are due.
+    async fn probe(&mut self) {
+        let Some(spec) = typed_spec(&self.record.pod) else {
+            return;
+        };
+        let Some(netns) = self.record.netns.clone() else {
+            return;
+        };
+        let Ok(runtime) = self.ctx.runner.runtimes.for_class(spec.runtime).cloned() else {
+            return;
+        };
+        let mut changed = false;
+        for container in &spec.containers {
+            if container.readiness.is_none() && container.liveness.is_none() {
+                continue;
+            }
+            let Some(record) = self.record.containers.get(&container.name).cloned() else {
+                continue;
+            };
+            if !(record.running && record.pid.is_some()) {
+                self.probes.remove(&container.name);
+                continue;
+            }
+            let state = self.probes.entry(container.name.clone()).or_default();
+            let now = Instant::now();
+            let first_delay = container
+                .readiness
+                .iter()
+                .chain(container.liveness.iter())
+                .filter_map(|p| p.initial_delay_seconds)
+                .min()
+                .unwrap_or(0);
+            let due = *state
+                .next_at
+                .get_or_insert(now + Duration::from_secs(u64::from(first_delay)));
+            if now < due {
+                continue;
+            }
+            let period = container
+                .readiness
+                .iter()
+                .chain(container.liveness.iter())
+                .filter_map(|p| p.period_seconds)
+                .min()
+                .unwrap_or(probes::DEFAULT_PERIOD_SECONDS);
+            state.next_at = Some(now + Duration::from_secs(u64::from(period.max(1))));
+            for (kind, probe) in [
+                ("readiness", &container.readiness),
+                ("liveness", &container.liveness),
+            ] {
+                let Some(probe) = probe.clone() else {
+                    continue;
+                };
+                let (probe_runtime, id, netns) =
+                    (runtime.clone(), record.runtime_id.clone(), netns.clone());
+                let result = tokio::task::spawn_blocking(move || {
+                    probes::run(&probe, probe_runtime.as_ref(), &id, &netns)
+                })
+                .await
+                .unwrap_or_else(|error| Err(error.to_string()));
+                let threshold = match kind {
+                    "readiness" => container.readiness.as_ref(),
+                    _ => container.liveness.as_ref(),
+                }
+                .and_then(|p| p.failure_threshold)
+                .unwrap_or(probes::DEFAULT_FAILURE_THRESHOLD);
+                let state = self.probes.entry(container.name.clone()).or_default();
+                let entry = self
+                    .record
+                    .containers
+                    .get_mut(&container.name)
+                    .expect("INVARIANT: checked above");
+                match (kind, result) {
+                    ("readiness", Ok(())) => {
+                        state.readiness_failures = 0;
+                        changed |= !entry.ready;
+                        entry.ready = true;
+                    }
+                    ("readiness", Err(error)) => {
+                        state.readiness_failures += 1;
+                        state.last_error = Some(error);
+                        if state.readiness_failures >= threshold && entry.ready {
+                            entry.ready = false;
+                            changed = true;
+                        }
+                    }
+                    (_, Ok(())) => state.liveness_failures = 0,
+                    (_, Err(error)) => {
+                        state.liveness_failures += 1;
+                        if state.liveness_failures >= threshold {
+                            tracing::info!(pod = %self.record.pod.key(), container = %container.name, %error, "liveness failed; killing the container");
+                            state.liveness_failures = 0;
+                            let _ = runtime
+                                .kill(&entry.runtime_id, corral_runtime::oci::Signal::SIGKILL);
+                        }
+                        state.last_error = Some(error);
+                    }
+                }
+            }
+        }
+        if changed {
+            self.save();
+        }
     }
 
     fn save(&self) {
@@ -214,9 +336,23 @@ impl PodWorker {
                 }
             }
             "node/await-readiness" => {
-                if self.record.admitted_revision != self.desired.metadata.revision {
+                let revision = self.desired.metadata.revision;
+                if self.record.admitted_revision != revision {
                     return StepOutcome::NotYet;
                 }
+                let began = match self.readiness_wait {
+                    Some((waiting_for, began)) if waiting_for == revision => began,
+                    _ => {
+                        let now = Instant::now();
+                        self.readiness_wait = Some((revision, now));
+                        now
+                    }
+                };
+                let deadline = spec
+                    .containers
+                    .iter()
+                    .filter_map(|c| c.readiness.as_ref()?.deadline_seconds)
+                    .max();
                 let all_ready = spec.containers.iter().all(|c| {
                     self.record.containers.get(&c.name).is_some_and(|r| {
                         r.running && r.pid.is_some() && (r.ready || c.readiness.is_none())
@@ -224,6 +360,15 @@ impl PodWorker {
                 });
                 if all_ready {
                     StepOutcome::Done(None)
+                } else if let Some(seconds) =
+                    deadline.filter(|s| began.elapsed() >= Duration::from_secs(u64::from(*s)))
+                {
+                    let why = self
+                        .probes
+                        .values()
+                        .find_map(|p| p.last_error.clone())
+                        .unwrap_or_else(|| "no probe passed yet".to_string());
+                    StepOutcome::Failed(format!("not ready within {seconds}s: {why}"))
                 } else {
                     StepOutcome::NotYet
                 }

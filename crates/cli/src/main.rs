@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{apply, controllers, get, history, image, token, up, workflow};
+use crate::commands::{apply, controllers, exec, get, history, image, token, up, workflow};
 
 /// corral: a container and VM orchestrator you can learn in a week.
 ///
@@ -28,6 +28,8 @@ use crate::commands::{apply, controllers, get, history, image, token, up, workfl
 ///   corral history --since 1h --external
 ///   corral why pod/web
 ///   corral logs pod/web --steps
+///   corral logs pod/web -f
+///   corral exec pod/web -- id
 #[derive(Debug, Parser)]
 #[command(name = "corral", version, about, long_about, verbatim_doc_comment)]
 struct Cli {
@@ -75,8 +77,12 @@ enum Command {
     Why(workflow::WhyArgs),
     /// Analyze an object's workflow: blame, critical-chain, dot.
     Analyze(workflow::AnalyzeArgs),
-    /// Show what the workflow and its controllers did about an object (--steps).
+    /// Show a pod's container output (-f to follow), or what the workflow
+    /// and its controllers did about an object (--steps).
     Logs(workflow::LogsArgs),
+    /// Run a command in a pod's container (-i for stdin, -t for a TTY);
+    /// exits with the command's exit code.
+    Exec(exec::ExecArgs),
     /// Field ownership: who owns and reads what, and whether the
     /// controllers converge (list, check, transfer).
     Controllers(controllers::ControllersArgs),
@@ -130,6 +136,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Why(args) => workflow::why(config, args).await,
         Command::Analyze(args) => workflow::analyze(config, args).await,
         Command::Logs(args) => workflow::logs(config, args).await,
+        Command::Exec(args) => {
+            let code = exec::exec(config, args).await?;
+            // Exit now: a read of the terminal may still block a runtime thread.
+            std::process::exit(code)
+        }
         Command::Controllers(args) => controllers::run(config, args).await,
         Command::Explain(args) => controllers::explain(config, args).await,
         Command::Token(args) => token::run(config, args).await,

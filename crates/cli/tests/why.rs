@@ -3,9 +3,8 @@
 //! through the HTTP API with the controller's own token, and what `why`,
 //! `logs --steps`, `analyze` and `apply --wait` say about it.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use corral_api::ObjectKey;
@@ -13,80 +12,68 @@ use corral_api::workflow::LogLevel;
 use corral_client::{Client, ClientConfig};
 use serde_json::Value;
 
-const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+mod common;
 
-/// A `corral up` process, killed when dropped (even when the test fails).
-struct Cluster {
-    child: Child,
-    config: PathBuf,
-    dir: tempfile::TempDir,
+/// The shared `corral up` harness with a real node; the node's containers,
+/// mounts and cgroups are removed when the test ends, even on failure.
+struct Node {
+    cluster: common::Cluster,
 }
 
-impl Drop for Cluster {
+impl Drop for Node {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.cluster.kill9();
+        common::cleanup_node(self.cluster.data_dir.path());
     }
 }
 
-impl Cluster {
-    fn start() -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("corral-why-")
-            .tempdir()
-            .expect("temp dir");
-        let stderr = std::fs::File::create(dir.path().join("up.log")).expect("log file");
-        let mut child = Command::new(CORRAL)
-            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("corral up starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        // Guard first, so a failure below still kills the process.
-        let mut cluster = Cluster {
-            child,
-            config: PathBuf::new(),
-            dir,
-        };
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read corral up's output");
-        let Some(path) = line.trim().strip_prefix("export CORRAL_CONFIG=") else {
-            let log =
-                std::fs::read_to_string(cluster.dir.path().join("up.log")).unwrap_or_default();
-            panic!("corral up printed {line:?} instead of the export line; its log:\n{log}");
-        };
-        cluster.config = PathBuf::from(path);
-        cluster
-    }
+impl std::ops::Deref for Node {
+    type Target = common::Cluster;
 
-    fn corral(&self, args: &[&str]) -> Output {
-        Command::new(CORRAL)
-            .args(args)
-            .env("CORRAL_CONFIG", &self.config)
-            .output()
-            .expect("corral runs")
+    fn deref(&self) -> &common::Cluster {
+        &self.cluster
     }
+}
 
-    /// Runs `corral ARGS`, which must succeed, and returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.corral(args);
-        assert!(
-            output.status.success(),
-            "corral {args:?} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+impl Node {
+    /// A node that is Ready and has the busybox image.
+    fn start() -> Node {
+        corral_testkit::require_root();
+        corral_testkit::require_tool("runc");
+        let node = Node {
+            cluster: common::Cluster::start(),
+        };
+        let tar = corral_testkit::busybox_image_tar(
+            node.data_dir.path(),
+            corral_testkit::ImageFormat::OciLayout,
         );
-        String::from_utf8(output.stdout).expect("utf-8 output")
+        let data_dir = node.data_dir.path().display().to_string();
+        node.ok(&[
+            "image",
+            "import",
+            &tar.display().to_string(),
+            "--data-dir",
+            &data_dir,
+        ]);
+        common::wait_for("the node to be Ready", Duration::from_secs(30), || {
+            let nodes: Value =
+                serde_json::from_str(&node.ok(&["get", "nodes", "-o", "json"])).ok()?;
+            (nodes["items"][0]["status"]["phase"] == "Ready").then_some(())
+        });
+        node
     }
 
     fn write(&self, name: &str, text: &str) -> String {
-        let path = self.dir.path().join(name);
-        std::fs::write(&path, text).expect("write manifest");
-        path.display().to_string()
+        self.manifest(name, text)
+    }
+
+    fn node_name(&self) -> String {
+        let nodes: Value =
+            serde_json::from_str(&self.ok(&["get", "nodes", "-o", "json"])).expect("nodes json");
+        nodes["items"][0]["metadata"]["name"]
+            .as_str()
+            .expect("a node")
+            .to_string()
     }
 
     fn client(&self, token: &str) -> Client {
@@ -159,7 +146,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
     require_dot();
-    let cluster = Cluster::start();
+    let cluster = Node::start();
     let controller = cluster.write("controller.yaml", CONTROLLER);
     cluster.ok(&["apply", "-f", &controller]);
     let pod = cluster.write("pod.yaml", &pod_manifest("web"));
@@ -225,19 +212,9 @@ async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
         }
     }
 
-    // The scheduler's step (played by a controller token, as the built-in
-    // scheduler will) completes, so the chain has timings.
+    // Another controller (the scheduler) is refused on acme's step.
     let scheduler_token = cluster.ok(&["token", "create", "--controller", "scheduler"]);
     let scheduler = cluster.client(&scheduler_token);
-    scheduler
-        .claim_step(&web, "scheduler/place")
-        .await
-        .expect("claim place");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    scheduler
-        .complete_step(&web, "scheduler/place", Some("node-1"))
-        .await
-        .expect("complete place");
 
     // A non-owner is refused, naming the owner.
     let refused = scheduler
@@ -281,7 +258,7 @@ async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
         "{why}"
     );
     assert!(
-        line_with(&why, "✓ scheduler/place").contains("node-1"),
+        line_with(&why, "✓ scheduler/place").contains(&cluster.node_name()),
         "{why}"
     );
     let json: Value =
@@ -346,33 +323,17 @@ async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
         entry["time"].is_string() && entry["objectUid"].is_string(),
         "{entry}"
     );
-    let no_steps = cluster.corral(&["logs", "pod/web"]);
-    assert!(!no_steps.status.success());
-    assert!(String::from_utf8_lossy(&no_steps.stderr).contains("node agent"));
 
     // Analyses.
-    let chain = cluster.ok(&["analyze", "critical-chain", "pod/web"]);
-    let place = line_with(&chain, "scheduler/place");
-    assert!(place.contains(" @") && place.contains(" +"), "{chain}");
-    assert!(
-        line_with(&chain, "scheduled (target)").contains(" @"),
-        "{chain}"
-    );
-    let chain_json: Value =
-        serde_json::from_str(&cluster.ok(&["analyze", "critical-chain", "pod/web", "-o", "json"]))
-            .expect("chain json");
-    let link = chain_json["chain"]
-        .as_array()
-        .and_then(|links| links.iter().find(|l| l["name"] == "scheduler/place"))
-        .expect("scheduler/place in the chain");
-    assert!(
-        link["atMs"].is_i64() && link["durationMs"].is_i64(),
-        "{link}"
-    );
     let blame = cluster.ok(&["analyze", "blame", "pod/web"]);
     assert!(
         blame.contains("acme/slow-mount") && blame.contains("scheduler/place"),
         "{blame}"
+    );
+    let chain = cluster.ok(&["analyze", "critical-chain", "pod/web"]);
+    assert!(
+        line_with(&chain, "running (target)").contains("blocked"),
+        "{chain}"
     );
     let dot = cluster.ok(&["analyze", "dot", "pod/web"]);
     let svg = render_svg(&dot);
@@ -412,5 +373,35 @@ async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
     assert!(
         stderr.contains("gave up waiting: pod/cache (revision 1) is not running"),
         "{stderr}"
+    );
+
+    // Without the registration, a new pod's workflow runs to the end on the
+    // real node; its critical chain has a time and a duration per step.
+    cluster.ok(&["delete", "controller/acme-storage"]);
+    let fine = cluster.write("fine.yaml", &pod_manifest("fine"));
+    let waited = cluster.corral(&["apply", "-f", &fine, "--wait", "--timeout", "60s"]);
+    assert!(
+        waited.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&waited.stdout),
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let chain = cluster.ok(&["analyze", "critical-chain", "pod/fine"]);
+    let place = line_with(&chain, "scheduler/place");
+    assert!(place.contains(" @") && place.contains(" +"), "{chain}");
+    assert!(
+        line_with(&chain, "scheduled (target)").contains(" @"),
+        "{chain}"
+    );
+    let chain_json: Value =
+        serde_json::from_str(&cluster.ok(&["analyze", "critical-chain", "pod/fine", "-o", "json"]))
+            .expect("chain json");
+    let link = chain_json["chain"]
+        .as_array()
+        .and_then(|links| links.iter().find(|l| l["name"] == "scheduler/place"))
+        .expect("scheduler/place in the chain");
+    assert!(
+        link["atMs"].is_i64() && link["durationMs"].is_i64(),
+        "{link}"
     );
 }

@@ -5,6 +5,8 @@
 //! timeout except watches, which stream until dropped.
 
 mod config;
+pub mod exec_protocol;
+mod pod_io;
 
 use std::time::Duration;
 
@@ -23,6 +25,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 pub use config::{ClientConfig, ConfigError};
+pub use pod_io::{ExecEvent, ExecInput, ExecOutput, ExecRequest, LogsQuery};
 
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,6 +50,9 @@ pub enum ClientError {
     Decode(#[source] serde_json::Error),
     #[error("watch stream failed: {0}")]
     Watch(String),
+    /// An exec session failed after it started.
+    #[error("exec failed: {0}")]
+    Exec(String),
 }
 
 impl ClientError {
@@ -439,7 +445,14 @@ impl Client {
         let (sender, receiver) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut buffer: Vec<u8> = Vec::new();
-            while let Some(chunk) = bytes.next().await {
+            loop {
+                // Stop reading (and so close the connection) once the
+                // stream's receiver is gone, even if no event comes.
+                let chunk = tokio::select! {
+                    chunk = bytes.next() => chunk,
+                    () = sender.closed() => return,
+                };
+                let Some(chunk) = chunk else { break };
                 let chunk = match chunk {
                     Ok(chunk) => chunk,
                     Err(error) => {

@@ -42,6 +42,13 @@ pub struct Server {
     pub tokens: auth::TokenCache,
     pub metrics: metrics::Metrics,
     pub ownership: ownership::Ownership,
+    /// The secret node agents expect from this server when it proxies
+    /// `logs` and `exec` to them; unset, those calls fail with an
+    /// explanation. Set once at start.
+    pub agent_secret: std::sync::OnceLock<String>,
+    /// Cancelled when the server stops: open watch streams end then, so a
+    /// graceful shutdown never waits on a watcher.
+    pub stopping: CancellationToken,
 }
 
 impl std::fmt::Debug for Server {
@@ -70,7 +77,9 @@ impl Server {
             clock,
             ids,
             metrics: metrics::Metrics::default(),
+            stopping: CancellationToken::new(),
             ownership: ownership::Ownership::default(),
+            agent_secret: std::sync::OnceLock::new(),
         })
     }
 }
@@ -79,7 +88,7 @@ impl Server {
 /// under `/v1/namespaces/{namespace}/{plural}`, cluster-wide kinds (and
 /// lists across all namespaces) under `/v1/{plural}`.
 pub fn app(server: SharedServer) -> Router {
-    use handlers::{history, objects, steps, system, watch};
+    use handlers::{history, objects, pods_io, steps, system, watch};
 
     let object_routes = |prefix: &str| {
         Router::new()
@@ -121,6 +130,14 @@ pub fn app(server: SharedServer) -> Router {
                 &format!("{prefix}/{{plural}}/{{name}}/steplogs"),
                 get(steps::logs),
             )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/logs"),
+                get(pods_io::logs),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/exec"),
+                post(pods_io::exec),
+            )
     };
 
     Router::new()
@@ -147,8 +164,12 @@ pub async fn serve(
     server: SharedServer,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let stopping = server.stopping.clone();
     axum::serve(listener, app(server))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .with_graceful_shutdown(async move {
+            shutdown.cancelled().await;
+            stopping.cancel();
+        })
         .await
 }
 

@@ -40,6 +40,10 @@ pub struct NodeStatus {
     pub heartbeat: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silent_since: Option<DateTime<Utc>>,
+    /// Where the node agent serves container logs and exec
+    /// (`http://HOST:PORT`); the API server proxies to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

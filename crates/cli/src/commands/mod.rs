@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod controllers;
+pub mod exec;
 pub mod get;
 pub mod history;
 pub mod image;

@@ -23,6 +23,8 @@ use super::{ADMIN_CONFIG, default_data_dir};
 pub const NODE_CONFIG: &str = "node.json";
 /// The cluster's settings chosen at first start.
 pub const CLUSTER_FILE: &str = "cluster.json";
+/// The secret the API server presents to node agents (logs, exec).
+pub const AGENT_SECRET_FILE: &str = "agent-secret";
 
 #[derive(Debug, Args)]
 pub struct ServerArgs {
@@ -46,6 +48,10 @@ pub struct UpArgs {
     /// This node's name. Default: the machine's hostname.
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    /// Address the node agent serves container logs and exec on (the API
+    /// server proxies to it).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    agent_listen: String,
 }
 
 #[derive(Debug, Args)]
@@ -70,6 +76,14 @@ pub struct AgentArgs {
     /// Where pod state, images and container files live.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// Address to serve container logs and exec on; the API server must
+    /// reach it (e.g. 0.0.0.0:7444; the node's --address is advertised).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: String,
+    /// The secret the API server presents for logs and exec (the server's
+    /// DATA/agent-secret file). Without it the node serves neither.
+    #[arg(long, value_name = "SECRET", env = "CORRAL_AGENT_SECRET")]
+    agent_secret: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -99,6 +113,7 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
     let url = format!("http://{}", listener.local_addr()?);
     let controller_tokens = super::controllers::register_builtins(&server, data_dir).await?;
     let prefix = cluster_prefix(data_dir, args.cluster_prefix.as_deref())?;
+    let _ = server.agent_secret.set(agent_secret(data_dir)?);
 
     let config_path = data_dir.join(ADMIN_CONFIG);
     let config = ClientConfig {
@@ -147,6 +162,31 @@ fn cluster_prefix(data_dir: &Path, given: Option<&str>) -> anyhow::Result<Cluste
     std::fs::write(&path, serde_json::to_vec_pretty(&settings)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(prefix)
+}
+
+/// The secret the server presents to node agents: as stored, or chosen
+/// now and stored (readable by root only).
+fn agent_secret(data_dir: &Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(AGENT_SECRET_FILE);
+    if let Ok(text) = std::fs::read_to_string(&path)
+        && !text.trim().is_empty()
+    {
+        return Ok(text.trim().to_string());
+    }
+    let mut bytes = [0u8; 24];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+    let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| file.write_all(secret.as_bytes()))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(secret)
 }
 
 /// Spawns the built-in controllers, each with its own token.
@@ -213,7 +253,22 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     spawn_controllers(&plane, &shutdown)?;
-    let agent = tokio::spawn(run_agent(node, node_config, data_dir, shutdown.clone()));
+    let endpoint =
+        plane
+            .server
+            .agent_secret
+            .get()
+            .map(|secret| corral_agent::serve::EndpointConfig {
+                listen: args.agent_listen.clone(),
+                secret: secret.clone(),
+            });
+    let agent = tokio::spawn(run_agent(
+        node,
+        node_config,
+        data_dir,
+        endpoint,
+        shutdown.clone(),
+    ));
     serve(plane, shutdown.clone()).await?;
     shutdown.cancel();
     agent.await.context("the agent task failed")??;
@@ -252,13 +307,26 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let node = args.name.clone().unwrap_or_else(hostname);
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    run_agent(node, config, data_dir, shutdown).await
+    let endpoint = args
+        .agent_secret
+        .clone()
+        .map(|secret| corral_agent::serve::EndpointConfig {
+            listen: args.listen.clone(),
+            secret,
+        });
+    if endpoint.is_none() {
+        tracing::warn!(
+            "no --agent-secret: this node serves no container logs or exec (the server's DATA/{AGENT_SECRET_FILE} holds the secret)"
+        );
+    }
+    run_agent(node, config, data_dir, endpoint, shutdown).await
 }
 
 async fn run_agent(
     node: String,
     config: ClientConfig,
     data_dir: PathBuf,
+    endpoint: Option<corral_agent::serve::EndpointConfig>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let client = Client::new(&config)?;
@@ -268,6 +336,7 @@ async fn run_agent(
         address: None,
         image_revisions: 3,
         heartbeat: Duration::from_secs(5),
+        endpoint,
     };
     let ctx = corral_agent::context(&agent_config, Some(client.clone()), Arc::new(client))
         .context("cannot set up the node agent")?;

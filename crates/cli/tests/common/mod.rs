@@ -173,8 +173,11 @@ impl Cluster {
 }
 
 impl Drop for Cluster {
+    /// Kills `corral up` and removes what its node agent left behind (it
+    /// keeps containers and pod sandboxes across its own exits by design).
     fn drop(&mut self) {
         self.kill9();
+        cleanup_node(self.data_dir.path());
     }
 }
 

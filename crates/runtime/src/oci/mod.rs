@@ -114,7 +114,10 @@ pub struct ExecSpec {
     pub cwd: Option<String>,
     /// Runs as the container's process user when `None`.
     pub user: Option<UserIds>,
-    /// Allocate a pseudo-terminal (the runtime proxies it to the pipes).
+    /// Allocate a pseudo-terminal in the container; the runtime proxies it
+    /// to its own stdin and stdout. runc insists that its stdin (or stdout)
+    /// is a terminal then: use [`OciRuntime::exec_with_stdin`] with the
+    /// other side of a pseudo-terminal the caller allocated.
     pub tty: bool,
 }
 
@@ -148,7 +151,18 @@ pub trait OciRuntime: Send + Sync {
     /// a container that does not exist succeeds.
     fn delete(&self, id: &str, force: bool) -> Result<(), OciError>;
     /// Starts `spec` in the container with piped stdin, stdout and stderr.
-    fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Child, OciError>;
+    fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Child, OciError> {
+        self.exec_with_stdin(id, spec, std::process::Stdio::piped())
+    }
+    /// [`exec`](Self::exec) with the runtime's stdin given (stdout and
+    /// stderr piped): for a TTY, the slave side of a pseudo-terminal, which
+    /// runc needs as its console. The pid is tracked for the caller to wait.
+    fn exec_with_stdin(
+        &self,
+        id: &str,
+        spec: &ExecSpec,
+        stdin: std::process::Stdio,
+    ) -> Result<Child, OciError>;
     fn list(&self) -> Result<Vec<ContainerState>, OciError>;
 
     /// Runs `spec` to completion and collects its output (stdin closed).

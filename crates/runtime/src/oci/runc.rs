@@ -254,12 +254,12 @@ impl OciRuntime for RuncCli {
         }
     }
 
-    fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Child, OciError> {
+    fn exec_with_stdin(&self, id: &str, spec: &ExecSpec, stdin: Stdio) -> Result<Child, OciError> {
         let args = self.exec_args(id, spec);
         let _guard = reap::spawn_lock();
         let child = self
             .command(&args)
-            .stdin(Stdio::piped())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -3,6 +3,7 @@
 
 pub mod history;
 pub mod objects;
+pub mod pods_io;
 pub mod steps;
 pub mod system;
 pub mod watch;

@@ -68,6 +68,7 @@ pub async fn list_or_watch(
     server.metrics.watch_started();
     let guard = WatchGuard(server.clone());
     let lines = events
+        .take_until(server.stopping.clone().cancelled_owned())
         .filter(move |event| {
             let keep = match event {
                 Ok(event) => selector.matches(&event.object.metadata.labels),

@@ -48,6 +48,10 @@ pub async fn tick_all(server: &Server) -> Result<usize, StoreError> {
     for kind in KINDS {
         let listed = server.store.list(kind, None).await?;
         for object in listed.objects {
+            if kind == Kind::Pod && super::rollback::maybe_roll_back(server, &object).await? {
+                written += 1;
+                continue;
+            }
             if tick_object(server, object, now).await? {
                 written += 1;
             }

@@ -21,6 +21,7 @@
 //! the engine returns, with compare-and-swap on `resourceVersion`.
 
 mod driver;
+pub mod rollback;
 mod steps;
 
 use corral_api::kinds::ControllerSpec;

@@ -1,12 +1,20 @@
+//! `corral logs pod/NAME [-c C] [-f] [--tail N]`: a container's output,
+//! streamed from the agent of the pod's node through the API. With one
+//! container the pod's only one is shown; with several, `-c` must name one
+//! (the error lists them).
+//!
 //! `corral logs KIND/NAME --steps`: everything every controller did about
-//! one object, in order. Container logs come with the node agent.
+//! one object, in order.
 
 use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::Args;
+use corral_api::Kind;
 use corral_api::workflow::StepLogEntry;
-use corral_client::StepLogQuery;
+use corral_client::{LogsQuery, StepLogQuery};
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 
 use crate::commands::connect;
 use crate::output::{Format, Table, print_structured};
@@ -14,6 +22,9 @@ use crate::target::Target;
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
+  corral logs pod/web                                 the container's output (the pod has one)
+  corral logs pod/web -c side -f                      follow container side's output
+  corral logs pod/web --tail 20                       the last 20 lines
   corral logs pod/web --steps                         every step transition and owner's line
   corral logs pod/web --steps --step acme/slow-mount  one step
   corral logs pod/web --steps --owner acme-storage    what one controller did
@@ -23,6 +34,15 @@ pub struct LogsArgs {
     target: String,
     #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
     namespace: String,
+    /// The container whose output to show; needed when the pod has several.
+    #[arg(short = 'c', long, value_name = "NAME", conflicts_with = "steps")]
+    container: Option<String>,
+    /// Keep streaming what the container writes (Ctrl-C to stop).
+    #[arg(short = 'f', long, conflicts_with = "steps")]
+    follow: bool,
+    /// Start with the last N lines.
+    #[arg(long, value_name = "N", conflicts_with = "steps")]
+    tail: Option<u64>,
     /// Show the workflow step log: every step transition and every line a
     /// step's owner appended, with time, workflow, step, owner and level.
     #[arg(long)]
@@ -41,14 +61,30 @@ pub struct LogsArgs {
 }
 
 pub async fn logs(config: Option<PathBuf>, args: LogsArgs) -> anyhow::Result<()> {
-    if !args.steps {
-        bail!(
-            "container logs are not available yet: they come with the node agent; \
-             for what the workflow and its controllers did, use `corral logs {} --steps`",
-            args.target
-        );
-    }
     let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
+    if !args.steps {
+        if key.kind != Kind::Pod {
+            bail!(
+                "only pods have container logs; for what the workflow and its controllers did \
+                 about {}, use `corral logs {} --steps`",
+                args.target,
+                args.target
+            );
+        }
+        let client = connect(config)?;
+        let query = LogsQuery {
+            container: args.container,
+            follow: args.follow,
+            tail: args.tail,
+        };
+        let mut stream = client.logs(&key, &query).await?;
+        let mut stdout = tokio::io::stdout();
+        while let Some(chunk) = stream.next().await {
+            stdout.write_all(&chunk?).await?;
+            stdout.flush().await?;
+        }
+        return Ok(());
+    }
     let client = connect(config)?;
     let query = StepLogQuery {
         step: args.step,

@@ -1,0 +1,231 @@
+//! End-to-end acceptance of container I/O with real runc containers:
+//! `corral logs` (whole, tail, follow) and `corral exec` (output, exit
+//! codes, stdin, a TTY), through the API server's proxy to the agent's
+//! endpoint. Needs root, runc and busybox-static; fails (never skips)
+//! without them.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{CORRAL, Cluster, cleanup_node, wait_for};
+use corral_testkit::{ImageFormat, busybox_image_tar, require_root, require_tool};
+
+/// A running cluster whose node is cleaned up even when the test fails.
+struct Node {
+    cluster: Cluster,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.cluster.kill9();
+        cleanup_node(self.cluster.data_dir.path());
+    }
+}
+
+fn start_node() -> Node {
+    require_root();
+    require_tool("runc");
+    let node = Node {
+        cluster: Cluster::start(),
+    };
+    let tar = busybox_image_tar(node.cluster.data_dir.path(), ImageFormat::OciLayout);
+    let data_dir = node.cluster.data_dir.path().to_string_lossy().into_owned();
+    node.cluster.ok(&[
+        "image",
+        "import",
+        tar.to_str().unwrap(),
+        "--data-dir",
+        &data_dir,
+    ]);
+    node
+}
+
+/// `web` echoes a marker then ticks every second; `side` only sleeps.
+const POD: &str = "kind: Pod
+metadata: {name: web}
+spec:
+  containers:
+    - name: web
+      image: local/busybox:1
+      command: [sh, -c, \"echo marker-4711; i=0; while true; do echo tick $i; i=$((i+1)); sleep 1; done\"]
+    - name: side
+      image: local/busybox:1
+      command: [sh, -c, \"echo side-says-hi; exec sleep 3600\"]
+";
+
+fn running(cluster: &Cluster) {
+    wait_for("pod/web to run", Duration::from_secs(60), || {
+        let pod = cluster.get_json("pod/web");
+        let states: Vec<_> = pod["status"]["containers"]
+            .as_array()
+            .map(|all| all.iter().map(|c| c["state"].clone()).collect())
+            .unwrap_or_default();
+        (pod["status"]["phase"] == "Running"
+            && states.len() == 2
+            && states.iter().all(|s| s == "running"))
+        .then_some(())
+    });
+}
+
+#[test]
+fn logs_and_exec_reach_the_containers() {
+    let node = start_node();
+    let cluster = &node.cluster;
+    cluster.ok(&["apply", "-f", &cluster.manifest("web.yaml", POD)]);
+    running(cluster);
+    let node_json = cluster.get_json(&format!(
+        "node/{}",
+        cluster.get_json("pod/web")["status"]["node"]
+            .as_str()
+            .unwrap()
+    ));
+    assert!(
+        node_json["status"]["agentEndpoint"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("http://127.0.0.1:")),
+        "{node_json}"
+    );
+
+    // Two containers: logs and exec must name one, and the error lists them.
+    let ambiguous = cluster.fails(&["logs", "pod/web"]);
+    assert!(ambiguous.contains("web, side"), "{ambiguous}");
+    let unknown = cluster.fails(&["logs", "pod/web", "-c", "nope"]);
+    assert!(
+        unknown.contains("no container \"nope\"") && unknown.contains("web, side"),
+        "{unknown}"
+    );
+    let unknown = cluster.fails(&["exec", "pod/web", "-c", "nope", "--", "id"]);
+    assert!(unknown.contains("no container \"nope\""), "{unknown}");
+    let missing = cluster.fails(&["logs", "pod/absent", "-c", "x"]);
+    assert!(missing.contains("does not exist"), "{missing}");
+
+    // Whole log, and its tail.
+    let logs = wait_for("the marker in the log", Duration::from_secs(30), || {
+        let logs = cluster.ok(&["logs", "pod/web", "-c", "web"]);
+        logs.contains("tick 1").then_some(logs)
+    });
+    assert!(logs.starts_with("marker-4711\n"), "{logs}");
+    let side = cluster.ok(&["logs", "pod/web", "-c", "side"]);
+    assert_eq!(side, "side-says-hi\n");
+    let tail = cluster.ok(&["logs", "pod/web", "-c", "web", "--tail", "1"]);
+    assert_eq!(tail.lines().count(), 1, "{tail}");
+    assert!(tail.starts_with("tick "), "{tail}");
+
+    // Follow: lines written after the command started arrive.
+    let mut follower = Command::new(CORRAL)
+        .args(["logs", "pod/web", "-c", "web", "-f", "--tail", "0"])
+        .env("CORRAL_CONFIG", &cluster.config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = received.recv_timeout(Duration::from_secs(10));
+    let second = received.recv_timeout(Duration::from_secs(10));
+    let _ = follower.kill();
+    let _ = follower.wait();
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert!(
+        first.starts_with("tick ") && second.starts_with("tick "),
+        "{first} {second}"
+    );
+    let number = |line: &str| line["tick ".len()..].parse::<u64>().unwrap();
+    assert_eq!(number(&second), number(&first) + 1);
+
+    // Exec: output, exit codes, stdin, a TTY.
+    let id = cluster.ok(&["exec", "pod/web", "-c", "web", "--", "id"]);
+    assert!(id.starts_with("uid="), "{id}");
+    let failed = cluster.corral(&[
+        "exec",
+        "pod/web",
+        "-c",
+        "side",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 3",
+    ]);
+    assert_eq!(failed.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&failed.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&failed.stderr), "err\n");
+    let echoed = cluster.corral_with_stdin(
+        &["exec", "-i", "pod/web", "-c", "web", "--", "cat"],
+        Some("hi\n"),
+    );
+    assert!(echoed.status.success(), "{echoed:?}");
+    assert_eq!(String::from_utf8_lossy(&echoed.stdout), "hi\n");
+    // Without -i the command reads end of file at once.
+    let closed = cluster.ok(&["exec", "pod/web", "-c", "web", "--", "cat"]);
+    assert_eq!(closed, "");
+    let tty = cluster.corral(&[
+        "exec",
+        "-t",
+        "pod/web",
+        "-c",
+        "web",
+        "--",
+        "sh",
+        "-c",
+        "tty; stty size; exit 4",
+    ]);
+    assert_eq!(tty.status.code(), Some(4), "{tty:?}");
+    let text = String::from_utf8_lossy(&tty.stdout);
+    assert!(
+        text.contains("/dev/pts/") && text.contains("24 80"),
+        "{text}"
+    );
+    let not_found = cluster.corral(&["exec", "pod/web", "-c", "web", "--", "no-such-command"]);
+    assert_ne!(not_found.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&not_found.stderr).contains("no-such-command"),
+        "{not_found:?}"
+    );
+}
+
+#[test]
+fn a_single_container_is_the_default_and_nodes_cannot_exec() {
+    let node = start_node();
+    let cluster = &node.cluster;
+    let pod = "kind: Pod
+metadata: {name: solo}
+spec:
+  containers:
+    - name: solo
+      image: local/busybox:1
+      command: [sh, -c, \"echo solo-marker; exec sleep 3600\"]
+";
+    cluster.ok(&["apply", "-f", &cluster.manifest("solo.yaml", pod)]);
+    let logs = wait_for("the solo marker", Duration::from_secs(60), || {
+        let output = cluster.corral(&["logs", "pod/solo"]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.contains("solo-marker").then_some(text)
+    });
+    assert_eq!(logs, "solo-marker\n");
+    let id = cluster.ok(&["exec", "pod/solo", "--", "id", "-u"]);
+    assert!(id.trim().parse::<u32>().is_ok(), "{id}");
+
+    // The node's own token is refused: exec and logs are for people.
+    let node_config = cluster.data_dir.path().join("node.json");
+    let refused = Command::new(CORRAL)
+        .args(["exec", "pod/solo", "--", "id"])
+        .env("CORRAL_CONFIG", &node_config)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("for people"), "{message}");
+}

@@ -1,0 +1,267 @@
+//! A pod's container I/O, proxied to the agent of the pod's node:
+//! `GET …/pods/{name}/logs?container=&follow=&tail=` streams the
+//! container's log; `POST …/pods/{name}/exec?container=&tty=&cmd=…` (an
+//! HTTP/1.1 upgrade to `corral-exec`) relays the exec session's bytes both
+//! ways. The agent's endpoint is the node's `status.agentEndpoint`; the
+//! server presents the agent secret there. Only people may call these.
+//!
+//! The server picks the container when the pod has one and the request
+//! names none, and explains every refusal (not bound yet, no endpoint,
+//! unknown container) before it contacts the agent. The agent's own
+//! refusals are passed on as they are.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::header::{CONNECTION, CONTENT_TYPE, UPGRADE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use corral_api::kinds::{NodeStatus, PodSpec, PodStatus};
+use corral_api::{Kind, ObjectKey, Role};
+use hyper_util::rt::TokioIo;
+
+use super::Target;
+use crate::SharedServer;
+use crate::auth::Caller;
+use crate::error::{ApiError, error_chain};
+
+/// The `Upgrade` protocol of exec sessions (the agent speaks it).
+const EXEC_PROTOCOL: &str = "corral-exec";
+/// How long connecting to an agent may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where to reach the container: the agent's URL for this pod and the
+/// query to send it (with the container filled in).
+#[derive(Debug)]
+struct Route {
+    agent_url: String,
+    node: String,
+    query: String,
+}
+
+fn pod_name(key: &ObjectKey) -> String {
+    format!("pod/{}", key.name)
+}
+
+/// Checks the caller and the pod, and finds the agent to ask.
+async fn route(
+    server: &SharedServer,
+    caller: &corral_api::Identity,
+    params: &HashMap<String, String>,
+    query: Option<&str>,
+    action: &str,
+) -> Result<Route, ApiError> {
+    let target = Target::from_params(params)?;
+    if target.kind != Kind::Pod {
+        return Err(ApiError::NotFound(format!(
+            "only pods have container {action}; {} objects have none",
+            target.kind
+        )));
+    }
+    if !matches!(caller.role, Role::Operator | Role::User) {
+        return Err(ApiError::Forbidden(format!(
+            "container {action} is for people (operators and users); {} is a {:?} identity",
+            caller.name, caller.role
+        )));
+    }
+    let key = target.key()?;
+    let pod = server.store.get(&key).await?.ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "{} does not exist in namespace {}",
+            pod_name(&key),
+            key.namespace
+        ))
+    })?;
+    let spec: PodSpec = pod.typed_spec().map_err(|error| {
+        ApiError::Internal(format!("{key}: stored spec is unreadable: {error}"))
+    })?;
+    let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .filter(|(k, v)| k != "container" || !v.is_empty())
+        .collect();
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    let asked = pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "container")
+        .map(|(_, v)| v.clone());
+    match (asked, names.as_slice()) {
+        (Some(container), _) if !names.contains(&container.as_str()) => {
+            return Err(ApiError::NotFound(format!(
+                "{} has no container {container:?}; its containers: {}",
+                pod_name(&key),
+                names.join(", ")
+            )));
+        }
+        (Some(_), _) => {}
+        (None, [only]) => pairs.push(("container".into(), (*only).to_string())),
+        (None, _) => {
+            return Err(ApiError::BadRequest(format!(
+                "container: {} has {} containers ({}): name one (`-c NAME`)",
+                pod_name(&key),
+                names.len(),
+                names.join(", ")
+            )));
+        }
+    }
+    let status: PodStatus = pod.typed_status().unwrap_or_default();
+    let node = status.node.ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "{} is not placed on a node yet, so it has no containers (see `corral why {}`)",
+            pod_name(&key),
+            pod_name(&key)
+        ))
+    })?;
+    let node_key = ObjectKey::new(Kind::Node, None, &node);
+    let node_status: NodeStatus = server
+        .store
+        .get(&node_key)
+        .await?
+        .ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "{} is bound to node {node}, which does not exist",
+                pod_name(&key)
+            ))
+        })?
+        .typed_status()
+        .unwrap_or_default();
+    let endpoint = node_status.agent_endpoint.ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "node {node} reports no agent endpoint, so its containers cannot be reached \
+             (is its agent running, with an agent secret?)"
+        ))
+    })?;
+    let agent_url = format!(
+        "{}/v1/pods/{}/{}/{action}",
+        endpoint.trim_end_matches('/'),
+        key.namespace,
+        key.name
+    );
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(&pairs)
+        .finish();
+    Ok(Route {
+        agent_url,
+        node,
+        query,
+    })
+}
+
+fn agent_request(
+    server: &SharedServer,
+    route: &Route,
+    method: reqwest::Method,
+) -> Result<reqwest::RequestBuilder, ApiError> {
+    let secret = server.agent_secret.get().ok_or_else(|| {
+        ApiError::Unavailable(
+            "this API server has no agent secret, so it cannot reach node agents".into(),
+        )
+    })?;
+    let client = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .build()
+        .map_err(|error| ApiError::Internal(error_chain(&error)))?;
+    Ok(client
+        .request(method, format!("{}?{}", route.agent_url, route.query))
+        .bearer_auth(secret))
+}
+
+fn unreachable(route: &Route, error: &reqwest::Error) -> ApiError {
+    ApiError::Unavailable(format!(
+        "cannot reach the agent of node {} at {}: {}",
+        route.node,
+        route.agent_url,
+        error_chain(error)
+    ))
+}
+
+/// The agent's refusal, passed on with its status and JSON body.
+async fn passed_on(response: reqwest::Response) -> Response {
+    let status = StatusCode::from_u16(response.status().as_u16())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = response.bytes().await.unwrap_or_default();
+    let mut answer = Response::new(Body::from(body));
+    *answer.status_mut() = status;
+    answer
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    answer
+}
+
+/// `GET …/pods/{name}/logs`: the container's log, streamed from its agent.
+pub async fn logs(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let route = route(&server, &caller, &params, query.as_deref(), "logs").await?;
+    let response = agent_request(&server, &route, reqwest::Method::GET)?
+        .send()
+        .await
+        .map_err(|error| unreachable(&route, &error))?;
+    if !response.status().is_success() {
+        return Ok(passed_on(response).await);
+    }
+    let mut answer = Response::new(Body::from_stream(response.bytes_stream()));
+    answer.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Ok(answer)
+}
+
+/// `POST …/pods/{name}/exec`: upgrades both connections and relays bytes.
+pub async fn exec(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    mut request: Request,
+) -> Result<Response, ApiError> {
+    let upgrade_asked = request
+        .headers()
+        .get(UPGRADE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.eq_ignore_ascii_case(EXEC_PROTOCOL));
+    if !upgrade_asked {
+        return Err(ApiError::BadRequest(format!(
+            "exec needs Connection: Upgrade and Upgrade: {EXEC_PROTOCOL}"
+        )));
+    }
+    let route = route(&server, &caller, &params, query.as_deref(), "exec").await?;
+    let response = agent_request(&server, &route, reqwest::Method::POST)?
+        .header(reqwest::header::CONNECTION, "Upgrade")
+        .header(reqwest::header::UPGRADE, EXEC_PROTOCOL)
+        .send()
+        .await
+        .map_err(|error| unreachable(&route, &error))?;
+    if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(passed_on(response).await);
+    }
+    let mut agent = response
+        .upgrade()
+        .await
+        .map_err(|error| unreachable(&route, &error))?;
+    let client_upgrade = hyper::upgrade::on(&mut request);
+    tracing::info!(caller = %caller.name, agent = %route.agent_url, "exec session");
+    tokio::spawn(async move {
+        match client_upgrade.await {
+            Ok(upgraded) => {
+                let mut client = TokioIo::new(upgraded);
+                if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut agent).await {
+                    tracing::debug!(%error, "exec relay ended");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "exec: the client's connection was not upgraded"),
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(CONNECTION, "Upgrade")
+        .header(UPGRADE, EXEC_PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_default())
+}

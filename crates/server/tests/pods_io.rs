@@ -1,0 +1,195 @@
+//! `logs` and `exec` refusals, in-process: every reason the API server
+//! cannot reach a container is explained before any agent is contacted.
+//! (The proxying itself is tested end to end in corral-cli's `pod_io`.)
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use chrono::Utc;
+use corral_api::{AuthorClass, Identity, Kind, Object, Role};
+use corral_server::clock::SequentialIds;
+use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
+use corral_store::ChangeMeta;
+use corral_store::sqlite::SqliteStore;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+async fn server() -> (SharedServer, String, String) {
+    let store = SqliteStore::open_in_memory().unwrap();
+    let server = Server::with(
+        Arc::new(store),
+        Arc::new(SystemClock),
+        Arc::new(SequentialIds::default()),
+    );
+    let issue = |identity| {
+        let server = server.clone();
+        async move {
+            TokenIssuer::issue(&*server.store, &*server.clock, identity)
+                .await
+                .unwrap()
+        }
+    };
+    let admin = issue(Identity::new("admin", Role::Operator)).await;
+    let node = issue(Identity::new("node-1", Role::Node)).await;
+    (server, admin, node)
+}
+
+async fn put(server: &SharedServer, kind: Kind, name: &str, spec: Value, status: Value) {
+    let namespace = kind.is_namespaced().then_some("default");
+    let mut object = Object::new(kind, namespace, name, spec);
+    object.metadata.uid = format!("uid-{name}");
+    object.metadata.created_at = Some(Utc::now());
+    object.status = status;
+    let change = ChangeMeta {
+        author: "test".into(),
+        class: AuthorClass::External,
+        message: String::new(),
+        time: Utc::now(),
+    };
+    server.store.create(object, &change).await.unwrap();
+}
+
+fn containers(names: &[&str]) -> Value {
+    let list: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"name": n, "image": "local/busybox:1"}))
+        .collect();
+    json!({ "containers": list })
+}
+
+async fn call(server: &SharedServer, method: &str, uri: &str, token: &str) -> (StatusCode, String) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", format!("Bearer {token}"));
+    if method == "POST" {
+        request = request
+            .header("connection", "Upgrade")
+            .header("upgrade", "corral-exec");
+    }
+    let response = app(server.clone())
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (
+        status,
+        body["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+const PODS: &str = "/v1/namespaces/default/pods";
+
+#[tokio::test]
+async fn refusals_name_what_is_missing() {
+    let (server, admin, node) = server().await;
+    put(
+        &server,
+        Kind::Pod,
+        "pair",
+        containers(&["web", "side"]),
+        json!({}),
+    )
+    .await;
+    put(
+        &server,
+        Kind::Pod,
+        "solo",
+        containers(&["solo"]),
+        json!({"node": "node-1"}),
+    )
+    .await;
+    put(
+        &server,
+        Kind::Pod,
+        "far",
+        containers(&["far"]),
+        json!({"node": "node-2"}),
+    )
+    .await;
+    put(
+        &server,
+        Kind::Node,
+        "node-1",
+        json!({}),
+        json!({"phase": "Ready"}),
+    )
+    .await;
+    put(
+        &server,
+        Kind::Node,
+        "node-2",
+        json!({}),
+        json!({"phase": "Ready", "agentEndpoint": "http://127.0.0.1:1"}),
+    )
+    .await;
+
+    let (status, message) = call(&server, "GET", &format!("{PODS}/solo/logs"), &node).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(message.contains("for people"), "{message}");
+
+    let (status, message) = call(&server, "GET", &format!("{PODS}/absent/logs"), &admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(message.contains("pod/absent does not exist"), "{message}");
+
+    let (status, message) = call(&server, "GET", &format!("{PODS}/pair/logs"), &admin).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(message.contains("2 containers (web, side)"), "{message}");
+
+    let uri = format!("{PODS}/pair/exec?container=nope&cmd=id");
+    let (status, message) = call(&server, "POST", &uri, &admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        message.contains("no container \"nope\"; its containers: web, side"),
+        "{message}"
+    );
+
+    let uri = format!("{PODS}/pair/logs?container=web");
+    let (status, message) = call(&server, "GET", &uri, &admin).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(message.contains("not placed on a node yet"), "{message}");
+
+    let (status, message) = call(&server, "GET", &format!("{PODS}/solo/logs"), &admin).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        message.contains("node node-1 reports no agent endpoint"),
+        "{message}"
+    );
+
+    let (status, message) = call(&server, "GET", &format!("{PODS}/far/logs"), &admin).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(message.contains("no agent secret"), "{message}");
+
+    server.agent_secret.set("s3cret".into()).unwrap();
+    let (status, message) = call(&server, "GET", &format!("{PODS}/far/logs"), &admin).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        message.contains("cannot reach the agent of node node-2"),
+        "{message}"
+    );
+
+    let uri = "/v1/namespaces/default/pinneddeployments/x/logs";
+    let (status, message) = call(&server, "GET", uri, &admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(message.contains("only pods"), "{message}");
+
+    // exec without the upgrade headers.
+    let response = app(server.clone())
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri(format!("{PODS}/solo/exec?cmd=id"))
+                .header("authorization", format!("Bearer {admin}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
