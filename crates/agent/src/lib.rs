@@ -189,6 +189,7 @@ async fn heartbeat_loop(
 ) {
     let mut node = None;
     let mut last_beat: Option<std::time::Instant> = None;
+    let mut joined = false;
     while !shutdown.is_cancelled() {
         if last_beat.is_none_or(|at| at.elapsed() >= config.heartbeat) {
             let mut status = node::detect_status(config.address.clone());
@@ -204,11 +205,15 @@ async fn heartbeat_loop(
                 Err(error) => tracing::debug!(error = %chain(&error), "heartbeat failed; retrying"),
             }
         }
+        // Follow the join workflow closely until it is over; then only beat.
         if let Some(object) = &mut node
+            && !joined
             && let Ok(fresh) = client.get(&object.key()).await
         {
             *object = fresh;
             node::run_join_steps(&client, object).await;
+            joined = steps::instance_for(object, object.metadata.revision)
+                .is_some_and(|instance| !steps::is_running(&instance));
         }
         tokio::select! {
             () = tokio::time::sleep(JOIN_TICK) => {}

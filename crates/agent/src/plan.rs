@@ -69,6 +69,43 @@ pub fn plan_revision(spec: &PodSpec, current: &BTreeMap<String, ContainerRecord>
     plan
 }
 
+/// The CPU (millicores) and memory (bytes) a pod spec requests.
+pub fn requests(spec: &PodSpec) -> (u64, u64) {
+    spec.containers.iter().fold((0, 0), |(cpu, memory), c| {
+        (
+            cpu + c.resources.cpu.map_or(0, |q| q.millis),
+            memory + c.resources.memory.map_or(0, |q| q.bytes),
+        )
+    })
+}
+
+/// Whether `new` still fits a node with this capacity next to the `others`
+/// on it; the error says which resource is short, in the scheduler's words.
+pub fn fits(capacity: (u64, u64), others: &[PodSpec], new: &PodSpec) -> Result<(), String> {
+    let used = others
+        .iter()
+        .map(requests)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let wanted = requests(new);
+    let free_cpu = capacity.0.saturating_sub(used.0);
+    let free_memory = capacity.1.saturating_sub(used.1);
+    if wanted.0 > free_cpu {
+        return Err(format!(
+            "insufficient cpu: {} free, {} requested",
+            corral_api::quantity::Cpu { millis: free_cpu },
+            corral_api::quantity::Cpu { millis: wanted.0 }
+        ));
+    }
+    if wanted.1 > free_memory {
+        return Err(format!(
+            "insufficient memory: {} free, {} requested",
+            corral_api::quantity::Memory { bytes: free_memory },
+            corral_api::quantity::Memory { bytes: wanted.1 }
+        ));
+    }
+    Ok(())
+}
+
 /// The first restart waits this long; each further one twice as long.
 pub const INITIAL_BACKOFF_SECONDS: i64 = 1;
 /// Restarts never wait longer than this.
@@ -179,6 +216,25 @@ mod tests {
         let mut new = old.clone();
         new.runtime = Some(corral_api::kinds::RuntimeClass::Gvisor);
         assert_eq!(plan_revision(&new, &current).changed, vec!["web"]);
+    }
+
+    #[test]
+    fn updates_that_outgrow_the_node_are_named() {
+        let small = spec(
+            json!([{"name": "a", "image": "i", "resources": {"cpu": "500m", "memory": "64Mi"}}]),
+        );
+        let big =
+            spec(json!([{"name": "a", "image": "i", "resources": {"cpu": "1", "memory": "2Gi"}}]));
+        let capacity = (2000, 1 << 30);
+        assert_eq!(fits(capacity, std::slice::from_ref(&small), &small), Ok(()));
+        assert_eq!(
+            fits(capacity, std::slice::from_ref(&small), &big),
+            Err("insufficient memory: 960Mi free, 2Gi requested".to_string())
+        );
+        assert_eq!(
+            fits((1000, 1 << 30), &[small], &big),
+            Err("insufficient cpu: 500m free, 1 requested".to_string())
+        );
     }
 
     #[test]

@@ -328,8 +328,16 @@ impl PodWorker {
                 if let Err(error) = self.ensure_sandbox().await {
                     return StepOutcome::Failed(error);
                 }
-                let plan = plan_revision(&spec, &self.record.containers);
                 let stop_only = step == "node/stop-changed-containers";
+                if stop_only && let Err(short) = self.fits_here(&spec) {
+                    return StepOutcome::Failed(format!(
+                        "revision {} no longer fits node {}: {short} (the pod stays on revision {}; moving pods comes with the scheduler)",
+                        self.desired.metadata.revision,
+                        self.ctx.node,
+                        self.record.admitted_revision
+                    ));
+                }
+                let plan = plan_revision(&spec, &self.record.containers);
                 match self.apply_revision(&spec, &plan, stop_only).await {
                     Ok(()) => StepOutcome::Done(None),
                     Err(error) => StepOutcome::Failed(error),
@@ -375,6 +383,21 @@ impl PodWorker {
             }
             other => StepOutcome::Failed(format!("this node does not know step {other}")),
         }
+    }
+
+    /// Whether `spec` fits this node next to the other pods it runs.
+    fn fits_here(&self, spec: &PodSpec) -> Result<(), String> {
+        let capacity = crate::node::detect_status(None).capacity;
+        let others: Vec<PodSpec> = self
+            .ctx
+            .state
+            .load_all()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|record| record.pod.key() != self.key())
+            .filter_map(|record| typed_spec(&record.pod))
+            .collect();
+        crate::plan::fits((capacity.cpu.millis, capacity.memory.bytes), &others, spec)
     }
 
     async fn ensure_sandbox(&mut self) -> Result<String, String> {

@@ -144,4 +144,23 @@ fn pods_run_update_in_place_and_restart() {
         container(&third, "side")["containerId"],
         container(&first, "side")["containerId"]
     );
+
+    // An update that no longer fits the node is refused by the node, says
+    // why, and leaves the pod running its revision.
+    let huge = changed.replace(
+        "env: {GREETING: bonjour}",
+        "env: {GREETING: bonjour}\n      resources: {memory: 1000Ti}",
+    );
+    cluster.ok(&["apply", "-f", &cluster.manifest("huge.yaml", &huge)]);
+    let why = wait_for("the update to be refused", Duration::from_secs(90), || {
+        let why = cluster.ok(&["why", "pod/web"]);
+        why.contains("no longer fits node").then_some(why)
+    });
+    assert!(why.contains("insufficient memory"), "{why}");
+    let pod = cluster.get_json("pod/web");
+    assert_eq!(pod["status"]["observedRevision"], 2);
+    assert_eq!(
+        container(&pod, "web")["containerId"],
+        container(&third, "web")["containerId"]
+    );
 }

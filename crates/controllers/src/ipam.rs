@@ -19,8 +19,13 @@ use crate::steps::ready_instance;
 pub const PREFIX_STEP: &str = "ipam/assign-prefix";
 pub const ADDRESS_STEP: &str = "ipam/assign-address";
 
-pub async fn run(client: Client, prefix: ClusterPrefix, shutdown: CancellationToken) {
-    crate::run_loop("ipam", shutdown, || round(&client, &prefix)).await;
+pub async fn run(
+    client: Client,
+    prefix: ClusterPrefix,
+    feed: crate::ChangeFeed,
+    shutdown: CancellationToken,
+) {
+    crate::run_loop("ipam", feed, shutdown, || round(&client, &prefix)).await;
 }
 
 fn action(kind: StepActionKind, step: &str, workflow: &str) -> StepActionRequest {
@@ -46,7 +51,11 @@ where
     client
         .step_action(&key, &action(StepActionKind::Claim, step, workflow))
         .await?;
-    let report = match work().await? {
+    let outcome = match work().await {
+        Ok(outcome) => outcome,
+        Err(error) => Err(format!("the API refused the write: {error}")),
+    };
+    let report = match outcome {
         Ok(note) => {
             let mut done = action(StepActionKind::Complete, step, workflow);
             done.note = Some(note);
@@ -62,13 +71,6 @@ where
     Ok(())
 }
 
-fn set_status_field(object: &mut Object, field: &str, value: String) {
-    if !object.status.is_object() {
-        object.status = serde_json::json!({});
-    }
-    object.status[field] = serde_json::Value::String(value);
-}
-
 /// One pass over nodes and pods.
 pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), ClientError> {
     let nodes = client.list(Kind::Node, None, None).await?.items;
@@ -79,7 +81,7 @@ pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), Client
                 .filter_map(|n| n.typed_status::<NodeStatus>().ok()?.prefix?.parse().ok())
                 .collect();
             execute(client, node, PREFIX_STEP, &workflow, || async {
-                let mut current = client.get(&node.key()).await?;
+                let current = client.get(&node.key()).await?;
                 let existing = current
                     .typed_status::<NodeStatus>()
                     .ok()
@@ -91,8 +93,13 @@ pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), Client
                     Ok(subnet) => subnet.to_string(),
                     Err(error) => return Ok(Err(error.to_string())),
                 };
-                set_status_field(&mut current, "prefix", subnet.clone());
-                client.put_status(&current).await?;
+                crate::steps::set_status_field(
+                    client,
+                    &node.key(),
+                    "prefix",
+                    subnet.clone().into(),
+                )
+                .await?;
                 Ok(Ok(subnet))
             })
             .await?;
@@ -136,9 +143,8 @@ pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), Client
                 Ok(address) => address.to_string(),
                 Err(error) => return Ok(Err(error.to_string())),
             };
-            let mut current = client.get(&pod.key()).await?;
-            set_status_field(&mut current, "address", address.clone());
-            client.put_status(&current).await?;
+            crate::steps::set_status_field(client, &pod.key(), "address", address.clone().into())
+                .await?;
             Ok(Ok(address))
         })
         .await?;

@@ -14,17 +14,96 @@ pub mod lifecycle;
 pub mod scheduler;
 mod steps;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use corral_api::Kind;
 use corral_client::Client;
+use futures::StreamExt;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// How often a controller looks for ready steps.
-pub const POLL: Duration = Duration::from_millis(250);
+/// A controller runs a round at least this often, even with no change.
+pub const RESYNC: Duration = Duration::from_secs(5);
 
-/// Runs `round` every [`POLL`] until cancelled, logging failures.
-pub(crate) async fn run_loop<F, Fut>(name: &'static str, shutdown: CancellationToken, mut round: F)
-where
+/// Wakes controllers when pods or nodes change: a watch per kind, each
+/// event a notification; rounds run on a wakeup or every [`RESYNC`].
+/// Each clone remembers which changes it has seen, so a change that
+/// happens during a round wakes the next wait at once.
+#[derive(Debug, Clone)]
+pub struct ChangeFeed {
+    seen: watch::Receiver<u64>,
+}
+
+impl ChangeFeed {
+    /// Follows pods and nodes through `client` until cancelled.
+    pub fn follow(client: Client, shutdown: CancellationToken) -> ChangeFeed {
+        let (changed, seen) = watch::channel(0u64);
+        let changed = Arc::new(changed);
+        for kind in [Kind::Pod, Kind::Node] {
+            tokio::spawn(watch_kind(
+                client.clone(),
+                kind,
+                changed.clone(),
+                shutdown.clone(),
+            ));
+        }
+        ChangeFeed { seen }
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.seen.changed() => {}
+            () = tokio::time::sleep(RESYNC) => {}
+        }
+    }
+}
+
+fn bump(changed: &watch::Sender<u64>) {
+    changed.send_modify(|version| *version = version.wrapping_add(1));
+}
+
+async fn watch_kind(
+    client: Client,
+    kind: Kind,
+    changed: Arc<watch::Sender<u64>>,
+    shutdown: CancellationToken,
+) {
+    while !shutdown.is_cancelled() {
+        let after = match client.list(kind, None, None).await {
+            Ok(list) => list.resource_version,
+            Err(_) => {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        };
+        bump(&changed);
+        let Ok(events) = client.watch(kind, None, None, after).await else {
+            continue;
+        };
+        futures::pin_mut!(events);
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Ok(_)) => bump(&changed),
+                    _ => break,
+                },
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Runs `round` on every change and every [`RESYNC`] until cancelled,
+/// logging failures.
+pub(crate) async fn run_loop<F, Fut>(
+    name: &'static str,
+    mut feed: ChangeFeed,
+    shutdown: CancellationToken,
+    mut round: F,
+) where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), corral_client::ClientError>>,
 {
@@ -33,7 +112,7 @@ where
             tracing::debug!(controller = name, error = %error, "round failed; retrying");
         }
         tokio::select! {
-            () = tokio::time::sleep(POLL) => {}
+            () = feed.next() => {}
             () = shutdown.cancelled() => return,
         }
     }
@@ -47,9 +126,10 @@ pub fn spawn_all(
     cluster_prefix: corral_net::ipam::ClusterPrefix,
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let feed = ChangeFeed::follow(scheduler.clone(), shutdown.clone());
     vec![
-        tokio::spawn(scheduler::run(scheduler, shutdown.clone())),
-        tokio::spawn(lifecycle::run(lifecycle, shutdown.clone())),
-        tokio::spawn(ipam::run(ipam, cluster_prefix, shutdown)),
+        tokio::spawn(scheduler::run(scheduler, feed.clone(), shutdown.clone())),
+        tokio::spawn(lifecycle::run(lifecycle, feed.clone(), shutdown.clone())),
+        tokio::spawn(ipam::run(ipam, cluster_prefix, feed, shutdown)),
     ]
 }

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 /// A node whose last heartbeat is older than this is Silent.
 pub const SILENT_AFTER_SECONDS: i64 = 20;
 
-pub async fn run(client: Client, shutdown: CancellationToken) {
-    crate::run_loop("node-lifecycle", shutdown, || round(&client)).await;
+pub async fn run(client: Client, feed: crate::ChangeFeed, shutdown: CancellationToken) {
+    crate::run_loop("node-lifecycle", feed, shutdown, || round(&client)).await;
 }
 
 /// The phase a node should have now. Pure.

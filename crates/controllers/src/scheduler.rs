@@ -11,8 +11,8 @@ use crate::steps::ready_instance;
 
 pub const STEP: &str = "scheduler/place";
 
-pub async fn run(client: Client, shutdown: CancellationToken) {
-    crate::run_loop("scheduler", shutdown, || round(&client)).await;
+pub async fn run(client: Client, feed: crate::ChangeFeed, shutdown: CancellationToken) {
+    crate::run_loop("scheduler", feed, shutdown, || round(&client)).await;
 }
 
 fn action(kind: StepActionKind, workflow: &str) -> StepActionRequest {
@@ -70,12 +70,16 @@ async fn place(
         .await?;
     match schedule(snapshot, &request, Strategy::Spread) {
         Ok(placement) => {
-            let mut current = client.get(&key).await?;
-            if !current.status.is_object() {
-                current.status = serde_json::json!({});
+            if let Err(error) =
+                crate::steps::set_status_field(client, &key, "node", placement.node.clone().into())
+                    .await
+            {
+                // Never leave the claimed step hanging: fail it (it is retried).
+                let mut fail = action(StepActionKind::Fail, workflow);
+                fail.error = Some(format!("cannot bind to {}: {error}", placement.node));
+                client.step_action(&key, &fail).await?;
+                return Ok(());
             }
-            current.status["node"] = serde_json::Value::String(placement.node.clone());
-            client.put_status(&current).await?;
             let mut done = action(StepActionKind::Complete, workflow);
             done.note = Some(placement.node.clone());
             client.step_action(&key, &done).await?;

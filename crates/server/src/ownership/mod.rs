@@ -103,6 +103,15 @@ pub async fn update(
     expected: u64,
     change: &ChangeMeta,
 ) -> Result<Object, WriteError> {
+    // A stale write is refused as stale before it is judged: its diff
+    // against a newer object would name changes the caller never made.
+    if expected != current.metadata.resource_version {
+        return Err(WriteError::Store(corral_store::StoreError::Conflict {
+            key: current.key(),
+            expected,
+            actual: current.metadata.resource_version,
+        }));
+    }
     let registering = current.kind == Kind::Controller;
     let _serial = if registering {
         Some(server.ownership.registrations.lock().await)

@@ -1,0 +1,310 @@
+//! `corral-bench apply`: how many spec revisions per second corral's API
+//! records, next to the same number of writes of the same bytes to etcd.
+//!
+//! Rows, each at every requested client count C (C concurrent tokio tasks
+//! sharing N operations; client i always writes its own object):
+//! - corral apply: `Client::apply` of a pod whose env changes every time, so
+//!   every request is a new revision (an fsynced SQLite transaction plus the
+//!   history record), through HTTP with a keep-alive connection pool;
+//! - etcd v3 HTTP put: `POST /v3/kv/put` on etcd's JSON gateway with a
+//!   keep-alive connection pool and the same bytes corral receives — the fair
+//!   peer for "a store behind an HTTP API";
+//! - etcdctl put (process per op): the literal command, one process each,
+//!   which mostly measures process start-up; shown because it is what a shell
+//!   script pays;
+//! - floor: append the same bytes to a file and `fdatasync` it (one file per
+//!   client) in the same temp dir — the disk's cost of one durable write.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, bail};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use clap::Args;
+use corral_api::{Kind, Object};
+use corral_client::Client;
+use serde_json::json;
+
+use crate::processes::{CorralProcess, EtcdProcess};
+use crate::report::{self, Row};
+use crate::{load, machine};
+
+const CORRAL: &str = "corral apply";
+const ETCD_HTTP: &str = "etcd v3 HTTP put";
+const ETCDCTL: &str = "etcdctl put (process per op)";
+const FLOOR: &str = "floor: write+fdatasync";
+const NAMESPACE: &str = "default";
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The corral binary to benchmark. Default: `corral` next to this binary
+    /// (target/release/corral after `cargo build --release -p corral-cli`).
+    #[arg(long, value_name = "PATH")]
+    corral: Option<PathBuf>,
+    /// Operations per row (per system and client count).
+    #[arg(long, default_value_t = 2000)]
+    requests: usize,
+    /// Client counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    clients: Vec<usize>,
+}
+
+pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.requests > 0, "--requests must be at least 1");
+    anyhow::ensure!(
+        !args.clients.is_empty() && args.clients.iter().all(|c| *c > 0),
+        "--clients must list counts of at least 1"
+    );
+    let corral_binary = match args.corral {
+        Some(path) => path,
+        None => default_corral_binary()?,
+    };
+    println!("machine: {}", machine::describe());
+    println!("corral: {}", corral_binary.display());
+
+    let (mut corral, mut etcd) =
+        tokio::try_join!(CorralProcess::start(&corral_binary), EtcdProcess::start())?;
+    let client = Client::new(&corral.config)?;
+    let http = reqwest::Client::builder()
+        .timeout(corral_client::REQUEST_TIMEOUT)
+        .build()?;
+    let floor_dir = tempfile::Builder::new()
+        .prefix("corral-bench-floor-")
+        .tempdir()?;
+    println!(
+        "request body: {} bytes of pod JSON; temp dirs under {}",
+        body(&pod("bench-c16-15", 0)).len(),
+        std::env::temp_dir().display()
+    );
+
+    let mut rows = Vec::new();
+    for &clients in &args.clients {
+        let requests = args.requests;
+        println!("C={clients}: {CORRAL} …");
+        let summary = corral_apply(&client, requests, clients).await?;
+        rows.push(row(CORRAL, clients, summary));
+        corral.ensure_running()?;
+
+        println!("C={clients}: {ETCD_HTTP} …");
+        let summary = etcd_http_put(&http, &etcd.client_url, requests, clients).await?;
+        rows.push(row(ETCD_HTTP, clients, summary));
+
+        println!("C={clients}: {ETCDCTL} …");
+        let summary = etcdctl_put(&etcd.client_url, requests, clients).await?;
+        rows.push(row(ETCDCTL, clients, summary));
+        etcd.ensure_running()?;
+
+        println!("C={clients}: {FLOOR} …");
+        let summary = fdatasync_floor(
+            &floor_dir.path().join(format!("c{clients}")),
+            requests,
+            clients,
+        )
+        .await?;
+        rows.push(row(FLOOR, clients, summary));
+    }
+    let order = [CORRAL, ETCD_HTTP, ETCDCTL, FLOOR];
+    rows.sort_by_key(|row| {
+        let system = order.iter().position(|name| *name == row.system);
+        (system, row.clients)
+    });
+    println!();
+    println!("load at the end: {}", machine::load());
+    print!("{}", report::table(&rows, ETCD_HTTP));
+    Ok(())
+}
+
+fn row(system: &str, clients: usize, summary: crate::stats::Summary) -> Row {
+    Row {
+        system: system.into(),
+        clients,
+        summary,
+    }
+}
+
+/// `corral` in the directory of the running binary.
+pub fn default_corral_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot locate this binary")?;
+    let dir = exe
+        .parent()
+        .context("this binary has no parent directory")?;
+    Ok(dir.join("corral"))
+}
+
+/// Pod `name` at revision `revision`: about 500 bytes of JSON, the env value
+/// changing with every revision.
+fn pod(name: &str, revision: usize) -> Object {
+    let spec = json!({
+        "containers": [{
+            "name": "app",
+            "image": "registry.example.com/bench/app:1.24.3",
+            "command": ["/usr/local/bin/app"],
+            "args": ["--listen=:8080", "--log-format=json", "--cache-dir=/var/cache/app"],
+            "env": {
+                "BENCH_REVISION": revision.to_string(),
+                "DATABASE_URL": "postgres://app@db.default.svc:5432/app",
+                "FEATURE_FLAGS": "search,recommendations,new-checkout",
+                "LOG_LEVEL": "info",
+            },
+            "ports": [8080, 9090],
+            "resources": {"cpu": "500m", "memory": "256Mi"},
+        }],
+    });
+    Object::new(Kind::Pod, Some(NAMESPACE), name, spec)
+}
+
+fn body(object: &Object) -> Vec<u8> {
+    // INVARIANT: an Object is plain data (strings, numbers, maps) and always serialises.
+    serde_json::to_vec(object).unwrap_or_default()
+}
+
+async fn corral_apply(
+    client: &Client,
+    requests: usize,
+    clients: usize,
+) -> anyhow::Result<crate::stats::Summary> {
+    let name = move |client_index: usize| format!("bench-c{clients}-{client_index}");
+    // Create every pod first, unmeasured, so each measured request is an update.
+    for client_index in 0..clients {
+        client
+            .apply(&pod(&name(client_index), 0), Some("bench: create"))
+            .await
+            .context("cannot create the benchmark pods")?;
+    }
+    let api = client.clone();
+    let summary = load::run(requests, clients, move |client_index, sequence| {
+        let api = api.clone();
+        async move {
+            let object = pod(&name(client_index), sequence + 1);
+            api.apply(&object, Some("bench")).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    // Every request must have made a revision, or this measured something else.
+    for client_index in 0..clients {
+        let key = pod(&name(client_index), 0).key();
+        let revisions = client.history(&key).await?.len();
+        let expected = load::share(requests, clients, client_index) + 1;
+        if revisions != expected {
+            bail!(
+                "{} has {revisions} revisions, expected {expected}",
+                key.name
+            );
+        }
+    }
+    Ok(summary)
+}
+
+fn etcd_key(clients: usize, client_index: usize) -> String {
+    format!("/registry/pods/{NAMESPACE}/bench-c{clients}-{client_index}")
+}
+
+async fn etcd_http_put(
+    http: &reqwest::Client,
+    client_url: &str,
+    requests: usize,
+    clients: usize,
+) -> anyhow::Result<crate::stats::Summary> {
+    let url = format!("{client_url}/v3/kv/put");
+    let put = move |http: reqwest::Client, url: String, client_index: usize, revision: usize| async move {
+        let key = etcd_key(clients, client_index);
+        let value = body(&pod(&key, revision));
+        let request = json!({"key": BASE64.encode(key), "value": BASE64.encode(value)});
+        let response = http.post(&url).json(&request).send().await?;
+        let status = response.status();
+        let answer = response.bytes().await?;
+        if !status.is_success() {
+            bail!(
+                "etcd answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+        anyhow::Ok(())
+    };
+    for client_index in 0..clients {
+        put(http.clone(), url.clone(), client_index, 0)
+            .await
+            .context("cannot create the benchmark keys in etcd")?;
+    }
+    let http = http.clone();
+    load::run(requests, clients, move |client_index, sequence| {
+        put(http.clone(), url.clone(), client_index, sequence + 1)
+    })
+    .await
+}
+
+async fn etcdctl_put(
+    client_url: &str,
+    requests: usize,
+    clients: usize,
+) -> anyhow::Result<crate::stats::Summary> {
+    let client_url = client_url.to_string();
+    load::run(requests, clients, move |client_index, sequence| {
+        let client_url = client_url.clone();
+        async move {
+            let key = etcd_key(clients, client_index);
+            let value = String::from_utf8(body(&pod(&key, sequence + 1)))?;
+            let output = tokio::process::Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &client_url, "put", &key, &value])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .output()
+                .await
+                .context("cannot run etcdctl (Debian: apt-get install etcd-client)")?;
+            if !output.status.success() {
+                bail!(
+                    "etcdctl put failed ({}): {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+async fn fdatasync_floor(
+    dir: &std::path::Path,
+    requests: usize,
+    clients: usize,
+) -> anyhow::Result<crate::stats::Summary> {
+    std::fs::create_dir_all(dir)?;
+    let files = (0..clients)
+        .map(|client_index| {
+            let path = dir.join(format!("client-{client_index}"));
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map(Mutex::new)
+                .with_context(|| format!("cannot open {}", path.display()))
+        })
+        .collect::<anyhow::Result<Vec<Mutex<File>>>>()?;
+    let files = Arc::new(files);
+    let value = Arc::new(body(&pod("bench-floor", 1)));
+    load::run(requests, clients, move |client_index, _| {
+        let files = files.clone();
+        let value = value.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut file = files[client_index]
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("floor file lock poisoned"))?;
+                file.write_all(&value)?;
+                file.sync_data()?;
+                anyhow::Ok(())
+            })
+            .await?
+        }
+    })
+    .await
+}

@@ -1,0 +1,91 @@
+//! `corral-bench`: benchmarks of corral, each measured side by side in one
+//! run against the floor (what the hardware or kernel costs at minimum) and a
+//! peer (etcd, runc, podman …), printing medians, p99 and ratios with the
+//! machine noted. Results are recorded in `docs/BENCHMARKS.md`.
+//!
+//! One module per benchmark (`apply`, `pod_start`) over shared helpers:
+//! `processes` starts and always stops the systems under test, `node`
+//! removes the containers, mounts and cgroups they leave, `load` drives
+//! concurrent clients, `stats` summarises latencies, `report` prints tables.
+//! `pod_start` uses `corral_pods` (a corral node and its pod watch,
+//! `pod_watch`), `runc_floor` and `podman_peer`. It asserts nothing about
+//! speed: performance is measured, not asserted in tests.
+
+mod apply;
+mod corral_pods;
+mod load;
+mod machine;
+mod node;
+mod pod_start;
+mod pod_watch;
+mod podman_peer;
+mod processes;
+mod report;
+mod runc_floor;
+mod stats;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Benchmarks of corral against the floor and a peer, in one run.
+#[derive(Debug, Parser)]
+#[command(name = "corral-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Spec revisions per second through corral's API, next to etcd puts of
+    /// the same bytes (HTTP gateway and etcdctl) and an fdatasync floor.
+    Apply(apply::ApplyArgs),
+    /// Pod start latency (apply → all containers running, seen through a
+    /// watch), one after another and at once, next to bare `runc run -d`
+    /// and `podman run -d` of the same image; in-place update against
+    /// delete + create; `corral up`'s memory with the pods running. Root.
+    PodStart(pod_start::PodStartArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let benchmark = async {
+        match cli.command {
+            Command::Apply(args) => apply::run(args).await,
+            Command::PodStart(args) => pod_start::run(args).await,
+        }
+    };
+    // On SIGINT/SIGTERM the benchmark future is dropped, which drops the
+    // process guards inside it: everything started is killed and reaped.
+    let result = tokio::select! {
+        result = benchmark => result,
+        signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("corral-bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM with the signal's name.
+async fn interrupted() -> &'static str {
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        eprintln!(
+            "corral-bench: cannot install signal handlers; Ctrl-C may leave processes behind"
+        );
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    }
+}

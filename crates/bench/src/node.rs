@@ -1,0 +1,98 @@
+//! Removing what containers leave on this machine: runc containers under a
+//! `--root`, mounts below a directory, and cgroup directories. Shared by the
+//! corral node (whose agent keeps containers running after it stops, by
+//! design) and the runc floor. Best effort: every step is tried even when an
+//! earlier one failed, and nothing outside the given paths is touched.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Removes what `corral up --data-dir data_dir` left: containers of both
+/// runtimes (runc, runsc), every mount below the data dir (overlay rootfs,
+/// network namespace files), and the cgroups `/corral/<uid>` of every pod
+/// under `data_dir/pods` and of `extra_uids`, in every hierarchy.
+pub fn cleanup(data_dir: &Path, extra_uids: &[String]) {
+    for (binary, state) in [("runc", "runc"), ("runsc", "runsc")] {
+        let root = data_dir.join(state);
+        if root.exists() {
+            delete_all_containers(binary, &root);
+        }
+    }
+    unmount_below(data_dir);
+    let mut uids: Vec<String> = std::fs::read_dir(data_dir.join("pods"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    uids.extend(extra_uids.iter().cloned());
+    uids.sort();
+    uids.dedup();
+    for uid in uids {
+        remove_cgroup(&Path::new("corral").join(uid));
+    }
+}
+
+/// `runc --root ROOT list`, then `delete --force` of each.
+pub fn delete_all_containers(binary: &str, root: &Path) {
+    let listed = Command::new(binary)
+        .arg(format!("--root={}", root.display()))
+        .args(["list", "-q"])
+        .stderr(Stdio::null())
+        .output();
+    let Ok(listed) = listed else {
+        return;
+    };
+    for id in String::from_utf8_lossy(&listed.stdout).lines() {
+        let _ = Command::new(binary)
+            .arg(format!("--root={}", root.display()))
+            .args(["delete", "--force", id.trim()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Lazily unmounts every mount point below `dir`, deepest first.
+pub fn unmount_below(dir: &Path) {
+    let prefix = dir.to_string_lossy().into_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut targets: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .filter(|target| *target == prefix || target.starts_with(&format!("{prefix}/")))
+        .collect();
+    targets.sort_by_key(|target| std::cmp::Reverse(target.len()));
+    targets.dedup();
+    for target in targets {
+        let _ = Command::new("umount")
+            .args(["-l", target])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Removes the cgroup directory `relative` (e.g. `corral/<uid>`) and its
+/// direct children in every hierarchy under `/sys/fs/cgroup`. Only empty
+/// cgroups can be removed; others stay.
+pub fn remove_cgroup(relative: &Path) {
+    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    // Cgroup v2 mounted at the root itself, as well as each v1 hierarchy.
+    for hierarchy in hierarchies
+        .iter()
+        .map(PathBuf::as_path)
+        .chain([Path::new("/sys/fs/cgroup")])
+    {
+        let dir = hierarchy.join(relative);
+        for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if child.file_type().is_ok_and(|kind| kind.is_dir()) {
+                let _ = std::fs::remove_dir(child.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
