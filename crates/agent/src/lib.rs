@@ -13,6 +13,7 @@
 
 pub mod containers;
 pub mod exec;
+pub mod images;
 pub mod logs;
 pub mod manager;
 pub mod node;
@@ -174,8 +175,35 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
+    tokio::spawn(image_gc_loop(ctx.clone(), shutdown.clone()));
     manager.run(shutdown).await;
     Ok(())
+}
+
+/// How often unused pulled images are collected (see [`images`]).
+pub const IMAGE_GC_INTERVAL: Duration = Duration::from_secs(600);
+
+async fn image_gc_loop(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(IMAGE_GC_INTERVAL) => {}
+            () = shutdown.cancelled() => return,
+        }
+        let gc = ctx.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let records = gc.state.load_all().unwrap_or_default();
+            images::collect(&gc.runner.images, &records)
+        })
+        .await;
+        match result {
+            Ok(Ok(report)) if !report.removed_images.is_empty() => {
+                tracing::info!(removed = ?report.removed_images, "unused images collected");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(error = %chain(&error), "image collection failed"),
+            Err(error) => tracing::warn!(%error, "image collection task failed"),
+        }
+    }
 }
 
 /// How often the heartbeat loop looks for ready join steps.

@@ -72,6 +72,7 @@ impl Manager {
                 pod: pod.clone(),
                 admitted_revision: 0,
                 recent_images: Vec::new(),
+                pulling: Vec::new(),
                 containers: BTreeMap::new(),
                 generations: BTreeMap::new(),
                 netns: None,

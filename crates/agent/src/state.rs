@@ -45,6 +45,9 @@ pub struct PodRecord {
     pub recent_images: Vec<Vec<String>>,
     #[serde(default)]
     pub containers: BTreeMap<String, ContainerRecord>,
+    /// Images pulled for a revision not yet admitted (kept from GC).
+    #[serde(default)]
+    pub pulling: Vec<String>,
     /// The last generation started per container name, kept when a
     /// container is stopped so its next runtime id is new.
     #[serde(default)]
@@ -184,6 +187,7 @@ mod tests {
             pod,
             admitted_revision: 1,
             recent_images: vec![vec!["busybox".into()]],
+            pulling: Vec::new(),
             containers: BTreeMap::new(),
             generations: BTreeMap::new(),
             netns: None,

@@ -308,6 +308,9 @@ impl PodWorker {
             "node/pull-image" => {
                 let runner = self.ctx.runner.clone();
                 let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
+                // Recorded first, so image GC never takes what is being pulled.
+                self.record.pulling.clone_from(&images);
+                self.save();
                 let pulled = tokio::task::spawn_blocking(move || {
                     images
                         .iter()
@@ -493,6 +496,7 @@ impl PodWorker {
         self.record.recent_images.drain(..excess);
         self.record.pod = self.desired.clone();
         self.record.admitted_revision = self.desired.metadata.revision;
+        self.record.pulling.clear();
         self.save();
     }
 

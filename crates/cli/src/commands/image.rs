@@ -33,6 +33,10 @@ enum ImageCommand {
         #[arg(long, value_name = "NAME:TAG")]
         name: Option<String>,
     },
+    /// Delete pulled images no pod on this node uses or used in its last
+    /// revisions (the agent does this every 10 minutes; history is the GC
+    /// root, hand-imported images are never deleted).
+    Prune,
     /// List the images on this node.
     Ls {
         #[arg(short = 'o', long, value_enum, default_value_t)]
@@ -47,6 +51,7 @@ fn open(data_dir: Option<PathBuf>) -> anyhow::Result<ImageStore> {
 }
 
 pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     let store = open(args.data_dir)?;
     match args.command {
         ImageCommand::Import { file, name } => {
@@ -56,6 +61,23 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             for image in images {
                 println!("imported {} ({})", image.reference, image.manifest_digest);
             }
+        }
+        ImageCommand::Prune => {
+            let state = corral_agent::state::LocalState::open(data_dir.join("agent").join("pods"))?;
+            let report = tokio::task::spawn_blocking(move || {
+                let records = state.load_all()?;
+                anyhow::Ok(corral_agent::images::collect(&store, &records)?)
+            })
+            .await??;
+            for image in &report.removed_images {
+                println!("deleted {image}");
+            }
+            println!(
+                "{} images, {} blobs, {} layers deleted",
+                report.removed_images.len(),
+                report.removed_blobs,
+                report.removed_layers
+            );
         }
         ImageCommand::Ls { output } => {
             let images = store.list()?;

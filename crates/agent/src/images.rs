@@ -1,0 +1,94 @@
+//! Image retention: history is the GC root. An image stays on the node
+//! while any pod here runs it, is about to run it, or ran it in one of its
+//! last revisions (so a rollback starts without a registry). Images that
+//! were imported by hand (no registry host in their name) cannot be pulled
+//! again and are never collected.
+
+use std::collections::BTreeSet;
+
+use corral_api::kinds::PodSpec;
+use corral_runtime::image::{GcReport, ImageError, ImageStore, Reference};
+
+use crate::state::PodRecord;
+
+/// The images to keep: every pod's current spec, images being pulled for a
+/// revision not yet admitted, the recent revisions' images, and every
+/// image with no registry to pull it from again.
+pub fn roots(records: &[PodRecord], stored: &[String]) -> BTreeSet<String> {
+    let mut keep = BTreeSet::new();
+    for record in records {
+        if let Ok(spec) = record.pod.typed_spec::<PodSpec>() {
+            keep.extend(spec.containers.iter().map(|c| c.image.clone()));
+        }
+        keep.extend(record.recent_images.iter().flatten().cloned());
+        keep.extend(record.pulling.iter().cloned());
+    }
+    keep.extend(
+        stored
+            .iter()
+            .filter(|name| {
+                name.parse::<Reference>()
+                    .is_ok_and(|r| r.registry.is_none())
+            })
+            .cloned(),
+    );
+    keep
+}
+
+/// Deletes every image outside [`roots`]. Blocking.
+pub fn collect(images: &ImageStore, records: &[PodRecord]) -> Result<GcReport, ImageError> {
+    let stored: Vec<String> = images.list()?.into_iter().map(|i| i.reference).collect();
+    let keep = roots(records, &stored);
+    let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
+    images.retain(&keep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_api::{Kind, Object};
+    use std::collections::BTreeMap;
+
+    fn record(image: &str, recent: &[&[&str]], pulling: &[&str]) -> PodRecord {
+        PodRecord {
+            pod: Object::new(
+                Kind::Pod,
+                None,
+                "web",
+                serde_json::json!({"containers": [{"name": "c", "image": image}]}),
+            ),
+            admitted_revision: 1,
+            recent_images: recent
+                .iter()
+                .map(|r| r.iter().map(|s| s.to_string()).collect())
+                .collect(),
+            pulling: pulling.iter().map(|s| s.to_string()).collect(),
+            containers: BTreeMap::new(),
+            generations: BTreeMap::new(),
+            netns: None,
+        }
+    }
+
+    #[test]
+    fn history_and_hand_imports_are_roots() {
+        let records = [record(
+            "reg:5000/app:3",
+            &[&["reg:5000/app:2"], &["reg:5000/app:3"]],
+            &["reg:5000/app:4"],
+        )];
+        let stored = [
+            "reg:5000/app:1".to_string(),
+            "reg:5000/app:2".to_string(),
+            "local/busybox:1".to_string(),
+        ];
+        let keep = roots(&records, &stored);
+        assert!(keep.contains("reg:5000/app:2"), "a recent revision's image");
+        assert!(keep.contains("reg:5000/app:3"), "the current image");
+        assert!(keep.contains("reg:5000/app:4"), "an image being pulled");
+        assert!(keep.contains("local/busybox:1"), "a hand import");
+        assert!(
+            !keep.contains("reg:5000/app:1"),
+            "an old pulled image is garbage"
+        );
+    }
+}
