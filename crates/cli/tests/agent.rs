@@ -9,39 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Cluster, cleanup_node, wait_for};
-use corral_testkit::{ImageFormat, busybox_image_tar, require_root, require_tool};
+use common::{Cluster, wait_for};
 use serde_json::Value;
-
-/// A running cluster whose node is cleaned up even when the test fails.
-struct Node {
-    cluster: Cluster,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.cluster.kill9();
-        cleanup_node(self.cluster.data_dir.path());
-    }
-}
-
-fn start_node() -> Node {
-    require_root();
-    require_tool("runc");
-    let node = Node {
-        cluster: Cluster::start(),
-    };
-    let tar = busybox_image_tar(node.cluster.data_dir.path(), ImageFormat::OciLayout);
-    let data_dir = node.cluster.data_dir.path().to_string_lossy().into_owned();
-    node.cluster.ok(&[
-        "image",
-        "import",
-        tar.to_str().unwrap(),
-        "--data-dir",
-        &data_dir,
-    ]);
-    node
-}
 
 const POD: &str = "kind: Pod
 metadata: {name: web}
@@ -76,8 +45,7 @@ fn running(cluster: &Cluster) -> Value {
 
 #[test]
 fn pods_run_update_in_place_and_restart() {
-    let node = start_node();
-    let cluster = &node.cluster;
+    let cluster = &common::start_node();
     let path = cluster.manifest("web.yaml", POD);
     cluster.ok(&["apply", "-f", &path]);
     let first = running(cluster);

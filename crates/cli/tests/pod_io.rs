@@ -13,38 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{CORRAL, Cluster, cleanup_node, wait_for};
-use corral_testkit::{ImageFormat, busybox_image_tar, require_root, require_tool};
-
-/// A running cluster whose node is cleaned up even when the test fails.
-struct Node {
-    cluster: Cluster,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.cluster.kill9();
-        cleanup_node(self.cluster.data_dir.path());
-    }
-}
-
-fn start_node() -> Node {
-    require_root();
-    require_tool("runc");
-    let node = Node {
-        cluster: Cluster::start(),
-    };
-    let tar = busybox_image_tar(node.cluster.data_dir.path(), ImageFormat::OciLayout);
-    let data_dir = node.cluster.data_dir.path().to_string_lossy().into_owned();
-    node.cluster.ok(&[
-        "image",
-        "import",
-        tar.to_str().unwrap(),
-        "--data-dir",
-        &data_dir,
-    ]);
-    node
-}
+use common::{CORRAL, Cluster, wait_for};
 
 /// `web` echoes a marker then ticks every second; `side` only sleeps.
 const POD: &str = "kind: Pod
@@ -75,8 +44,7 @@ fn running(cluster: &Cluster) {
 
 #[test]
 fn logs_and_exec_reach_the_containers() {
-    let node = start_node();
-    let cluster = &node.cluster;
+    let cluster = &common::start_node();
     cluster.ok(&["apply", "-f", &cluster.manifest("web.yaml", POD)]);
     running(cluster);
     let node_json = cluster.get_json(&format!(
@@ -198,8 +166,7 @@ fn logs_and_exec_reach_the_containers() {
 
 #[test]
 fn a_single_container_is_the_default_and_nodes_cannot_exec() {
-    let node = start_node();
-    let cluster = &node.cluster;
+    let cluster = &common::start_node();
     let pod = "kind: Pod
 metadata: {name: solo}
 spec:

@@ -9,31 +9,9 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Cluster, cleanup_node, wait_for};
-use corral_testkit::{
-    ImageFormat, LayerBuilder, RegistryServer, busybox_image, push_oci_layout, require_root,
-    require_tool,
-};
+use common::{Cluster, wait_for};
+use corral_testkit::{ImageFormat, LayerBuilder, RegistryServer, busybox_image, push_oci_layout};
 use serde_json::Value;
-
-struct Node {
-    cluster: Cluster,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.cluster.kill9();
-        cleanup_node(self.cluster.data_dir.path());
-    }
-}
-
-fn start_node() -> Node {
-    require_root();
-    require_tool("runc");
-    Node {
-        cluster: Cluster::start(),
-    }
-}
 
 fn web(pod: &Value) -> Value {
     pod["status"]["containers"]
@@ -77,8 +55,7 @@ fn pod_manifest(image: &str, extra: &str) -> String {
 
 #[test]
 fn rollback_needs_no_registry_for_a_recent_image() {
-    let node = start_node();
-    let cluster = &node.cluster;
+    let cluster = &common::start_node();
     let registry_dir = cluster.data_dir.path().join("registry");
     std::fs::create_dir_all(&registry_dir).unwrap();
     let registry = RegistryServer::start(&registry_dir);
@@ -127,17 +104,7 @@ fn rollback_needs_no_registry_for_a_recent_image() {
 
 #[test]
 fn a_revision_that_never_gets_ready_is_rolled_back_by_the_system() {
-    let node = start_node();
-    let cluster = &node.cluster;
-    let tar = corral_testkit::busybox_image_tar(cluster.data_dir.path(), ImageFormat::OciLayout);
-    let data_dir = cluster.data_dir.path().to_string_lossy().into_owned();
-    cluster.ok(&[
-        "image",
-        "import",
-        tar.to_str().unwrap(),
-        "--data-dir",
-        &data_dir,
-    ]);
+    let cluster = &common::start_node();
     let good = "kind: Pod\nmetadata: {name: web}\nspec:\n  rollback: auto\n  containers:\n    - name: web\n      image: local/busybox:1\n      command: [httpd, -f, -p, \"8080\"]\n      readiness: {tcp: {port: 8080}, periodSeconds: 1, deadlineSeconds: 4}\n";
     cluster.ok(&["apply", "-f", &cluster.manifest("good.yaml", good)]);
     wait_for("revision 1 to be ready", Duration::from_secs(60), || {

@@ -14,17 +14,10 @@ use serde_json::Value;
 
 mod common;
 
-/// The shared `corral up` harness with a real node; the node's containers,
-/// mounts and cgroups are removed when the test ends, even on failure.
+/// The shared `corral up` harness with a real node (its containers, mounts
+/// and cgroups are removed when it drops, even on failure).
 struct Node {
     cluster: common::Cluster,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.cluster.kill9();
-        common::cleanup_node(self.cluster.data_dir.path());
-    }
 }
 
 impl std::ops::Deref for Node {
@@ -38,23 +31,9 @@ impl std::ops::Deref for Node {
 impl Node {
     /// A node that is Ready and has the busybox image.
     fn start() -> Node {
-        corral_testkit::require_root();
-        corral_testkit::require_tool("runc");
         let node = Node {
-            cluster: common::Cluster::start(),
+            cluster: common::start_node(),
         };
-        let tar = corral_testkit::busybox_image_tar(
-            node.data_dir.path(),
-            corral_testkit::ImageFormat::OciLayout,
-        );
-        let data_dir = node.data_dir.path().display().to_string();
-        node.ok(&[
-            "image",
-            "import",
-            &tar.display().to_string(),
-            "--data-dir",
-            &data_dir,
-        ]);
         common::wait_for("the node to be Ready", Duration::from_secs(30), || {
             let nodes: Value =
                 serde_json::from_str(&node.ok(&["get", "nodes", "-o", "json"])).ok()?;

@@ -259,3 +259,25 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A `corral up` whose node can run pods: root and runc are required (the
+/// test fails, never skips, without them) and the busybox image
+/// (`local/busybox:1`) is imported. Dropping it removes everything.
+pub fn start_node() -> Cluster {
+    corral_testkit::require_root();
+    corral_testkit::require_tool("runc");
+    let cluster = Cluster::start();
+    let tar = corral_testkit::busybox_image_tar(
+        cluster.data_dir.path(),
+        corral_testkit::ImageFormat::OciLayout,
+    );
+    let data_dir = cluster.data_dir.path().to_string_lossy().into_owned();
+    cluster.ok(&[
+        "image",
+        "import",
+        &tar.to_string_lossy(),
+        "--data-dir",
+        &data_dir,
+    ]);
+    cluster
+}
