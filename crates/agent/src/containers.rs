@@ -254,8 +254,9 @@ impl ContainerRunner {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        runtime.delete(id, true).map_err(runtime_error)?;
-        self.cleanup(uid, record)
+        let deleted = runtime.delete(id, true).map_err(runtime_error);
+        let cleaned = self.cleanup(uid, record);
+        deleted.and(cleaned)
     }
 
     /// Unmounts and removes a container's files after it stopped.

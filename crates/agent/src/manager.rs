@@ -23,7 +23,8 @@ const RETRY: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Manager {
     ctx: Arc<AgentContext>,
-    workers: BTreeMap<ObjectKey, mpsc::Sender<PodMessage>>,
+    /// Each pod's worker and the uid of the pod it runs.
+    workers: BTreeMap<ObjectKey, (String, mpsc::Sender<PodMessage>)>,
 }
 
 impl Manager {
@@ -47,9 +48,10 @@ impl Manager {
 
     fn spawn(&mut self, record: PodRecord) -> mpsc::Sender<PodMessage> {
         let key = record.pod.key();
+        let record_uid = record.pod.metadata.uid.clone();
         let (sender, receiver) = mpsc::channel(16);
         tokio::spawn(PodWorker::new(self.ctx.clone(), record).run(receiver));
-        self.workers.insert(key, sender.clone());
+        self.workers.insert(key, (record_uid, sender.clone()));
         sender
     }
 
@@ -66,23 +68,44 @@ impl Manager {
             self.remove(&key).await;
             return;
         }
+        // The same name with another uid is another pod: the old one goes.
+        if self
+            .workers
+            .get(&key)
+            .is_some_and(|(uid, _)| *uid != pod.metadata.uid)
+        {
+            self.remove(&key).await;
+        }
         let sender = match self.workers.get(&key) {
-            Some(sender) if !sender.is_closed() => sender.clone(),
-            _ => self.spawn(PodRecord {
-                pod: pod.clone(),
-                admitted_revision: 0,
-                recent_images: Vec::new(),
-                pulling: Vec::new(),
-                containers: BTreeMap::new(),
-                generations: BTreeMap::new(),
-                netns: None,
-            }),
+            Some((_, sender)) if !sender.is_closed() => sender.clone(),
+            _ => {
+                // A worker that died leaves its record on disk: resume from it.
+                let record = self
+                    .ctx
+                    .state
+                    .load_all()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|record| {
+                        record.pod.key() == key && record.pod.metadata.uid == pod.metadata.uid
+                    })
+                    .unwrap_or_else(|| PodRecord {
+                        pod: pod.clone(),
+                        admitted_revision: 0,
+                        recent_images: Vec::new(),
+                        pulling: Vec::new(),
+                        containers: BTreeMap::new(),
+                        generations: BTreeMap::new(),
+                        netns: None,
+                    });
+                self.spawn(record)
+            }
         };
         let _ = sender.send(PodMessage::Desired(Box::new(pod))).await;
     }
 
     async fn remove(&mut self, key: &ObjectKey) {
-        if let Some(sender) = self.workers.remove(key) {
+        if let Some((_, sender)) = self.workers.remove(key) {
             let _ = sender.send(PodMessage::Remove).await;
         }
     }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use corral_api::kinds::Probe;
-use corral_runtime::oci::{ExecSpec, OciRuntime, reap};
+use corral_runtime::oci::{ExecSpec, OciRuntime};
 
 /// How long one probe may take.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -30,8 +30,8 @@ pub fn run(
             args: exec.command.clone(),
             ..ExecSpec::default()
         };
-        // The agent reaps orphans: hold the lock so this child is ours to wait for.
-        let _spawning = reap::spawn_lock();
+        // The runtime tracks the exec'd child, so the orphan sweep leaves it
+        // to us (it takes the spawn lock itself: never hold it here).
         let output = runtime
             .exec_output(container_id, &spec)
             .map_err(|error| format!("exec {:?}: {error}", exec.command))?;

@@ -156,6 +156,20 @@ impl LocalState {
             .map_err(io("fsync", &self.dir))
     }
 
+    /// Forgets the pod at `key` if the record there is still the one with
+    /// `uid` (a pod recreated under the same name keeps its new record).
+    pub fn remove_if_uid(&self, key: &ObjectKey, uid: &str) -> Result<(), StateError> {
+        let path = self.dir.join(file_name(key));
+        let current_uid = fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| serde_json::from_str::<PodRecord>(&text).ok())
+            .map(|record| record.pod.metadata.uid);
+        match current_uid {
+            Some(current) if current != uid => Ok(()),
+            _ => self.remove(key),
+        }
+    }
+
     pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
         let path = self.dir.join(file_name(key));
         match fs::remove_file(&path) {

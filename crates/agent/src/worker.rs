@@ -431,7 +431,8 @@ impl PodWorker {
         let grace = Duration::from_secs(u64::from(spec.termination_grace_seconds.unwrap_or(10)));
         let old_spec = typed_spec(&self.record.pod).unwrap_or_else(|| spec.clone());
         for name in plan.to_stop() {
-            if let Some(record) = self.record.containers.remove(name) {
+            // Forgotten only once stopped: a failed stop keeps it tracked.
+            if let Some(record) = self.record.containers.get(name).cloned() {
                 let runner = self.ctx.runner.clone();
                 let uid = self.uid();
                 let old_spec = old_spec.clone();
@@ -439,6 +440,7 @@ impl PodWorker {
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| crate::chain(&e))?;
+                self.record.containers.remove(name);
             }
         }
         self.save();
@@ -666,14 +668,21 @@ impl PodWorker {
                 .and_then(|s| s.termination_grace_seconds)
                 .unwrap_or(10),
         ));
-        if let Some(spec) = spec {
-            for record in std::mem::take(&mut self.record.containers).into_values() {
-                let runner = self.ctx.runner.clone();
-                let (uid, spec) = (self.uid(), spec.clone());
-                let _ =
-                    tokio::task::spawn_blocking(move || runner.stop(&uid, &spec, &record, grace))
-                        .await;
-            }
+        // An undecodable spec still names no other runtime than runc.
+        let spec = spec.unwrap_or_else(|| {
+            serde_json::from_value(serde_json::json!({"containers": []}))
+                .expect("INVARIANT: an empty container list is a valid pod spec")
+        });
+        for record in std::mem::take(&mut self.record.containers).into_values() {
+            let runner = self.ctx.runner.clone();
+            let (uid, spec) = (self.uid(), spec.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(error) = runner.stop(&uid, &spec, &record, grace) {
+                    tracing::warn!(container = %record.runtime_id, error = %crate::chain(&error), "stop failed; removing its files anyway");
+                    let _ = runner.cleanup(&uid, &record);
+                }
+            })
+            .await;
         }
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));
@@ -682,7 +691,10 @@ impl PodWorker {
             &self.ctx.runner.pods_dir,
             &self.uid(),
         ));
-        if let Err(error) = self.ctx.state.remove(&self.key()) {
+        let uid = self.uid();
+        let _ =
+            tokio::task::spawn_blocking(move || crate::containers::remove_pod_cgroups(&uid)).await;
+        if let Err(error) = self.ctx.state.remove_if_uid(&self.key(), &self.uid()) {
             tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot forget the pod");
         }
         tracing::info!(pod = %self.key(), "pod removed from this node");

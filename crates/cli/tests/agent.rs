@@ -23,6 +23,7 @@ spec:
     - name: side
       image: local/busybox:1
       command: [sleep, \"3600\"]
+      readiness: {exec: {command: [\"true\"]}, periodSeconds: 1}
 ";
 
 fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
@@ -35,10 +36,12 @@ fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
 fn running(cluster: &Cluster) -> Value {
     wait_for("pod/web to run", Duration::from_secs(60), || {
         let pod = cluster.get_json("pod/web");
+        // side's readiness is an exec probe: it runs through runc exec.
         let ready = pod["status"]["phase"] == "Running"
             && ["web", "side"]
                 .iter()
-                .all(|c| container(&pod, c)["state"] == "running");
+                .all(|c| container(&pod, c)["state"] == "running")
+            && container(&pod, "side")["ready"] == true;
         ready.then_some(pod)
     })
 }

@@ -103,14 +103,22 @@ pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), Client
                 Ok(Ok(subnet))
             })
             .await?;
+            // The taken set is now stale: the next prefix waits for the next
+            // round, which the write just triggered.
+            return Ok(());
         }
     }
     let pods = client.list(Kind::Pod, None, None).await?.items;
+    // One address per node per round, for the same reason.
+    let mut served_nodes = BTreeSet::new();
     for pod in &pods {
         let Some(workflow) = ready_instance(pod, ADDRESS_STEP) else {
             continue;
         };
         let status: PodStatus = pod.typed_status().unwrap_or_default();
+        if !served_nodes.insert(status.node.clone()) {
+            continue;
+        }
         let node_prefix = status.node.as_ref().and_then(|node_name| {
             nodes
                 .iter()

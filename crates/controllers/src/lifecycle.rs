@@ -67,8 +67,13 @@ pub async fn round(client: &Client) -> Result<(), ClientError> {
                 }
             }
         }
-        client.put_status(&current).await?;
-        tracing::info!(node = %current.metadata.name, phase = ?next, "node phase");
+        // One node's conflict (a heartbeat just landed) must not hold up the rest.
+        match client.put_status(&current).await {
+            Ok(_) => tracing::info!(node = %current.metadata.name, phase = ?next, "node phase"),
+            Err(error) => {
+                tracing::debug!(node = %current.metadata.name, %error, "phase not written; next round")
+            }
+        }
     }
     Ok(())
 }

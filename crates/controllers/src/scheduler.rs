@@ -4,7 +4,7 @@
 use corral_api::workflow::{StepActionKind, StepActionRequest};
 use corral_api::{Kind, Object};
 use corral_client::{Client, ClientError};
-use corral_scheduler::{Request, Snapshot, Strategy, schedule};
+use corral_scheduler::{Request, Scheduler, Snapshot, Strategy};
 use tokio_util::sync::CancellationToken;
 
 use crate::steps::ready_instance;
@@ -40,15 +40,20 @@ pub async fn round(client: &Client) -> Result<(), ClientError> {
             return Ok(());
         }
     };
+    // One scheduler for the round: each placement counts against the next.
+    let mut scheduler = Scheduler::new(&snapshot, Strategy::Spread);
     for (pod, workflow) in waiting {
-        place(client, &snapshot, pod, &workflow).await?;
+        let key = pod.key();
+        if let Err(error) = place(client, &mut scheduler, pod, &workflow).await {
+            tracing::debug!(pod = %key, %error, "placement not recorded; retried later");
+        }
     }
     Ok(())
 }
 
 async fn place(
     client: &Client,
-    snapshot: &Snapshot,
+    scheduler: &mut Scheduler,
     pod: Object,
     workflow: &str,
 ) -> Result<(), ClientError> {
@@ -68,7 +73,7 @@ async fn place(
     client
         .step_action(&key, &action(StepActionKind::Claim, workflow))
         .await?;
-    match schedule(snapshot, &request, Strategy::Spread) {
+    match scheduler.place(&request) {
         Ok(placement) => {
             if let Err(error) =
                 crate::steps::set_status_field(client, &key, "node", placement.node.clone().into())

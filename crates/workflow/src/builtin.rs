@@ -55,6 +55,7 @@ fn pod_start() -> Vec<StepDefinition> {
             "choose a node with room for the pod and bind it",
         )
         .wanted_by("scheduled")
+        .timeout_secs(60)
         .attempts(UNSCHEDULABLE_RETRIES)
         .build(),
         target("scheduled", "the pod is bound to a node", &[]),
