@@ -15,6 +15,7 @@ pub mod manifest;
 pub mod meta;
 pub mod object;
 pub mod quantity;
+pub mod security;
 pub mod selector;
 pub mod validate;
 pub mod watch;

@@ -72,6 +72,12 @@ impl Checker {
         }
     }
 
+    fn relaxation(&mut self, path: &str, name: &str) {
+        if let Err(error) = name.parse::<crate::security::Relaxation>() {
+            self.fail(path, error.to_string());
+        }
+    }
+
     fn labels(&mut self, path: &str, labels: &BTreeMap<String, String>) {
         for key in labels.keys() {
             if !is_label_key(key) {
@@ -230,6 +236,9 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
             checker.fail(path, "must set exactly one of emptyDir, local or plugin");
         }
     }
+    for (index, name) in spec.security.relax.iter().enumerate() {
+        checker.relaxation(&format!("{prefix}.security.relax[{index}]"), name);
+    }
     let mut container_names = BTreeSet::new();
     for (index, container) in spec.containers.iter().enumerate() {
         let path = format!("{prefix}.containers[{index}]");
@@ -323,7 +332,7 @@ fn check_policy(checker: &mut Checker, spec: &PolicySpec) {
         }
     }
     for (index, grant) in spec.grant.iter().enumerate() {
-        checker.non_empty(&format!("spec.grant[{index}]"), grant);
+        checker.relaxation(&format!("spec.grant[{index}]"), grant);
     }
 }
 
@@ -452,6 +461,34 @@ mod tests {
                 "missing {expected:?} in {errors:#?}"
             );
         }
+    }
+
+    #[test]
+    fn relaxation_names_are_checked_with_their_paths() {
+        let object = pod(json!({
+            "security": {"relax": ["run-as-root", "run-as-rot"]},
+            "containers": [{"name": "c", "image": "i"}]
+        }));
+        let errors = messages(&object);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(
+                "spec.security.relax[1]: unknown relaxation \"run-as-rot\": expected one of run-as-root, "
+            ),
+            "{errors:?}"
+        );
+        let policy = Object::new(
+            Kind::Policy,
+            None,
+            "p",
+            json!({"namespaces": ["*"], "grant": ["capability:CAP_CHOWN", "host-path:etc"]}),
+        );
+        let errors = messages(&policy);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("spec.grant[1]: host path"),
+            "{errors:?}"
+        );
     }
 
     #[test]

@@ -13,7 +13,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{apply, controllers, exec, get, history, image, token, up, workflow};
+use crate::commands::{
+    apply, controllers, exec, get, history, image, security, token, up, workflow,
+};
 
 /// corral: a container and VM orchestrator you can learn in a week.
 ///
@@ -89,6 +91,8 @@ enum Command {
     /// Show who owns a field and which controllers read it
     /// (`corral explain pod.status.node`).
     Explain(controllers::ExplainArgs),
+    /// Show a pod's effective sandbox and which Policy granted each relaxation.
+    ExplainSecurity(security::ExplainSecurityArgs),
     /// Manage API tokens.
     Token(token::TokenArgs),
     /// Show who the configured token authenticates as.
@@ -143,6 +147,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Controllers(args) => controllers::run(config, args).await,
         Command::Explain(args) => controllers::explain(config, args).await,
+        Command::ExplainSecurity(args) => security::explain_security(config, args).await,
         Command::Token(args) => token::run(config, args).await,
         Command::Whoami => token::whoami(config).await,
         Command::Openapi => {

@@ -19,6 +19,7 @@ pub mod openapi;
 pub mod ownership;
 mod query;
 pub mod render;
+pub mod security;
 pub mod workflows;
 
 use std::sync::Arc;

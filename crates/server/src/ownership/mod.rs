@@ -88,6 +88,9 @@ pub async fn create(
         .await
         .map_err(WriteError::Refused)?;
     admit(&registry, caller, None, &object)?;
+    crate::security::admit(server, None, &object)
+        .await
+        .map_err(WriteError::Refused)?;
     let created = workflows::create(server, object, change).await;
     finish(server, caller, registering, created).await
 }
@@ -129,6 +132,9 @@ pub async fn update(
         return Ok(ReadView::new(caller, registry).serve(next));
     }
     admit(&registry, caller, Some(current), &next)?;
+    crate::security::admit(server, Some(current), &next)
+        .await
+        .map_err(WriteError::Refused)?;
     let updated = workflows::update(server, current, next, expected, change).await;
     finish(server, caller, registering, updated).await
 }
