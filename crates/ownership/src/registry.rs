@@ -83,9 +83,21 @@ pub struct TransferPlan {
 }
 
 /// Every ownership rule in effect.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registry {
     controllers: Vec<Registration>,
+    /// The default table and every registration, parsed once: every write
+    /// asks `owner_of` for each changed path.
+    all_rules: Vec<Rule>,
+    /// [`Registry::effective_rules`], computed once: every read served to a
+    /// controller asks which fields it owns.
+    effective: Vec<Rule>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new([])
+    }
 }
 
 impl Registry {
@@ -93,7 +105,14 @@ impl Registry {
     pub fn new(controllers: impl IntoIterator<Item = Registration>) -> Self {
         let mut controllers: Vec<Registration> = controllers.into_iter().collect();
         controllers.sort_by(|a, b| a.name.cmp(&b.name));
-        Registry { controllers }
+        let mut registry = Registry {
+            controllers,
+            all_rules: Vec::new(),
+            effective: Vec::new(),
+        };
+        registry.all_rules = registry.build_rules();
+        registry.effective = registry.build_effective_rules();
+        registry
     }
 
     /// A registry of stored `Controller` objects; objects of other kinds and
@@ -122,6 +141,10 @@ impl Registry {
 
     /// Every rule: the defaults of every kind, then every registration.
     pub fn rules(&self) -> Vec<Rule> {
+        self.all_rules.clone()
+    }
+
+    fn build_rules(&self) -> Vec<Rule> {
         let mut rules: Vec<Rule> = Kind::ALL
             .into_iter()
             .flat_map(|kind| {
@@ -155,8 +178,8 @@ impl Registry {
 
     /// Who owns a concrete path (`spec.containers[0].image`) of `kind`.
     pub fn owner_of(&self, kind: Kind, path: &str) -> Owner {
-        self.rules()
-            .into_iter()
+        self.all_rules
+            .iter()
             .filter(|rule| rule.field.kind == kind && path_matches(&rule.field.path, path))
             .max_by_key(|rule| {
                 (
@@ -164,7 +187,7 @@ impl Registry {
                     rule.source == Source::Registered,
                 )
             })
-            .map_or(Owner::Unowned, |rule| rule.owner)
+            .map_or(Owner::Unowned, |rule| rule.owner.clone())
     }
 
     /// The rules in effect: every rule that still decides some path (a
@@ -172,6 +195,10 @@ impl Registry {
     /// field and owner (a registration repeating a default is kept as the
     /// registration).
     pub fn effective_rules(&self) -> Vec<Rule> {
+        self.effective.clone()
+    }
+
+    fn build_effective_rules(&self) -> Vec<Rule> {
         let mut rules: Vec<Rule> = Vec::new();
         for rule in self.rules() {
             if self.owner_of(rule.field.kind, &rule.field.path) != rule.owner {
@@ -224,10 +251,10 @@ impl Registry {
         }
         let owner = Owner::Controller(controller.to_string());
         paths.extend(
-            self.effective_rules()
-                .into_iter()
+            self.effective
+                .iter()
                 .filter(|rule| rule.field.kind == kind && rule.owner == owner)
-                .map(|rule| rule.field.path),
+                .map(|rule| rule.field.path.clone()),
         );
         Some(paths.into_iter().collect())
     }
