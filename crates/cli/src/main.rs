@@ -46,8 +46,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a single-node cluster in this process: store, API server and
-    /// (as they land) controllers and the node agent.
+    /// Run a single-node cluster in this process: store, API server,
+    /// built-in controllers and a node agent.
     Up(up::UpArgs),
     /// Run the control plane alone (API server, store, built-in
     /// controllers) for a cluster of `corral agent` nodes.
@@ -55,7 +55,7 @@ enum Command {
     /// Run a node agent alone, joining the server named by --server with a
     /// node token. Pods keep running while the server is unreachable.
     Agent(up::AgentArgs),
-    /// Import and list images on this node.
+    /// Import, list and prune the images on this node.
     Image(image::ImageArgs),
     /// Create or update the objects in a manifest (YAML or JSON, several
     /// documents allowed). Each spec change becomes a numbered revision.

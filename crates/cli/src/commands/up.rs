@@ -28,7 +28,7 @@ pub const AGENT_SECRET_FILE: &str = "agent-secret";
 
 #[derive(Debug, Args)]
 pub struct ServerArgs {
-    /// Where the store, the configs and (for `up`) node state live.
+    /// Where the store, the configs and (for `up`) the node's pods and images live.
     /// Default: /var/lib/corral as root, ~/.local/share/corral otherwise.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
