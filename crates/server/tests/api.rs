@@ -2,34 +2,20 @@
 //! watch, metrics and the OpenAPI document, driven through `app()` without
 //! a socket.
 
-use std::sync::Arc;
+mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use corral_api::{Identity, Role};
-use corral_server::clock::SequentialIds;
-use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
-use corral_store::sqlite::SqliteStore;
+use corral_server::{SharedServer, TokenIssuer, app};
 use futures::StreamExt;
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
 async fn server() -> (SharedServer, String) {
-    let store = SqliteStore::open_in_memory().expect("in-memory store");
-    let server = Server::with(
-        Arc::new(store),
-        Arc::new(SystemClock),
-        Arc::new(SequentialIds::default()),
-    );
-    let token = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("admin", Role::Operator),
-    )
-    .await
-    .expect("issue a token");
-    (server, token)
+    let server = common::new_server();
+    let admin = common::token(&server, "admin", Role::Operator).await;
+    (server, admin)
 }
 
 async fn call(
@@ -39,30 +25,7 @@ async fn call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let mut request = Request::builder().method(method).uri(uri);
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
-    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-    let response = app(server.clone())
-        .oneshot(
-            request
-                .header("content-type", "application/json")
-                .body(body)
-                .expect("a valid request"),
-        )
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("a readable body")
-        .to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, value)
+    common::call(server, method, uri, token, body).await
 }
 
 fn pod(image: &str) -> Value {

@@ -4,15 +4,13 @@
 //! fields change hands only by an explicit transfer, and the built-in
 //! controllers register through the same API.
 
-use std::sync::Arc;
+mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use corral_api::{Identity, Role};
-use corral_server::clock::SequentialIds;
+use corral_api::Role;
 use corral_server::ownership::{BuiltinTokens, register_builtins};
-use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
-use corral_store::sqlite::SqliteStore;
+use corral_server::{SharedServer, app};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -24,12 +22,7 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    let store = SqliteStore::open_in_memory().expect("in-memory store");
-    let server = Server::with(
-        Arc::new(store),
-        Arc::new(SystemClock),
-        Arc::new(SequentialIds::default()),
-    );
+    let server = common::new_server();
     let admin = token(&server, "admin", Role::Operator).await;
     let builtins = register_builtins(&server, &BuiltinTokens::new())
         .await
@@ -42,9 +35,7 @@ async fn cluster() -> Cluster {
 }
 
 async fn token(server: &SharedServer, name: &str, role: Role) -> String {
-    TokenIssuer::issue(&*server.store, &*server.clock, Identity::new(name, role))
-        .await
-        .expect("issue a token")
+    common::token(server, name, role).await
 }
 
 impl Cluster {
@@ -62,27 +53,7 @@ impl Cluster {
         token: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let request = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header("authorization", format!("Bearer {token}"))
-            .header("content-type", "application/json")
-            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-            .expect("a request");
-        let response = app(self.server.clone())
-            .oneshot(request)
-            .await
-            .expect("a response");
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .expect("a body")
-            .to_bytes();
-        let value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-        (status, value)
+        common::call(&self.server, method, uri, Some(token), body).await
     }
 
     async fn ok(&self, method: &str, uri: &str, token: &str, body: Option<Value>) -> Value {

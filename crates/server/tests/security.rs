@@ -1,17 +1,12 @@
 //! The two-party opt-in for sandbox relaxations, in-process: a pod's ask
 //! needs a Policy's grant; Policies are written by operators only.
 
-use std::sync::Arc;
+mod common;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use corral_api::{Identity, Role};
-use corral_server::clock::SequentialIds;
-use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
-use corral_store::sqlite::SqliteStore;
-use http_body_util::BodyExt;
+use axum::http::StatusCode;
+use corral_api::Role;
+use corral_server::SharedServer;
 use serde_json::{Value, json};
-use tower::ServiceExt;
 
 struct Cluster {
     server: SharedServer,
@@ -20,25 +15,9 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    let store = SqliteStore::open_in_memory().expect("in-memory store");
-    let server = Server::with(
-        Arc::new(store),
-        Arc::new(SystemClock),
-        Arc::new(SequentialIds::default()),
-    );
-    let mut tokens = Vec::new();
-    for identity in [
-        Identity::new("admin", Role::Operator),
-        Identity::new("alice", Role::User),
-    ] {
-        tokens.push(
-            TokenIssuer::issue(&*server.store, &*server.clock, identity)
-                .await
-                .expect("issue a token"),
-        );
-    }
-    let user = tokens.pop().expect("two tokens");
-    let operator = tokens.pop().expect("two tokens");
+    let server = common::new_server();
+    let operator = common::token(&server, "admin", Role::Operator).await;
+    let user = common::token(&server, "alice", Role::User).await;
     Cluster {
         server,
         operator,
@@ -53,27 +32,7 @@ async fn call(
     token: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    let request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("authorization", format!("Bearer {token}"))
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("a valid request");
-    let response = app(server.clone())
-        .oneshot(request)
-        .await
-        .expect("infallible service");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("a readable body")
-        .to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, value)
+    common::call(server, method, uri, Some(token), Some(body)).await
 }
 
 fn pod(name: &str, relax: &[&str]) -> Value {

@@ -1,0 +1,67 @@
+//! The in-process harness the server's integration tests share: the app on
+//! an in-memory store with sequential uids, tokens for any identity, and one
+//! request helper. No socket: requests go through `app()` directly.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use corral_api::{Identity, Role};
+use corral_server::clock::SequentialIds;
+use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
+use corral_store::sqlite::SqliteStore;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// A server on a fresh in-memory store (uids `uid-1`, `uid-2`, …).
+pub fn new_server() -> SharedServer {
+    let store = SqliteStore::open_in_memory().expect("in-memory store");
+    Server::with(
+        Arc::new(store),
+        Arc::new(SystemClock),
+        Arc::new(SequentialIds::default()),
+    )
+}
+
+/// A token for `name` with `role`.
+pub async fn token(server: &SharedServer, name: &str, role: Role) -> String {
+    TokenIssuer::issue(&*server.store, &*server.clock, Identity::new(name, role))
+        .await
+        .expect("issue a token")
+}
+
+/// Sends one request; the body comes back as JSON, or as a JSON string when
+/// it is not JSON (metrics, healthz).
+pub async fn call(
+    server: &SharedServer,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+    let response = app(server.clone())
+        .oneshot(request.body(body).expect("a valid request"))
+        .await
+        .expect("infallible service");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a readable body")
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
