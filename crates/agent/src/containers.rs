@@ -16,6 +16,7 @@ use corral_runtime::image::{Image, ImageError, ImageStore, Registry, RegistryErr
 use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status};
 
 use crate::plan::config_hash;
+use crate::sandbox::{self, PodSandbox};
 use crate::state::ContainerRecord;
 
 #[derive(Debug, thiserror::Error)]
@@ -134,16 +135,16 @@ impl ContainerRunner {
         }
     }
 
-    /// Starts `container` of the pod `uid` in the pod's network namespace;
-    /// returns its new record.
+    /// Starts `container` of the pod `uid` in the pod's sandbox (its
+    /// network and user namespaces); returns its new record.
     pub fn start(
         &self,
         uid: &str,
         pod_name: &str,
         spec: &PodSpec,
         container: &Container,
-        netns: &Path,
         generation: u64,
+        sandbox: &PodSandbox,
     ) -> Result<ContainerRecord, ContainerError> {
         let runtime = self.runtimes.for_class(spec.runtime)?;
         let image = self.ensure_image(&container.image)?;
@@ -178,9 +179,9 @@ impl ContainerRunner {
                 .map_err(|e| config_error(e.to_string()))?;
         let mut config =
             ContainerConfig::new(&runtime_id, &mounted.rootfs, Vec::new()).with_process(process);
-        config.user = user;
         config.hostname = Some(pod_name.to_string());
-        config.network = NetworkNamespace::Join(netns.to_path_buf());
+        config.network = NetworkNamespace::Join(sandbox.netns.clone());
+        sandbox::apply(&mut config, user, sandbox).map_err(|e| config_error(e.to_string()))?;
         config.cgroup_path = Some(format!("/corral/{uid}/{}", container.name));
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);

@@ -13,12 +13,14 @@
 
 pub mod containers;
 pub mod exec;
+pub mod idranges;
 pub mod images;
 pub mod logs;
 pub mod manager;
 pub mod node;
 pub mod plan;
 pub mod probes;
+pub mod sandbox;
 pub mod serve;
 pub mod state;
 pub mod steps;
@@ -46,6 +48,8 @@ pub struct AgentContext {
     pub runner: ContainerRunner,
     pub state: LocalState,
     pub netns: Arc<NetnsManager>,
+    /// Host uid/gid ranges of pods' user namespaces.
+    pub id_ranges: Arc<idranges::IdRanges>,
     /// Revisions whose images stay on the node (rollback without a pull).
     pub image_revisions: usize,
 }
@@ -79,6 +83,12 @@ pub enum AgentError {
     State(#[from] state::StateError),
     #[error("image store")]
     Image(#[from] corral_runtime::image::ImageError),
+    #[error("cannot prepare the data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot become the reaper of container processes")]
     Reap(#[from] reap::ReapError),
     #[error("cannot listen for logs and exec on {listen}")]
@@ -101,6 +111,27 @@ pub fn chain(error: &dyn std::error::Error) -> String {
     message
 }
 
+/// Creates `dir` if needed and lets every user traverse it (mode `o+x`,
+/// never listing): a container's init runs as its pod's unprivileged host
+/// uid and must reach its rootfs and bundle below.
+fn traversable(dir: &std::path::Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |source| AgentError::DataDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let mode = std::fs::metadata(dir).map_err(io)?.permissions().mode();
+    if mode & 0o001 == 0 {
+        std::fs::set_permissions(
+            dir,
+            std::fs::Permissions::from_mode((mode & 0o7777) | 0o011),
+        )
+        .map_err(io)?;
+    }
+    Ok(())
+}
+
 /// Builds the agent's context from its config.
 pub fn context(
     config: &AgentConfig,
@@ -108,11 +139,18 @@ pub fn context(
     steps: Arc<dyn StepApi>,
 ) -> Result<AgentContext, AgentError> {
     let data = &config.data_dir;
+    let pods_dir = data.join("pods");
+    traversable(data)?;
+    traversable(&pods_dir)?;
     let runc: Arc<dyn OciRuntime> = Arc::new(RuncCli::new("runc", data.join("runc")));
     let gvisor: Option<Arc<dyn OciRuntime>> = node::find_binary("runsc").map(|binary| {
         Arc::new(
             RuncCli::new(binary, data.join("runsc"))
-                .with_global_args(["--rootless=false", "--ignore-cgroups"]),
+                // `--network=host`: the sandbox uses the kernel network
+                // stack of the namespace it joins, the pod's own. gVisor's
+                // netstack mode refuses to start on current kernels (its
+                // root-namespace check misfires; docs/design/0007).
+                .with_global_args(["--rootless=false", "--ignore-cgroups", "--network=host"]),
         ) as Arc<dyn OciRuntime>
     });
     Ok(AgentContext {
@@ -126,10 +164,13 @@ pub fn context(
                     .map(|r| Box::new(r) as Box<dyn corral_runtime::image::Registry>)
             }),
             runtimes: Runtimes { runc, gvisor },
-            pods_dir: data.join("pods"),
+            pods_dir,
         },
         state: LocalState::open(data.join("agent").join("pods"))?,
         netns: Arc::new(NetnsManager::new(data.join("netns"))),
+        id_ranges: Arc::new(idranges::IdRanges::open(
+            &data.join("agent").join("id-ranges.json"),
+        )?),
         image_revisions: config.image_revisions,
     })
 }

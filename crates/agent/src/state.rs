@@ -137,23 +137,11 @@ impl LocalState {
     /// Writes a record durably before returning.
     pub fn save(&self, record: &PodRecord) -> Result<(), StateError> {
         let path = self.dir.join(file_name(&record.pod.key()));
-        let temporary = path.with_extension("tmp");
-        let io = |action, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StateError::Io {
-                action,
-                path,
-                source,
-            }
-        };
-        let text = serde_json::to_vec_pretty(record).unwrap_or_default();
-        let mut file = fs::File::create(&temporary).map_err(io("create", &temporary))?;
-        file.write_all(&text).map_err(io("write", &temporary))?;
-        file.sync_all().map_err(io("fsync", &temporary))?;
-        fs::rename(&temporary, &path).map_err(io("rename", &path))?;
-        fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("fsync", &self.dir))
+        let text = serde_json::to_vec_pretty(record).map_err(|source| StateError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        write_atomically(&path, &text)
     }
 
     /// Forgets the pod at `key` if the record there is still the one with
@@ -181,6 +169,28 @@ impl LocalState {
             _ => Ok(()),
         }
     }
+}
+
+/// Writes `bytes` to `path` durably: a temporary file, fsync, rename,
+/// fsync of the directory.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let temporary = path.with_extension("tmp");
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StateError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut file = fs::File::create(&temporary).map_err(io("create", &temporary))?;
+    file.write_all(bytes).map_err(io("write", &temporary))?;
+    file.sync_all().map_err(io("fsync", &temporary))?;
+    fs::rename(&temporary, path).map_err(io("rename", path))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync", dir))
 }
 
 #[cfg(test)]

@@ -3,20 +3,24 @@
 //! It works from its local record, so it keeps going with the API down.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use corral_api::kinds::{ContainerState, ContainerStatus, PodSpec, PodStatus};
+use corral_api::kinds::{ContainerState, ContainerStatus, PodSpec, PodStatus, RuntimeClass};
 use corral_api::{Object, ObjectKey};
 use corral_runtime::oci::reap;
 use tokio::sync::mpsc;
 
 use crate::containers::ContainerError;
+use crate::idranges::IdRanges;
 use crate::plan::{RevisionPlan, plan_revision, pod_phase, restart_at};
 use crate::probes;
+use crate::sandbox::{self, PodSandbox};
 use crate::state::PodRecord;
 use corral_api::workflow::{StepActionKind, WorkflowInstance};
+use corral_runtime::oci::userns::{IdRange, user_namespace_path};
 
 use crate::AgentContext;
 use crate::steps::{instance_for, is_running, node_steps, request};
@@ -403,18 +407,40 @@ impl PodWorker {
         crate::plan::fits((capacity.cpu.millis, capacity.memory.bytes), &others, spec)
     }
 
+    /// The pod's network namespace (and, unless it runs without one, the
+    /// user namespace that owns it, with the pod's host id range).
     async fn ensure_sandbox(&mut self) -> Result<String, String> {
         if let Some(path) = &self.record.netns
             && path.exists()
         {
             return Ok(path.display().to_string());
         }
-        let netns = self.ctx.netns.clone();
-        let name = format!("pod-{}", short(&self.uid()));
-        let path = tokio::task::spawn_blocking(move || netns.create(&name))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| crate::chain(&e))?;
+        let spec = typed_spec(&self.desired).ok_or("the pod's spec does not decode")?;
+        let relax = sandbox::relaxations(&spec).map_err(|e| e.to_string())?;
+        let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+        let user_namespace = sandbox::wants_user_namespace(&relax, runtime);
+        let (netns, ranges, uid) = (
+            self.ctx.netns.clone(),
+            self.ctx.id_ranges.clone(),
+            self.uid(),
+        );
+        let name = format!("pod-{}", short(&uid));
+        let path = tokio::task::spawn_blocking(move || -> Result<PathBuf, String> {
+            if !user_namespace {
+                return netns.create(&name).map_err(|e| crate::chain(&e));
+            }
+            let host_base = ranges.allocate(&uid)?;
+            let ids = IdRange {
+                host_base,
+                size: sandbox::IDS_PER_POD,
+            };
+            netns
+                .create_with_user_namespace(&name, ids)
+                .map(|pinned| pinned.net)
+                .map_err(|e| crate::chain(&e))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
         self.record.netns = Some(path.clone());
         self.save();
         Ok(path.display().to_string())
@@ -454,6 +480,7 @@ impl PodWorker {
             };
             let generation = self.next_generation(name);
             let runner = self.ctx.runner.clone();
+            let ranges = self.ctx.id_ranges.clone();
             let (uid, pod_name, spec2, netns2) = (
                 self.uid(),
                 self.desired.metadata.name.clone(),
@@ -461,7 +488,8 @@ impl PodWorker {
                 netns.clone(),
             );
             let started = tokio::task::spawn_blocking(move || {
-                runner.start(&uid, &pod_name, &spec2, &container, &netns2, generation)
+                let sandbox = pod_sandbox(&ranges, &uid, &spec2, &container.name, &netns2)?;
+                runner.start(&uid, &pod_name, &spec2, &container, generation, &sandbox)
             })
             .await
             .map_err(|e| e.to_string())?
@@ -541,6 +569,7 @@ impl PodWorker {
                     continue;
                 };
                 let runner = self.ctx.runner.clone();
+                let ranges = self.ctx.id_ranges.clone();
                 let (uid, pod_name, spec2) = (
                     self.uid(),
                     self.record.pod.metadata.name.clone(),
@@ -550,7 +579,8 @@ impl PodWorker {
                 let old = record.clone();
                 let result = tokio::task::spawn_blocking(move || {
                     let _ = runner.cleanup(&uid, &old);
-                    runner.start(&uid, &pod_name, &spec2, &container, &netns, generation)
+                    let sandbox = pod_sandbox(&ranges, &uid, &spec2, &container.name, &netns)?;
+                    runner.start(&uid, &pod_name, &spec2, &container, generation, &sandbox)
                 })
                 .await;
                 let key = self.key();
@@ -692,13 +722,52 @@ impl PodWorker {
             &self.uid(),
         ));
         let uid = self.uid();
-        let _ =
-            tokio::task::spawn_blocking(move || crate::containers::remove_pod_cgroups(&uid)).await;
+        let ranges = self.ctx.id_ranges.clone();
+        let released = tokio::task::spawn_blocking(move || {
+            crate::containers::remove_pod_cgroups(&uid);
+            ranges.release(&uid)
+        })
+        .await;
+        if let Ok(Err(error)) = released {
+            tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot free the pod's id range");
+        }
         if let Err(error) = self.ctx.state.remove_if_uid(&self.key(), &self.uid()) {
             tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot forget the pod");
         }
         tracing::info!(pod = %self.key(), "pod removed from this node");
     }
+}
+
+/// The sandbox `spec`'s containers run in: its relaxations, and the pod's
+/// user namespace and host id range when its sandbox has one.
+fn pod_sandbox(
+    ranges: &IdRanges,
+    uid: &str,
+    spec: &PodSpec,
+    container: &str,
+    netns: &Path,
+) -> Result<PodSandbox, ContainerError> {
+    let config_error = |message: String| ContainerError::Config {
+        container: container.to_string(),
+        message,
+    };
+    let relax = sandbox::relaxations(spec).map_err(|e| config_error(e.to_string()))?;
+    let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+    let user_namespace = user_namespace_path(netns);
+    let host_id_base = ranges.get(uid);
+    let has_one = user_namespace.exists() && host_id_base.is_some();
+    if has_one != sandbox::wants_user_namespace(&relax, runtime) {
+        return Err(config_error(
+            "the pod's sandbox was made with a different user-namespace setting (runtime or no-user-namespace changed): delete and recreate the pod to change it".to_string(),
+        ));
+    }
+    Ok(PodSandbox {
+        netns: netns.to_path_buf(),
+        relax,
+        host_id_base: host_id_base.filter(|_| has_one),
+        user_namespace: has_one.then_some(user_namespace),
+        runtime,
+    })
 }
 
 enum Liveness {

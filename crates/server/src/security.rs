@@ -6,8 +6,8 @@
 //! by field ownership (`corral_ownership` owns `Policy` fields to
 //! operators).
 
-use corral_api::kinds::{PinnedDeploymentSpec, PodSpec, PolicySpec};
-use corral_api::security::admit_pod;
+use corral_api::kinds::{PinnedDeploymentSpec, PodSpec, PolicySpec, RuntimeClass};
+use corral_api::security::{admit_pod, namespace_runtime};
 use corral_api::{Kind, Object};
 
 use crate::Server;
@@ -16,7 +16,17 @@ use crate::error::ApiError;
 /// Refuses `new` when it asks for a relaxation no Policy grants. Only
 /// pods and pinned deployments whose spec changed (or that are new) and
 /// that ask for something are checked; the rest pass without a store read.
-pub async fn admit(server: &Server, old: Option<&Object>, new: &Object) -> Result<(), ApiError> {
+///
+/// A new pod that names no runtime gets its namespace's default written
+/// into its spec when a Policy makes that gVisor (and [`keep_runtime`]
+/// keeps it on later writes). The spec then says what the pod runs with, and a
+/// later change of the Policy restarts nothing.
+pub async fn admit(
+    server: &Server,
+    old: Option<&Object>,
+    new: &mut Object,
+) -> Result<(), ApiError> {
+    default_runtime(server, old, new).await?;
     if old.is_some_and(|old| old.spec == new.spec) {
         return Ok(());
     }
@@ -32,6 +42,47 @@ pub async fn admit(server: &Server, old: Option<&Object>, new: &Object) -> Resul
             .map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
     }
     Ok(())
+}
+
+/// A pod that names no runtime keeps the one it has: an apply that leaves
+/// `runtime` out changes nothing.
+pub fn keep_runtime(old: &Object, new: &mut Object) {
+    if new.kind != Kind::Pod {
+        return;
+    }
+    let kept = old.typed_spec::<PodSpec>().ok().and_then(|old| old.runtime);
+    set_runtime_if_unset(new, kept);
+}
+
+async fn default_runtime(
+    server: &Server,
+    old: Option<&Object>,
+    new: &mut Object,
+) -> Result<(), ApiError> {
+    if new.kind != Kind::Pod || old.is_some() {
+        return Ok(());
+    }
+    let unset = new
+        .typed_spec::<PodSpec>()
+        .is_ok_and(|spec| spec.runtime.is_none());
+    if !unset {
+        return Ok(());
+    }
+    let namespace = new.key().namespace;
+    if let (RuntimeClass::Gvisor, _) = namespace_runtime(&namespace, &policies(server).await?) {
+        set_runtime_if_unset(new, Some(RuntimeClass::Gvisor));
+    }
+    Ok(())
+}
+
+fn set_runtime_if_unset(object: &mut Object, runtime: Option<RuntimeClass>) {
+    let Some(runtime) = runtime else { return };
+    if let Some(spec) = object.spec.as_object_mut()
+        && spec.get("runtime").is_none_or(serde_json::Value::is_null)
+        && let Ok(value) = serde_json::to_value(runtime)
+    {
+        spec.insert("runtime".to_string(), value);
+    }
 }
 
 /// The pod specs `object` carries: its own for a pod, both templates' for

@@ -5,6 +5,7 @@
 //! is decided by the caller.
 
 mod process;
+mod seccomp;
 mod spec;
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ pub use process::{
     DEFAULT_PATH, MergedProcess, ProcessError, ProcessOverrides, UserIds, merge_process,
     resolve_user, resolve_user_in_rootfs,
 };
+pub use seccomp::{CLONE_NAMESPACE_FLAGS, SeccompError, default_allowed_syscalls, default_profile};
 pub use spec::{BundleError, generate_spec, write_bundle};
 
 /// Everything the runtime needs to know to run one container.
@@ -75,7 +77,8 @@ pub enum NetworkNamespace {
 /// A user namespace with its id mappings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserNamespace {
-    /// Join an existing one instead of creating one (then mappings are empty).
+    /// Join an existing one instead of creating one (its mappings, when
+    /// given, must be the ones it has).
     pub path: Option<PathBuf>,
     pub uid_mappings: Vec<IdMapping>,
     pub gid_mappings: Vec<IdMapping>,

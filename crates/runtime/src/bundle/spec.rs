@@ -256,8 +256,12 @@ fn linux(config: &ContainerConfig) -> Result<Linux, BundleError> {
             ns = ns.path(path.clone());
         }
         namespaces.push(ns.build()?);
-        if userns.path.is_none() {
+        // runc wants the mappings even when it joins a user namespace by
+        // path (it checks them and chowns what it creates with them).
+        if !userns.uid_mappings.is_empty() {
             linux.set_uid_mappings(Some(id_mappings(&userns.uid_mappings)?));
+        }
+        if !userns.gid_mappings.is_empty() {
             linux.set_gid_mappings(Some(id_mappings(&userns.gid_mappings)?));
         }
     }

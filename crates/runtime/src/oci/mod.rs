@@ -5,6 +5,7 @@
 pub mod netns;
 pub mod reap;
 mod runc;
+pub mod userns;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -181,25 +181,31 @@ impl<S: NetnsSyscalls + Clone + 'static> NetnsManager<S> {
         Ok(path)
     }
 
-    /// Unmounts and removes namespace `name`; succeeds if it is gone already.
+    /// Unmounts and removes namespace `name` (and the user namespace
+    /// pinned beside it, if any); succeeds if they are gone already.
     pub fn remove(&self, name: &str) -> Result<(), NetnsError> {
         let path = self.path(name)?;
+        self.remove_pinned(&path)?;
+        self.remove_pinned(&super::userns::user_namespace_path(&path))
+    }
+
+    fn remove_pinned(&self, path: &Path) -> Result<(), NetnsError> {
         if !path.exists() {
             return Ok(());
         }
         self.syscalls
-            .unmount(&path)
+            .unmount(path)
             .map_err(|source| NetnsError::Syscall {
                 step: "unmount",
-                path: path.clone(),
+                path: path.to_path_buf(),
                 source,
             })?;
-        match fs::remove_file(&path) {
+        match fs::remove_file(path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(source) => Err(NetnsError::Syscall {
                 step: "remove mount point",
-                path,
+                path: path.to_path_buf(),
                 source,
             }),
         }

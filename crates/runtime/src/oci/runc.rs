@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::reap::{self, ExitStatus};
 use super::{ContainerIo, ContainerState, ExecSpec, OciError, OciRuntime, Signal, Status};
+use crate::bundle::UserIds;
 
 /// An OCI runtime driven through its command line: `runc`, or `runsc`
 /// (gVisor; give it `--rootless=false`, `--network=…` etc. in
@@ -61,6 +62,18 @@ impl RuncCli {
     }
 
     /// Arguments of `exec`.
+    /// The user of the container's process, from its bundle's config.
+    fn process_user(&self, id: &str) -> Option<UserIds> {
+        let state = self.state(id).ok()??;
+        let config = std::fs::read(state.bundle.join("config.json")).ok()?;
+        let spec: oci_spec::runtime::Spec = serde_json::from_slice(&config).ok()?;
+        let user = spec.process().as_ref()?.user();
+        Some(UserIds {
+            uid: user.uid(),
+            gid: user.gid(),
+        })
+    }
+
     pub fn exec_args(&self, id: &str, spec: &ExecSpec) -> Vec<String> {
         let mut args = self.base_args();
         args.push("exec".to_string());
@@ -255,7 +268,13 @@ impl OciRuntime for RuncCli {
     }
 
     fn exec_with_stdin(&self, id: &str, spec: &ExecSpec, stdin: Stdio) -> Result<Child, OciError> {
-        let args = self.exec_args(id, spec);
+        // runc runs an exec as the container's user by itself, runsc as
+        // root: name the container's user for both.
+        let mut spec = spec.clone();
+        if spec.user.is_none() {
+            spec.user = self.process_user(id);
+        }
+        let args = self.exec_args(id, &spec);
         let _guard = reap::spawn_lock();
         let child = self
             .command(&args)
@@ -277,7 +296,6 @@ impl OciRuntime for RuncCli {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bundle::UserIds;
 
     fn cli() -> RuncCli {
         RuncCli::new("runsc", "/var/lib/corral/runsc").with_global_args(["--network=host"])

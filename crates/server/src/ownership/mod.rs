@@ -75,7 +75,7 @@ fn invalidate(server: &Server) {
 pub async fn create(
     server: &Server,
     caller: &Identity,
-    object: Object,
+    mut object: Object,
     change: &ChangeMeta,
 ) -> Result<Object, WriteError> {
     let registering = object.kind == Kind::Controller;
@@ -88,7 +88,7 @@ pub async fn create(
         .await
         .map_err(WriteError::Refused)?;
     admit(&registry, caller, None, &object)?;
-    crate::security::admit(server, None, &object)
+    crate::security::admit(server, None, &mut object)
         .await
         .map_err(WriteError::Refused)?;
     let created = workflows::create(server, object, change).await;
@@ -124,15 +124,16 @@ pub async fn update(
     let registry = fresh_registry(server, registering)
         .await
         .map_err(WriteError::Refused)?;
-    let next = match visible(&registry, caller, current) {
+    let mut next = match visible(&registry, caller, current) {
         Some(paths) => overlay(current, &next, &paths),
         None => next,
     };
+    crate::security::keep_runtime(current, &mut next);
     if next == *current && expected == current.metadata.resource_version {
         return Ok(ReadView::new(caller, registry).serve(next));
     }
     admit(&registry, caller, Some(current), &next)?;
-    crate::security::admit(server, Some(current), &next)
+    crate::security::admit(server, Some(current), &mut next)
         .await
         .map_err(WriteError::Refused)?;
     let updated = workflows::update(server, current, next, expected, change).await;

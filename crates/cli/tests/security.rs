@@ -1,0 +1,298 @@
+//! End-to-end acceptance of the default container sandbox, two-party
+//! opt-in and gVisor, with real runc/runsc containers on one node, looked
+//! at from inside (`corral exec`) and from the host (`/proc`). Needs root,
+//! runc, runsc and busybox-static; fails (never skips) without them.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Cluster, wait_for};
+
+fn pod(name: &str, extra_spec: &str, command: &str) -> String {
+    format!(
+        "kind: Pod
+metadata: {{name: {name}}}
+spec:
+{extra_spec}  containers:
+    - name: main
+      image: local/busybox:1
+      command: [sh, -c, \"{command}\"]
+"
+    )
+}
+
+fn running(cluster: &Cluster, name: &str) {
+    wait_for(
+        &format!("pod/{name} to run"),
+        Duration::from_secs(60),
+        || {
+            let pod = cluster.get_json(&format!("pod/{name}"));
+            (pod["status"]["phase"] == "Running"
+                && pod["status"]["containers"][0]["state"] == "running")
+                .then_some(())
+        },
+    );
+}
+
+/// Runs `script` in the pod's container; (exit code, stdout + stderr).
+fn sh(cluster: &Cluster, name: &str, script: &str) -> (i32, String) {
+    let output = cluster.corral(&["exec", &format!("pod/{name}"), "--", "sh", "-c", script]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
+fn sh_ok(cluster: &Cluster, name: &str, script: &str) -> String {
+    let (code, text) = sh(cluster, name, script);
+    assert_eq!(code, 0, "`{script}` in pod/{name}: {text}");
+    text
+}
+
+/// The value of `field` in a `/proc/PID/status` text.
+fn status_field<'a>(status: &'a str, field: &str) -> &'a str {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no {field} in {status}"))
+}
+
+/// The host pid of the process whose command line is exactly `argv`.
+fn host_pid(argv: &[&str]) -> u32 {
+    let wanted = argv.join("\0") + "\0";
+    wait_for(
+        "the container process on the host",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_dir("/proc")
+                .ok()?
+                .flatten()
+                .find_map(|entry| {
+                    let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+                    let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+                    (cmdline == wanted.as_bytes()).then_some(pid)
+                })
+        },
+    )
+}
+
+const STANDARD_DEV: &[&str] = &[
+    "console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr",
+    "stdin", "stdout", "tty", "urandom", "zero",
+];
+
+#[test]
+fn a_default_container_is_sandboxed() {
+    let cluster = &common::start_node();
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("sandboxed.yaml", &pod("sandboxed", "", "exec sleep 3601")),
+    ]);
+    running(cluster, "sandboxed");
+
+    let inside = sh_ok(cluster, "sandboxed", "id -u; id -g; cat /proc/self/status");
+    let mut lines = inside.lines();
+    let uid: u32 = lines.next().unwrap().trim().parse().unwrap();
+    assert_ne!(uid, 0, "runs as non-root inside: {inside}");
+    assert_eq!(uid, 65_534, "busybox's user is root, so nobody: {inside}");
+    assert_eq!(
+        status_field(&inside, "CapEff"),
+        "0000000000000000",
+        "{inside}"
+    );
+    assert_eq!(
+        status_field(&inside, "CapBnd"),
+        "0000000000000000",
+        "{inside}"
+    );
+    assert_eq!(status_field(&inside, "NoNewPrivs"), "1", "{inside}");
+    assert_eq!(status_field(&inside, "Seccomp"), "2", "{inside}");
+
+    // From the host: the container's process runs as an unprivileged host
+    // uid from the pod's own range.
+    let pid = host_pid(&["sleep", "3601"]);
+    let host = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let host_uid: u32 = status_field(&host, "Uid")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(host_uid, 0, "{host}");
+    assert!(
+        host_uid >= 1 << 20,
+        "a uid from the pod's range: {host_uid}"
+    );
+    let uid_map = sh_ok(cluster, "sandboxed", "cat /proc/self/uid_map");
+    let fields: Vec<u32> = uid_map
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    assert_eq!(fields[0], 0, "{uid_map}");
+    assert_eq!(fields[1] + 65_534, host_uid, "{uid_map}");
+
+    let (code, text) = sh(cluster, "sandboxed", "mount -t tmpfs none /mnt");
+    assert_ne!(code, 0, "mount must fail: {text}");
+    let (code, text) = sh(cluster, "sandboxed", "unshare -U true");
+    assert_ne!(code, 0, "unshare -U must fail: {text}");
+    assert!(
+        text.contains("Operation not permitted"),
+        "refused by seccomp: {text}"
+    );
+    let (code, text) = sh(cluster, "sandboxed", "touch /written");
+    assert_ne!(code, 0, "the rootfs is read-only: {text}");
+    sh_ok(cluster, "sandboxed", "echo hi > /tmp/ok && cat /tmp/ok");
+
+    let dev = sh_ok(cluster, "sandboxed", "ls -A /dev");
+    for entry in dev.split_whitespace() {
+        assert!(
+            STANDARD_DEV.contains(&entry),
+            "/dev holds only the standard nodes, found {entry:?} in {dev}"
+        );
+    }
+    // Masked where the kernel has it (bound over by /dev/null), absent
+    // where it does not: either way not one byte of kernel memory.
+    let kcore = sh(
+        cluster,
+        "sandboxed",
+        "head -c 16 /proc/kcore 2>/dev/null | wc -c",
+    );
+    assert_eq!(kcore.1.trim(), "0", "/proc/kcore yields nothing: {kcore:?}");
+    let (code, text) = sh(cluster, "sandboxed", "echo 1 > /proc/sys/kernel/panic");
+    assert_ne!(code, 0, "/proc/sys is read-only: {text}");
+
+    let explained = cluster.ok(&["explain-security", "pod/sandboxed"]);
+    assert!(explained.contains("non-root"), "{explained}");
+}
+
+#[test]
+fn relaxations_need_both_halves() {
+    let cluster = &common::start_node();
+    let root_pod = pod(
+        "rooted",
+        "  security: {relax: [run-as-root]}\n",
+        "exec sleep 3602",
+    );
+
+    // The pod asks, nobody grants: refused, naming the missing Policy.
+    let refused = cluster.fails(&["apply", "-f", &cluster.manifest("rooted.yaml", &root_pod)]);
+    assert!(
+        refused.contains("pod asks for run-as-root but no Policy grants it to namespace default"),
+        "{refused}"
+    );
+    assert!(cluster.fails(&["get", "pod/rooted"]).contains("not found"));
+
+    // A Policy grants, the pod does not ask: the default sandbox.
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest(
+            "policy.yaml",
+            "kind: Policy
+metadata: {name: root-ok}
+spec:
+  namespaces: [default]
+  grant: [run-as-root]
+",
+        ),
+    ]);
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("plain.yaml", &pod("plain", "", "exec sleep 3603")),
+    ]);
+    running(cluster, "plain");
+    assert_eq!(sh_ok(cluster, "plain", "id -u").trim(), "65534");
+    let explained = cluster.ok(&["explain-security", "pod/plain"]);
+    assert!(
+        explained.contains(
+            "Policy root-ok grants run-as-root to namespace default but the pod does not ask for it"
+        ),
+        "{explained}"
+    );
+
+    // Both halves: granted, and shown by explain-security.
+    cluster.ok(&["apply", "-f", &cluster.manifest("rooted.yaml", &root_pod)]);
+    running(cluster, "rooted");
+    assert_eq!(sh_ok(cluster, "rooted", "id -u").trim(), "0");
+    // Root inside its own user namespace only: no capabilities, and the
+    // host sees an unprivileged uid.
+    let status = sh_ok(cluster, "rooted", "cat /proc/self/status");
+    assert_eq!(status_field(&status, "CapEff"), "0000000000000000");
+    let pid = host_pid(&["sleep", "3602"]);
+    let host = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert_ne!(
+        status_field(&host, "Uid").split_whitespace().next(),
+        Some("0")
+    );
+    let explained = cluster.ok(&["explain-security", "pod/rooted"]);
+    assert!(
+        explained.contains("root (0)") && explained.contains("Policy root-ok (run-as-root)"),
+        "{explained}"
+    );
+}
+
+#[test]
+fn gvisor_pods_run_under_runsc() {
+    let cluster = &common::start_node();
+    let node = cluster.ok(&["get", "node", "-o", "json"]);
+    assert!(node.contains("gvisor"), "the node reports gVisor: {node}");
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest(
+            "gvisor.yaml",
+            &pod("boxed", "  runtime: gvisor\n", "exec sleep 3604"),
+        ),
+    ]);
+    running(cluster, "boxed");
+    let dmesg = sh_ok(cluster, "boxed", "dmesg");
+    assert!(
+        dmesg.contains("gVisor"),
+        "the kernel inside is gVisor's: {dmesg}"
+    );
+    assert_eq!(sh_ok(cluster, "boxed", "id -u").trim(), "65534");
+
+    // A Policy makes gVisor the namespace's default: a pod naming no
+    // runtime gets it, written into its spec.
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest(
+            "sandboxed-ns.yaml",
+            "kind: Policy
+metadata: {name: gvisor-default}
+spec:
+  namespaces: [boxes]
+  defaultRuntime: gvisor
+",
+        ),
+    ]);
+    cluster.ok(&[
+        "apply",
+        "-n",
+        "boxes",
+        "-f",
+        &cluster.manifest("defaulted.yaml", &pod("defaulted", "", "exec sleep 3605")),
+    ]);
+    let boxed = || -> serde_json::Value {
+        let text = cluster.ok(&["get", "pod/defaulted", "-n", "boxes", "-o", "json"]);
+        serde_json::from_str(&text).unwrap()
+    };
+    let spec = boxed();
+    assert_eq!(spec["spec"]["runtime"], "gvisor", "{spec}");
+    wait_for("pod/defaulted to run", Duration::from_secs(60), || {
+        let pod = boxed();
+        (pod["status"]["phase"] == "Running").then_some(())
+    });
+    let output = cluster.corral(&["exec", "-n", "boxes", "pod/defaulted", "--", "dmesg"]);
+    let dmesg = String::from_utf8_lossy(&output.stdout);
+    assert!(dmesg.contains("gVisor"), "{dmesg}");
+}

@@ -1,0 +1,150 @@
+//! A pod's user namespace, with its network namespace owned by it, pinned
+//! by bind mounts (`NAME.user` and `NAME` under the run dir).
+//!
+//! Containers join both by path. The network namespace must belong to the
+//! pod's user namespace: `runc exec` joins the user namespace first, and
+//! from inside it a network namespace owned by the host's would be out of
+//! reach. A thread cannot create a user namespace in a threaded process,
+//! so a short-lived helper process does (`unshare(2)` between fork and
+//! exec); this process writes its id maps, pins both namespaces and ends
+//! the helper.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, ErrorKind};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::mount::MsFlags;
+use nix::sched::CloneFlags;
+
+use super::netns::{LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls};
+use super::reap;
+
+/// One id mapping of the pod's user namespace: ids `0..size` inside are
+/// `host_base..host_base+size` on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdRange {
+    pub host_base: u32,
+    pub size: u32,
+}
+
+/// The pinned namespace files of one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNamespaces {
+    pub user: PathBuf,
+    pub net: PathBuf,
+}
+
+/// The file pinning the user namespace that goes with network namespace
+/// `net`.
+pub fn user_namespace_path(net: &Path) -> PathBuf {
+    let mut name = net.as_os_str().to_owned();
+    name.push(".user");
+    PathBuf::from(name)
+}
+
+fn syscall<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> NetnsError + 'a {
+    move |source| NetnsError::Syscall {
+        step,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn mount_point(path: &Path) -> Result<(), NetnsError> {
+    match OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(NetnsError::Exists(path.into())),
+        Err(e) => Err(syscall("create mount point", path)(e)),
+    }
+}
+
+fn bind(source: &Path, target: &Path) -> Result<(), NetnsError> {
+    nix::mount::mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| syscall("bind-mount", target)(e.into()))
+}
+
+/// Brings `lo` up inside the network namespace pinned at `net`, from a
+/// thread that enters it and ends.
+fn loopback_up(net: &Path) -> Result<(), NetnsError> {
+    let file = fs::File::open(net).map_err(syscall("open", net))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<(), NetnsError> {
+                nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| syscall("enter", net)(e.into()))?;
+                LinuxNetns
+                    .loopback_up()
+                    .map_err(syscall("bring up lo", net))
+            })
+            .join()
+            .unwrap_or(Err(NetnsError::ThreadPanicked))
+    })
+}
+
+impl NetnsManager<LinuxNetns> {
+    /// Creates the pod namespaces `name` (network) and `name.user`, the
+    /// user namespace mapping `ids`, owning the network namespace.
+    pub fn create_with_user_namespace(
+        &self,
+        name: &str,
+        ids: IdRange,
+    ) -> Result<PodNamespaces, NetnsError> {
+        let net = self.path(name)?;
+        let user = user_namespace_path(&net);
+        let run_dir = net.parent().unwrap_or(Path::new("/"));
+        fs::create_dir_all(run_dir).map_err(syscall("create run dir", run_dir))?;
+        mount_point(&net)?;
+        if let Err(error) = mount_point(&user) {
+            let _ = fs::remove_file(&net);
+            return Err(error);
+        }
+        let pinned = pin(&net, &user, ids).and_then(|()| loopback_up(&net));
+        if let Err(error) = pinned {
+            let _ = self.remove(name);
+            return Err(error);
+        }
+        Ok(PodNamespaces { user, net })
+    }
+}
+
+/// Runs the helper, maps its ids, pins its namespaces, ends it.
+fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
+    let _guard = reap::spawn_lock();
+    let mut command = Command::new("sleep");
+    command
+        .arg("60")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: between fork and exec only async-signal-safe work happens:
+    // one unshare(2) system call.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
+                .map_err(io::Error::from)
+        });
+    }
+    let mut helper = command
+        .spawn()
+        .map_err(syscall("start the namespace helper for", net))?;
+    let proc_dir = PathBuf::from(format!("/proc/{}", helper.id()));
+    let map = format!("0 {} {}\n", ids.host_base, ids.size);
+    let result = fs::write(proc_dir.join("uid_map"), &map)
+        .map_err(syscall("write uid_map", user))
+        .and_then(|()| {
+            fs::write(proc_dir.join("gid_map"), &map).map_err(syscall("write gid_map", user))
+        })
+        .and_then(|()| bind(&proc_dir.join("ns/user"), user))
+        .and_then(|()| bind(&proc_dir.join("ns/net"), net));
+    let _ = helper.kill();
+    let _ = helper.wait();
+    result
+}
