@@ -52,6 +52,10 @@ impl Role {
 pub struct Identity {
     pub name: String,
     pub role: Role,
+    /// For users: the namespaces they may act in (`*`: every one); a user
+    /// with none may read only cluster-wide objects. Unused for others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
 }
 
 impl Identity {
@@ -59,7 +63,14 @@ impl Identity {
         Identity {
             name: name.into(),
             role,
+            namespaces: Vec::new(),
         }
+    }
+
+    /// The identity limited to (for users) `namespaces`.
+    pub fn with_namespaces(mut self, namespaces: Vec<String>) -> Self {
+        self.namespaces = namespaces;
+        self
     }
 
     pub fn class(&self) -> AuthorClass {

@@ -114,14 +114,21 @@ pub fn object_path(key: &ObjectKey) -> String {
 }
 
 impl Client {
+    /// A client for the server in `config`, trusting only the cluster CA
+    /// it carries.
     pub fn new(config: &ClientConfig) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
+        let transport = |source| ClientError::Transport {
+            server: config.server.clone(),
+            source,
+        };
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|source| ClientError::Transport {
-                server: config.server.clone(),
-                source,
-            })?;
+            .tls_built_in_root_certs(false);
+        if let Some(ca) = &config.ca {
+            let root = reqwest::Certificate::from_pem(ca.as_bytes()).map_err(transport)?;
+            builder = builder.add_root_certificate(root);
+        }
+        let http = builder.build().map_err(transport)?;
         Ok(Client {
             http,
             server: config.server.trim_end_matches('/').to_string(),
@@ -310,8 +317,15 @@ impl Client {
         self.call(self.request(Method::GET, "/v1/whoami")).await
     }
 
-    pub async fn create_token(&self, name: &str, role: Role) -> Result<TokenResponse, ClientError> {
-        let body = serde_json::json!({"name": name, "role": role});
+    /// Mints a token for `name` as `role`; a user's names the namespaces
+    /// it may act in (`*` for all).
+    pub async fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        namespaces: &[String],
+    ) -> Result<TokenResponse, ClientError> {
+        let body = serde_json::json!({"name": name, "role": role, "namespaces": namespaces});
         self.call(self.request(Method::POST, "/v1/tokens").json(&body))
             .await
     }

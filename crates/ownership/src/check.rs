@@ -24,7 +24,7 @@ pub enum Violation {
         paths: Vec<String>,
         owner: Owner,
         bound_node: Option<String>,
-        writer: Identity,
+        writer: Box<Identity>,
     },
     /// A change of `status.workflow` the step rule refuses.
     Workflow(WriteError),
@@ -32,7 +32,10 @@ pub enum Violation {
     MalformedWorkflow(String),
     /// Only people delete, and only operators delete cluster-wide
     /// configuration (policies, controllers).
-    Delete { key: ObjectKey, writer: Identity },
+    Delete {
+        key: ObjectKey,
+        writer: Box<Identity>,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -203,7 +206,7 @@ impl Registry {
                     paths,
                     owner,
                     bound_node: subject.bound_node.map(str::to_string),
-                    writer: writer.clone(),
+                    writer: Box::new(writer.clone()),
                 })
                 .collect(),
         })
@@ -303,7 +306,7 @@ pub fn check_delete(writer: &Identity, key: &ObjectKey) -> Result<(), Refusal> {
         Err(Refusal {
             violations: vec![Violation::Delete {
                 key: key.clone(),
-                writer: writer.clone(),
+                writer: Box::new(writer.clone()),
             }],
         })
     }

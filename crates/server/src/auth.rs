@@ -113,7 +113,15 @@ impl FromRequestParts<SharedServer> for Caller {
             ApiError::Unauthenticated("Authorization header must be `Bearer TOKEN`".into())
         })?;
         match server.tokens.resolve(token.trim()).await? {
-            Some(identity) => Ok(Caller(identity)),
+            Some(identity) => {
+                crate::scope::check(
+                    &identity,
+                    &parts.method,
+                    parts.uri.path(),
+                    parts.uri.query(),
+                )?;
+                Ok(Caller(identity))
+            }
             None => Err(ApiError::Unauthenticated("unknown or revoked token".into())),
         }
     }

@@ -58,7 +58,7 @@ async fn only_operators_mint_tokens() {
         "POST",
         "/v1/tokens",
         Some(&token),
-        Some(json!({"name": "alice", "role": "user"})),
+        Some(json!({"name": "alice", "role": "user", "namespaces": ["default"]})),
     )
     .await;
     assert_eq!(status, StatusCode::OK);

@@ -34,6 +34,10 @@ enum TokenCommand {
         /// A node agent.
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
+        /// With --user: a namespace the user may act in (repeat it; `*`
+        /// for every namespace). A user token needs at least one.
+        #[arg(long = "namespace", short = 'n', value_name = "NAMESPACE")]
+        namespaces: Vec<String>,
     },
 }
 
@@ -43,6 +47,7 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
         operator,
         controller,
         node,
+        namespaces,
     } = args.command;
     let chosen: Vec<(String, Role)> = [
         (user, Role::User),
@@ -56,8 +61,13 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
     let [(name, role)] = chosen.as_slice() else {
         bail!("give exactly one of --user, --operator, --controller or --node");
     };
+    if *role == Role::User && namespaces.is_empty() {
+        bail!(
+            "a user token needs --namespace NAME (repeat it, or `--namespace '*'` for every namespace)"
+        );
+    }
     let client = connect(config)?;
-    let created = client.create_token(name, *role).await?;
+    let created = client.create_token(name, *role, &namespaces).await?;
     println!("{}", created.token);
     Ok(())
 }

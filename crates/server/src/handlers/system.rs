@@ -39,6 +39,9 @@ pub async fn whoami(Caller(caller): Caller) -> Json<Identity> {
 pub struct TokenRequest {
     pub name: String,
     pub role: Role,
+    /// For a user: the namespaces they may act in (`*`: every one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -61,7 +64,27 @@ pub async fn create_token(
         )));
     }
     validate_name("name", &request.name)?;
-    let identity = Identity::new(request.name, request.role);
+    match (request.role, request.namespaces.is_empty()) {
+        (Role::User, true) => {
+            return Err(ApiError::BadRequest(
+                "namespaces: a user token names the namespaces its user may act in (`*` for every one)".into(),
+            ));
+        }
+        (Role::User, false) => {
+            for (index, namespace) in request.namespaces.iter().enumerate() {
+                if namespace != "*" {
+                    validate_name(&format!("namespaces[{index}]"), namespace)?;
+                }
+            }
+        }
+        (role, false) => {
+            return Err(ApiError::BadRequest(format!(
+                "namespaces: only user tokens are limited to namespaces, not {role:?} tokens"
+            )));
+        }
+        (_, true) => {}
+    }
+    let identity = Identity::new(request.name, request.role).with_namespaces(request.namespaces);
     let token = TokenIssuer::issue(&*server.store, &*server.clock, identity.clone()).await?;
     Ok(Json(TokenResponse { token, identity }))
 }
