@@ -84,10 +84,12 @@ pub fn free_loopback_port() -> anyhow::Result<u16> {
 }
 
 /// Polls `url` until it answers 2xx, the process exits, or time runs out.
-async fn wait_healthy(guard: &mut ProcessGuard, url: &str) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
+async fn wait_healthy(guard: &mut ProcessGuard, url: &str, ca: Option<&str>) -> anyhow::Result<()> {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(2));
+    if let Some(ca) = ca {
+        builder = builder.add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes())?);
+    }
+    let http = builder.build()?;
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
         guard.ensure_running()?;
@@ -158,7 +160,12 @@ impl CorralProcess {
             .strip_prefix("export CORRAL_CONFIG=")
             .with_context(|| format!("unexpected first line from corral up: {line:?}"))?;
         let config = ClientConfig::load(Path::new(config_path))?;
-        wait_healthy(&mut guard, &format!("{}/healthz", config.server)).await?;
+        wait_healthy(
+            &mut guard,
+            &format!("{}/healthz", config.server),
+            config.ca.as_deref(),
+        )
+        .await?;
         Ok(CorralProcess {
             guard,
             config,
@@ -250,7 +257,7 @@ impl EtcdProcess {
         let log = data_dir.path().join("etcd.log");
         let mut guard = ProcessGuard::spawn("etcd", command, log)
             .context("is etcd installed? (Debian: apt-get install etcd-server etcd-client)")?;
-        wait_healthy(&mut guard, &format!("{client_url}/health")).await?;
+        wait_healthy(&mut guard, &format!("{client_url}/health"), None).await?;
         Ok(EtcdProcess {
             guard,
             client_url,

@@ -65,8 +65,10 @@ impl Split {
             .args([
                 "agent",
                 "--server",
-                &format!("http://127.0.0.1:{}", self.port),
+                &format!("https://127.0.0.1:{}", self.port),
+                "--ca",
             ])
+            .arg(self.server_dir().join("tls").join("ca.pem"))
             .args([
                 "--token",
                 &self.node_token,

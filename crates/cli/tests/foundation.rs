@@ -100,12 +100,20 @@ fn revisions_history_diff_and_rollback() {
 #[test]
 fn history_filters_by_author_and_class() {
     let cluster = Cluster::start();
-    let alice_token = cluster.ok(&["token", "create", "--user", "alice"]);
+    let alice_token = cluster.ok(&[
+        "token",
+        "create",
+        "--user",
+        "alice",
+        "--namespace",
+        "default",
+    ]);
     let alice_config = cluster.manifest(
         "alice.json",
         &serde_json::json!({
             "server": cluster.client_config()["server"],
             "token": alice_token.trim(),
+            "ca": cluster.client_config()["ca"],
         })
         .to_string(),
     );
@@ -245,10 +253,67 @@ fn stale_resource_version_is_refused() {
         ))
         .args(["-H", "Content-Type: application/json", "--data-binary"])
         .arg(format!("@{stale_path}"))
+        .arg("--cacert")
+        .arg(cluster.data_dir.path().join("tls").join("ca.pem"))
         .arg(&url)
         .output()
         .expect("curl is installed");
     assert_eq!(String::from_utf8_lossy(&status.stdout), "409");
+}
+
+/// The API speaks TLS only, with a certificate from the cluster CA that
+/// `corral up` made; the client config carries that CA.
+#[test]
+fn the_api_is_tls_only() {
+    let cluster = Cluster::start();
+    let config = cluster.client_config();
+    let https = config["server"].as_str().unwrap().to_string();
+    assert!(https.starts_with("https://127.0.0.1:"), "{https}");
+    assert!(
+        config["ca"]
+            .as_str()
+            .unwrap()
+            .starts_with("-----BEGIN CERTIFICATE-----"),
+        "{config}"
+    );
+    let ca = cluster.data_dir.path().join("tls").join("ca.pem");
+    let curl = |args: &[&str]| {
+        let output = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+            ])
+            .args(args)
+            .output()
+            .expect("curl is installed");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    let healthz = format!("{https}/healthz");
+    let (code, status) = curl(&["--cacert", ca.to_str().unwrap(), &healthz]);
+    assert_eq!(
+        (code, status.as_str()),
+        (Some(0), "200"),
+        "HTTPS with the CA works"
+    );
+    // Without the cluster CA the certificate is not trusted (curl: 60).
+    let (code, status) = curl(&[&healthz]);
+    assert_eq!((code, status.as_str()), (Some(60), "000"));
+    // Plain HTTP gets no HTTP answer at all.
+    let plain = healthz.replace("https://", "http://");
+    let (code, status) = curl(&[&plain]);
+    assert_ne!(code, Some(0), "plain HTTP is refused");
+    assert_eq!(status, "000", "no HTTP status came back over plain HTTP");
+    // And the server keeps serving after the refused connection.
+    let (_, status) = curl(&["--cacert", ca.to_str().unwrap(), &healthz]);
+    assert_eq!(status, "200");
 }
 
 #[test]

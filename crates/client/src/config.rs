@@ -12,10 +12,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientConfig {
-    /// Base URL of the API server, e.g. `http://127.0.0.1:7443`.
+    /// Base URL of the API server, e.g. `https://127.0.0.1:7443`.
     pub server: String,
     /// Bearer token.
     pub token: String,
+    /// The cluster CA certificate (PEM) the server's certificate must
+    /// chain to; the only root trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +92,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/config.json");
         let config = ClientConfig {
+            ca: None,
             server: "http://127.0.0.1:1".into(),
             token: "t".into(),
         };

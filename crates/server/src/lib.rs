@@ -19,7 +19,9 @@ pub mod openapi;
 pub mod ownership;
 mod query;
 pub mod render;
+pub mod scope;
 pub mod security;
+pub mod tls;
 pub mod workflows;
 
 use std::sync::Arc;
@@ -28,7 +30,6 @@ use axum::Router;
 use axum::middleware;
 use axum::routing::{get, post, put};
 use corral_store::Store;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{TokenIssuer, hash_token};
@@ -158,10 +159,11 @@ pub fn app(server: SharedServer) -> Router {
         .with_state(server)
 }
 
-/// Serves the API on `listener` until `shutdown` is cancelled, then lets
+/// Serves the API over TLS on `listener` (plain HTTP is never spoken)
+/// until `shutdown` is cancelled, then lets
 /// in-flight requests finish.
 pub async fn serve(
-    listener: TcpListener,
+    listener: tls::TlsListener,
     server: SharedServer,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {

@@ -10,6 +10,7 @@ use clap::Args;
 use corral_api::{Identity, Role};
 use corral_client::{Client, ClientConfig};
 use corral_net::ipam::ClusterPrefix;
+use corral_server::tls::{self, TlsListener};
 use corral_server::{Server, SharedServer, TokenIssuer};
 use corral_store::sqlite::SqliteStore;
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,11 @@ pub struct ServerArgs {
     /// fixed at the first start. Default: a random RFC 4193 ULA /48.
     #[arg(long, value_name = "PREFIX")]
     cluster_prefix: Option<String>,
+    /// Another name or address for the server's TLS certificate (repeat
+    /// it). Loopback, the host name and the listen address (every local
+    /// address when listening on all) are always in it.
+    #[arg(long = "tls-san", value_name = "NAME")]
+    tls_sans: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -56,9 +62,13 @@ pub struct UpArgs {
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// The API server's URL, e.g. http://10.0.0.1:7443.
+    /// The API server's URL, e.g. https://10.0.0.1:7443.
     #[arg(long, value_name = "URL", required_unless_present = "config")]
     server: Option<String>,
+    /// The cluster CA certificate (the server's DATA/tls/ca.pem) to trust
+    /// the server with.
+    #[arg(long, value_name = "PATH", required_unless_present = "config")]
+    ca: Option<PathBuf>,
     /// A node token (`corral token create --node NAME`).
     #[arg(
         long,
@@ -94,8 +104,10 @@ struct ClusterSettings {
 /// The parts of a running control plane.
 struct ControlPlane {
     server: SharedServer,
-    listener: TcpListener,
+    listener: TlsListener,
     url: String,
+    /// The cluster CA (PEM) every client config carries.
+    ca: String,
     controller_tokens: corral_server::ownership::BuiltinTokens,
     prefix: ClusterPrefix,
 }
@@ -107,10 +119,26 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
         .await?
         .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
     let server = Server::new(Arc::new(store));
-    let listener = TcpListener::bind(&args.listen)
+    let tcp = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let url = format!("http://{}", listener.local_addr()?);
+    let address = tcp.local_addr()?;
+    let tls_dir = data_dir.join("tls");
+    let names = tls::server_names(address, &args.tls_sans);
+    let tls = tokio::task::spawn_blocking(move || tls::load_or_create(&tls_dir, &names))
+        .await?
+        .context("cannot set up TLS for the API")?;
+    let listener = TlsListener::new(tcp, &tls);
+    // A client config needs an address to connect to, not "any".
+    let host = if address.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        address.ip()
+    };
+    let url = format!(
+        "https://{}",
+        std::net::SocketAddr::new(host, address.port())
+    );
     let controller_tokens = super::controllers::register_builtins(&server, data_dir).await?;
     let prefix = cluster_prefix(data_dir, args.cluster_prefix.as_deref())?;
     let _ = server.agent_secret.set(agent_secret(data_dir)?);
@@ -124,12 +152,14 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
             Identity::new("admin", Role::Operator),
         )
         .await?,
+        ca: Some(tls.ca_pem.clone()),
     };
     config.save(&config_path)?;
     Ok(ControlPlane {
         server,
         listener,
         url,
+        ca: tls.ca_pem,
         controller_tokens,
         prefix,
     })
@@ -199,6 +229,7 @@ fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyh
         Ok(Client::new(&ClientConfig {
             server: plane.url.clone(),
             token: token.clone(),
+            ca: Some(plane.ca.clone()),
         })?)
     };
     corral_controllers::spawn_all(
@@ -242,6 +273,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Identity::new(node.clone(), Role::Node),
         )
         .await?,
+        ca: Some(plane.ca.clone()),
     };
     node_config.save(&data_dir.join(NODE_CONFIG))?;
     println!(
@@ -300,6 +332,12 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         None => ClientConfig {
             server: args.server.clone().unwrap_or_default(),
             token: args.token.clone().unwrap_or_default(),
+            ca: match &args.ca {
+                Some(path) => Some(std::fs::read_to_string(path).with_context(|| {
+                    format!("--ca {}: cannot read the cluster CA", path.display())
+                })?),
+                None => None,
+            },
         },
     };
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
