@@ -82,10 +82,23 @@ impl CorralNode {
 
     /// Applies a new pod and returns the time until it is seen running.
     pub async fn start_pod(&self, name: String) -> anyhow::Result<Duration> {
+        self.start_pod_under(name, None).await
+    }
+
+    /// [`start_pod`](Self::start_pod) with `spec.runtime` set (`gvisor`).
+    pub async fn start_pod_under(
+        &self,
+        name: String,
+        runtime: Option<&str>,
+    ) -> anyhow::Result<Duration> {
+        let mut object = pod(&name, 0);
+        if let (Some(runtime), Some(spec)) = (runtime, object.spec.as_object_mut()) {
+            spec.insert("runtime".into(), json!(runtime));
+        }
         let started = Instant::now();
         let created = self
             .client
-            .apply(&pod(&name, 0), Some("bench: create"))
+            .apply(&object, Some("bench: create"))
             .await
             .with_context(|| format!("cannot create pod {name}"))?;
         self.running_since(&created, started).await

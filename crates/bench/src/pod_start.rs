@@ -27,6 +27,7 @@ use crate::stats::Summary;
 use crate::{apply, machine};
 
 const CORRAL: &str = "corral: apply → running (watch)";
+const GVISOR: &str = "corral, runtime: gvisor";
 const FLOOR: &str = "floor: runc run -d";
 const PODMAN: &str = "peer: podman run -d";
 const UPDATE: &str = "corral: in-place update (env)";
@@ -90,6 +91,15 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     println!("{CORRAL}: {n} one after another …");
     let summary = one_after_another(n, |i| node.start_pod(format!("seq-{i}"))).await?;
     starts.push(row(CORRAL, 1, summary));
+    node.delete_all_pods().await?;
+    println!("{GVISOR}: {n} one after another …");
+    node.start_pod_under("warm-up-gvisor".into(), Some("gvisor"))
+        .await?;
+    let summary = one_after_another(n, |i| {
+        node.start_pod_under(format!("gvisor-{i}"), Some("gvisor"))
+    })
+    .await?;
+    starts.push(row(GVISOR, 1, summary));
     node.delete_all_pods().await?;
     println!("{CORRAL}: {m} at once …");
     let summary = at_once(m, |i| node.start_pod(format!("con-{i}"))).await?;

@@ -45,6 +45,10 @@ pub struct ServerArgs {
     /// address when listening on all) are always in it.
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
+    /// Where the cluster CA lives (`ca.pem`, `ca-key.pem`; made there if
+    /// absent). Servers of one cluster share it. Default: DATA/tls.
+    #[arg(long, value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -123,7 +127,7 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let address = tcp.local_addr()?;
-    let tls_dir = data_dir.join("tls");
+    let tls_dir = args.tls_dir.clone().unwrap_or_else(|| data_dir.join("tls"));
     let names = tls::server_names(address, &args.tls_sans);
     let tls = tokio::task::spawn_blocking(move || tls::load_or_create(&tls_dir, &names))
         .await?
