@@ -1,0 +1,402 @@
+//! Spec revisions: appended delta-encoded with `corral_store::codec` (as
+//! the SQLite store does), read back, queried cluster-wide and compacted.
+//! A revision is two keys: its record (`P/revisions/…`) and its payload
+//! (`P/specs/…`), so queries read records without payloads. The store
+//! revision of the write that made a record (`seq`, which orders
+//! same-time records) is its record key's `create_revision`.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use corral_api::history::CompactionPolicy;
+use corral_api::{HistoryQuery, ObjectKey, RevisionRecord};
+use corral_store::codec;
+use corral_store::{ChangeMeta, CompactionReport, HistorySize, StoreError};
+use etcd_client::{GetOptions, KeyValue, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::keys::store_revision;
+use crate::objects::object_from_kv;
+use crate::{EtcdStore, corrupt_json, unavailable};
+
+/// Keys deleted per transaction during compaction (etcd allows 128 ops).
+const DELETE_BATCH: usize = 60;
+
+/// One revision about to be appended.
+pub(crate) struct NewRevision<'a> {
+    pub uid: &'a str,
+    pub revision: u64,
+    pub key: &'a ObjectKey,
+    pub change: &'a ChangeMeta,
+    pub deleted: bool,
+}
+
+/// A revision record as stored: the record without its spec, and the size
+/// of that spec as JSON.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredRecord {
+    #[serde(flatten)]
+    pub record: RevisionRecord,
+    pub raw_len: u64,
+}
+
+/// A record read back, with the store revision of the write that made it.
+struct ReadRecord {
+    record: RevisionRecord,
+    raw_len: u64,
+    seq: u64,
+}
+
+/// The operations that append a revision whose spec is `spec`: its record
+/// and its payload, a delta against the previous revision where the codec
+/// wants one.
+pub(crate) async fn append_ops(
+    store: &EtcdStore,
+    new: &NewRevision<'_>,
+    spec: &serde_json::Value,
+) -> Result<Vec<TxnOp>, StoreError> {
+    let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
+    let previous = if codec::is_keyframe_revision(new.revision) {
+        None
+    } else {
+        // Decoded from history itself, so the delta applies to exactly the
+        // bytes a reader will reconstruct.
+        spec_bytes(store, new.uid, new.revision - 1).await?
+    };
+    let payload = codec::encode(new.revision, previous.as_deref(), &bytes)
+        .map_err(|error| codec_error(new.uid, new.revision, &error))?;
+    let stored = StoredRecord {
+        record: RevisionRecord {
+            revision: new.revision,
+            time: new.change.time,
+            author: new.change.author.clone(),
+            class: new.change.class,
+            message: new.change.message.clone(),
+            kind: new.key.kind,
+            namespace: new.key.namespace.clone(),
+            name: new.key.name.clone(),
+            uid: new.uid.to_string(),
+            deleted: new.deleted,
+            spec: None,
+        },
+        raw_len: bytes.len() as u64,
+    };
+    let record = serde_json::to_vec(&stored).map_err(corrupt_json("revision record"))?;
+    Ok(vec![
+        TxnOp::put(store.keys.revision(new.uid, new.revision), record, None),
+        TxnOp::put(store.keys.spec(new.uid, new.revision), payload, None),
+    ])
+}
+
+/// The spec bytes of one revision, decoded from the nearest keyframe at or
+/// before it; `None` when that revision is not kept.
+pub(crate) async fn spec_bytes(
+    store: &EtcdStore,
+    uid: &str,
+    revision: u64,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    // The codec puts a keyframe at least every KEYFRAME_INTERVAL revisions;
+    // compaction only adds keyframes.
+    let first = if revision <= 1 {
+        1
+    } else {
+        revision - (revision - 1) % codec::KEYFRAME_INTERVAL
+    };
+    let mut response = store
+        .client
+        .clone()
+        .get(
+            store.keys.spec(uid, first),
+            Some(GetOptions::new().with_range(store.keys.spec(uid, revision + 1))),
+        )
+        .await
+        .map_err(unavailable)?;
+    let mut chain = Vec::new();
+    for kv in response.take_kvs() {
+        let (key, payload) = kv.into_key_value();
+        chain.push((revision_of_key(&key)?, payload));
+    }
+    match chain.last() {
+        Some((last, _)) if *last == revision => {}
+        _ => return Ok(None),
+    }
+    let mut start = None;
+    for (index, (_, payload)) in chain.iter().enumerate() {
+        if codec::is_keyframe(payload).map_err(|error| codec_error(uid, revision, &error))? {
+            start = Some(index);
+        }
+    }
+    let Some(start) = start else {
+        return Err(StoreError::Corrupt(format!(
+            "revision {revision} of uid {uid}: no keyframe within {} revisions",
+            codec::KEYFRAME_INTERVAL
+        )));
+    };
+    let chain = &chain[start..];
+    if !chain.windows(2).all(|pair| pair[1].0 == pair[0].0 + 1) {
+        return Err(StoreError::Corrupt(format!(
+            "revision {revision} of uid {uid}: its delta chain has a gap"
+        )));
+    }
+    codec::decode_chain(chain.iter().map(|(_, payload)| payload.as_slice()))
+        .map(Some)
+        .map_err(|error| codec_error(uid, revision, &error))
+}
+
+/// The revision number at the end of a `…/{revision:020}` key.
+fn revision_of_key(key: &[u8]) -> Result<u64, StoreError> {
+    let text = String::from_utf8_lossy(key);
+    text.rsplit('/')
+        .next()
+        .and_then(|last| last.parse().ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("history key {text:?} has no revision")))
+}
+
+/// The uid whose history `key` shows: the newest object created under it
+/// (live or deleted).
+async fn uid_for_key(store: &EtcdStore, key: &ObjectKey) -> Result<Option<String>, StoreError> {
+    let mut response = store
+        .client
+        .clone()
+        .get(store.keys.history_key(key), None)
+        .await
+        .map_err(unavailable)?;
+    Ok(response
+        .take_kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+}
+
+pub(crate) async fn history(
+    store: &EtcdStore,
+    key: &ObjectKey,
+) -> Result<Vec<RevisionRecord>, StoreError> {
+    let uid = uid_for_key(store, key)
+        .await?
+        .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    records_of(store, &uid).await
+}
+
+async fn records_of(store: &EtcdStore, uid: &str) -> Result<Vec<RevisionRecord>, StoreError> {
+    let kvs = store.range(&store.keys.revisions(Some(uid))).await?;
+    kvs.iter()
+        .map(|kv| read_record(kv).map(|read| read.record))
+        .collect()
+}
+
+fn read_record(kv: &KeyValue) -> Result<ReadRecord, StoreError> {
+    let stored: StoredRecord =
+        serde_json::from_slice(kv.value()).map_err(corrupt_json("revision record"))?;
+    Ok(ReadRecord {
+        record: stored.record,
+        raw_len: stored.raw_len,
+        seq: store_revision(kv.create_revision()),
+    })
+}
+
+pub(crate) async fn revision(
+    store: &EtcdStore,
+    key: &ObjectKey,
+    revision: u64,
+) -> Result<RevisionRecord, StoreError> {
+    let uid = uid_for_key(store, key)
+        .await?
+        .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    let records = records_of(store, &uid).await?;
+    let not_found = || StoreError::RevisionNotFound {
+        key: key.clone(),
+        revision,
+        kept: describe_kept(records.iter().map(|record| record.revision)),
+    };
+    let Some(record) = records.iter().find(|record| record.revision == revision) else {
+        return Err(not_found());
+    };
+    let bytes = spec_bytes(store, &uid, revision)
+        .await?
+        .ok_or_else(not_found)?;
+    let spec = serde_json::from_slice(&bytes).map_err(corrupt_json("revision spec"))?;
+    Ok(RevisionRecord {
+        spec: Some(spec),
+        ..record.clone()
+    })
+}
+
+/// `1-3, 7, 9-12`, or `none`.
+fn describe_kept(revisions: impl IntoIterator<Item = u64>) -> String {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for revision in revisions {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == revision => *end = revision,
+            _ => ranges.push((revision, revision)),
+        }
+    }
+    if ranges.is_empty() {
+        return "none".to_string();
+    }
+    ranges
+        .iter()
+        .map(|&(start, end)| {
+            if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Every record, ordered by time, then the write that made it, then
+/// revision.
+async fn all_records(store: &EtcdStore) -> Result<Vec<ReadRecord>, StoreError> {
+    let kvs = store.range(&store.keys.revisions(None)).await?;
+    let mut records = kvs.iter().map(read_record).collect::<Result<Vec<_>, _>>()?;
+    records.sort_by(|a, b| {
+        (a.record.time, a.seq, a.record.revision).cmp(&(b.record.time, b.seq, b.record.revision))
+    });
+    Ok(records)
+}
+
+pub(crate) async fn query(
+    store: &EtcdStore,
+    query: &HistoryQuery,
+) -> Result<Vec<RevisionRecord>, StoreError> {
+    let mut records: Vec<RevisionRecord> = all_records(store)
+        .await?
+        .into_iter()
+        .map(|read| read.record)
+        .filter(|record| query.admits(record))
+        .collect();
+    if let Some(limit) = query.limit {
+        let skip = records.len().saturating_sub(limit);
+        records.drain(..skip);
+    }
+    Ok(records)
+}
+
+/// Drops what `policy` does not keep, never a live object's current
+/// revision, and first turns survivors whose delta base is about to go
+/// into keyframes, so every kept revision still decodes (also if this is
+/// interrupted halfway).
+pub(crate) async fn compact(
+    store: &EtcdStore,
+    policy: CompactionPolicy,
+    now: DateTime<Utc>,
+) -> Result<CompactionReport, StoreError> {
+    let records = all_records(store).await?;
+    let current: HashSet<(String, u64)> = store
+        .range(&store.keys.objects(None, None))
+        .await?
+        .iter()
+        .map(|kv| object_from_kv(kv).map(|o| (o.metadata.uid, o.metadata.revision)))
+        .collect::<Result<_, _>>()?;
+    let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+    for read in &records {
+        let entry = newest.entry(&read.record.uid).or_default();
+        *entry = (*entry).max(read.record.revision);
+    }
+    let doomed_by_policy = |record: &RevisionRecord| match policy {
+        CompactionPolicy::All => false,
+        CompactionPolicy::Last { count } => newest
+            .get(record.uid.as_str())
+            .is_some_and(|newest| record.revision.saturating_add(count) <= *newest),
+        CompactionPolicy::For { seconds } => i64::try_from(seconds)
+            .ok()
+            .and_then(TimeDelta::try_seconds)
+            .and_then(|age| now.checked_sub_signed(age))
+            .is_some_and(|cutoff| record.time < cutoff),
+    };
+    let mut by_uid: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    let mut kept: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    for read in &records {
+        let record = &read.record;
+        let is_current = current.contains(&(record.uid.clone(), record.revision));
+        let target = if doomed_by_policy(record) && !is_current {
+            &mut by_uid
+        } else {
+            &mut kept
+        };
+        target
+            .entry(record.uid.clone())
+            .or_default()
+            .insert(record.revision);
+    }
+    let mut removed = 0u64;
+    for (uid, dropped) in &by_uid {
+        let survivors = kept.get(uid).cloned().unwrap_or_default();
+        for revision in survivors
+            .iter()
+            .filter(|revision| dropped.contains(&revision.saturating_sub(1)))
+        {
+            let bytes = spec_bytes(store, uid, *revision).await?.ok_or_else(|| {
+                StoreError::Corrupt(format!("revision {revision} of uid {uid} does not decode"))
+            })?;
+            let payload = codec::encode_keyframe(&bytes)
+                .map_err(|error| codec_error(uid, *revision, &error))?;
+            store
+                .client
+                .clone()
+                .put(store.keys.spec(uid, *revision), payload, None)
+                .await
+                .map_err(unavailable)?;
+        }
+        let dropped: Vec<u64> = dropped.iter().copied().collect();
+        for batch in dropped.chunks(DELETE_BATCH) {
+            let operations: Vec<TxnOp> = batch
+                .iter()
+                .flat_map(|revision| {
+                    [
+                        TxnOp::delete(store.keys.revision(uid, *revision), None),
+                        TxnOp::delete(store.keys.spec(uid, *revision), None),
+                    ]
+                })
+                .collect();
+            store
+                .client
+                .clone()
+                .txn(Txn::new().and_then(operations))
+                .await
+                .map_err(unavailable)?;
+            removed += batch.len() as u64;
+        }
+    }
+    Ok(CompactionReport {
+        revisions_removed: removed,
+    })
+}
+
+pub(crate) async fn size(store: &EtcdStore) -> Result<HistorySize, StoreError> {
+    let mut size = HistorySize::default();
+    for kv in store.range(&store.keys.revisions(None)).await? {
+        size.revisions += 1;
+        size.raw_bytes += read_record(&kv)?.raw_len;
+    }
+    for kv in store.range(&store.keys.specs(None)).await? {
+        size.stored_bytes += kv.value().len() as u64;
+    }
+    Ok(size)
+}
+
+fn codec_error(uid: &str, revision: u64, error: &codec::CodecError) -> StoreError {
+    StoreError::Corrupt(format!("revision {revision} of uid {uid}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{describe_kept, revision_of_key};
+
+    #[test]
+    fn kept_revisions_read_as_ranges() {
+        assert_eq!(describe_kept([]), "none");
+        assert_eq!(describe_kept([1, 2, 3, 7, 9, 10, 11, 12]), "1-3, 7, 9-12");
+    }
+
+    #[test]
+    fn history_keys_end_in_their_revision() {
+        assert_eq!(
+            revision_of_key(b"/corral/specs/uid-1/00000000000000000042").unwrap(),
+            42
+        );
+        assert!(revision_of_key(b"/corral/specs/uid-1/x").is_err());
+    }
+}

@@ -1,0 +1,277 @@
+//! corral's store on a real etcd cluster: the [`corral_store::Store`] trait
+//! (objects, revisions, delta-compressed history, watch, compare-and-swap)
+//! implemented with etcd transactions, plus the controller leader election
+//! on an etcd lease ([`leader`]).
+//!
+//! etcd is the consensus layer; this crate adds none of its own. A write is
+//! acknowledged after etcd's raft commit (a quorum has it in its WAL) —
+//! that is the durability contract. The store revision (`resourceVersion`)
+//! is etcd's revision minus one, global and monotonic across every corral
+//! server on the same cluster, so a watch resumes on any server. See
+//! [`keys`] for the layout.
+//!
+//! This crate must not decide who may write (the server does), and must not
+//! cache objects between calls: several servers share the cluster.
+
+mod config;
+mod history;
+mod keys;
+pub mod leader;
+mod objects;
+mod records;
+mod watch;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use corral_api::history::CompactionPolicy;
+use corral_api::workflow::StepLogEntry;
+use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
+use corral_store::conformance::EventRetention;
+use corral_store::{
+    ChangeMeta, CompactionReport, HistorySize, ListResult, StepLogFilter, Store, StoreError,
+    TokenRecord, WatchFilter, WatchStream,
+};
+use etcd_client::{Client, GetOptions, KeyValue};
+
+pub use config::{
+    CONNECT_TIMEOUT, ConfigError, DEFAULT_PREFIX, Datastore, EtcdConfig, EtcdTls, REQUEST_TIMEOUT,
+};
+use keys::{Keys, etcd_revision, store_revision};
+
+/// Why connecting to etcd failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("etcd settings")]
+    Config(#[from] ConfigError),
+    #[error("connecting to etcd at {endpoints}")]
+    Connect {
+        endpoints: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+}
+
+/// The etcd implementation of [`Store`]. Cheap to clone; clones share the
+/// client's connections.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    keys: Keys,
+    config: EtcdConfig,
+    /// Which writes need controller leadership, and its fence.
+    fencing: Option<Arc<leader::FencePolicy>>,
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.config.endpoints)
+            .field("prefix", &self.config.prefix)
+            .field("fencing", &self.fencing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster and checks that it answers.
+    pub async fn connect(config: &EtcdConfig) -> Result<EtcdStore, ConnectError> {
+        let options = config.connect_options()?;
+        let connect_error = |source| ConnectError::Connect {
+            endpoints: config.endpoints.join(","),
+            source,
+        };
+        let mut client = Client::connect(&config.endpoints, Some(options))
+            .await
+            .map_err(connect_error)?;
+        let keys = Keys::new(&config.prefix);
+        // One read, so a wrong address fails here and not on first use.
+        client
+            .get(keys.probe(), Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(connect_error)?;
+        Ok(EtcdStore {
+            client,
+            keys,
+            config: config.clone(),
+            fencing: None,
+        })
+    }
+
+    /// The same store, whose writes by the policy's leader-only authors
+    /// succeed only while this server's leadership fence holds (see
+    /// [`leader`]); reads and other writers are unaffected.
+    pub fn with_fencing(&self, policy: Arc<leader::FencePolicy>) -> EtcdStore {
+        EtcdStore {
+            fencing: Some(policy),
+            ..self.clone()
+        }
+    }
+
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// The underlying client, for leader election.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Forgets the watch events up to and including store revision
+    /// `through` by compacting etcd's history; a watch from before it gets
+    /// [`StoreError::Expired`]. Stored objects and corral's own revision
+    /// history are unaffected (they are live keys).
+    pub async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
+        let current = self.header_revision().await?;
+        // etcd keeps the compaction revision itself watchable: compacting
+        // at `through`'s etcd revision + 1 forgets exactly through `through`.
+        let target = (etcd_revision(through) + 1).min(current);
+        self.client
+            .clone()
+            .compact(
+                target,
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// etcd's current revision.
+    async fn header_revision(&self) -> Result<i64, StoreError> {
+        let response = self
+            .client
+            .clone()
+            .get(self.keys.probe(), Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(unavailable)?;
+        response
+            .header()
+            .map(|header| header.revision())
+            .ok_or_else(|| StoreError::Corrupt("etcd answered without a header".into()))
+    }
+
+    /// The fence a write by this change's author must carry, if any.
+    fn fence_for(&self, change: &ChangeMeta) -> Result<Option<leader::Fence>, StoreError> {
+        match &self.fencing {
+            Some(policy) => policy.fence_for(&change.author),
+            None => Ok(None),
+        }
+    }
+
+    /// Every key-value under `prefix`, in key order.
+    async fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        let mut response = self
+            .client
+            .clone()
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        Ok(response.take_kvs())
+    }
+}
+
+/// An etcd failure as the store reports it: the backend is unavailable.
+pub(crate) fn unavailable(error: etcd_client::Error) -> StoreError {
+    StoreError::Unavailable(format!("etcd: {error}"))
+}
+
+pub(crate) fn corrupt_json(what: &str) -> impl FnOnce(serde_json::Error) -> StoreError + '_ {
+    move |error| StoreError::Corrupt(format!("{what}: {error}"))
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn current_revision(&self) -> Result<u64, StoreError> {
+        Ok(store_revision(self.header_revision().await?))
+    }
+
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Object>, StoreError> {
+        objects::get(self, key)
+            .await
+            .map(|found| found.map(|(object, _)| object))
+    }
+
+    async fn list(&self, kind: Kind, namespace: Option<&str>) -> Result<ListResult, StoreError> {
+        objects::list(self, kind, namespace).await
+    }
+
+    async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {
+        objects::create(self, object, change).await
+    }
+
+    async fn update(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+    ) -> Result<Object, StoreError> {
+        objects::update(self, object, expected, change).await
+    }
+
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        expected: Option<u64>,
+        change: &ChangeMeta,
+    ) -> Result<Object, StoreError> {
+        objects::delete(self, key, expected, change).await
+    }
+
+    async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
+        watch::watch(self, filter, after).await
+    }
+
+    async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError> {
+        history::history(self, key).await
+    }
+
+    async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError> {
+        history::revision(self, key, revision).await
+    }
+
+    async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<RevisionRecord>, StoreError> {
+        history::query(self, query).await
+    }
+
+    async fn compact_history(
+        &self,
+        policy: CompactionPolicy,
+        now: DateTime<Utc>,
+    ) -> Result<CompactionReport, StoreError> {
+        history::compact(self, policy, now).await
+    }
+
+    async fn history_size(&self) -> Result<HistorySize, StoreError> {
+        history::size(self).await
+    }
+
+    async fn put_token(&self, token: TokenRecord) -> Result<(), StoreError> {
+        records::put_token(self, token).await
+    }
+
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
+        records::find_token(self, hash).await
+    }
+
+    async fn append_step_logs(&self, entries: &[StepLogEntry]) -> Result<(), StoreError> {
+        records::append_step_logs(self, entries).await
+    }
+
+    async fn step_logs(
+        &self,
+        uid: &str,
+        filter: &StepLogFilter,
+    ) -> Result<Vec<StepLogEntry>, StoreError> {
+        records::step_logs(self, uid, filter).await
+    }
+}
+
+#[async_trait]
+impl EventRetention for EtcdStore {
+    async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
+        EtcdStore::compact_events(self, through).await
+    }
+}

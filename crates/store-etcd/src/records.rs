@@ -1,0 +1,98 @@
+//! Tokens and workflow step logs: plain keys outside the object space, so
+//! they never show up in watches.
+//!
+//! One `append_step_logs` call writes one key per object uid it mentions
+//! (`P/steplogs/{uid}/{uuid}`, a JSON array), all in one transaction.
+//! Reading orders entries by time, then by the etcd revision of the append
+//! that wrote them, then by their place in it — the order they were
+//! appended in.
+
+use std::collections::BTreeMap;
+
+use corral_api::workflow::StepLogEntry;
+use corral_store::{StepLogFilter, StoreError, TokenRecord};
+use etcd_client::{Txn, TxnOp};
+
+use crate::{EtcdStore, corrupt_json, unavailable};
+
+/// etcd refuses transactions of more than 128 operations by default.
+const MAX_TXN_OPS: usize = 128;
+
+pub(crate) async fn put_token(store: &EtcdStore, token: TokenRecord) -> Result<(), StoreError> {
+    let value = serde_json::to_vec(&token).map_err(corrupt_json("token"))?;
+    store
+        .client
+        .clone()
+        .put(store.keys.token(&token.hash), value, None)
+        .await
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+pub(crate) async fn find_token(
+    store: &EtcdStore,
+    hash: &str,
+) -> Result<Option<TokenRecord>, StoreError> {
+    let mut response = store
+        .client
+        .clone()
+        .get(store.keys.token(hash), None)
+        .await
+        .map_err(unavailable)?;
+    response
+        .take_kvs()
+        .first()
+        .map(|kv| serde_json::from_slice(kv.value()).map_err(corrupt_json("token")))
+        .transpose()
+}
+
+pub(crate) async fn append_step_logs(
+    store: &EtcdStore,
+    entries: &[StepLogEntry],
+) -> Result<(), StoreError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut by_uid: BTreeMap<&str, Vec<&StepLogEntry>> = BTreeMap::new();
+    for entry in entries {
+        by_uid.entry(&entry.object_uid).or_default().push(entry);
+    }
+    let mut operations = Vec::with_capacity(by_uid.len());
+    for (uid, entries) in by_uid {
+        let value = serde_json::to_vec(&entries).map_err(corrupt_json("step log entries"))?;
+        let batch = uuid::Uuid::new_v4().to_string();
+        operations.push(TxnOp::put(store.keys.step_log(uid, &batch), value, None));
+    }
+    // All or none up to etcd's limit; an append about more objects than
+    // that is split (each object's entries still land whole).
+    for chunk in operations.chunks(MAX_TXN_OPS) {
+        store
+            .client
+            .clone()
+            .txn(Txn::new().and_then(chunk.to_vec()))
+            .await
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn step_logs(
+    store: &EtcdStore,
+    uid: &str,
+    filter: &StepLogFilter,
+) -> Result<Vec<StepLogEntry>, StoreError> {
+    let mut ordered = Vec::new();
+    for kv in store.range(&store.keys.step_logs(Some(uid))).await? {
+        let entries: Vec<StepLogEntry> =
+            serde_json::from_slice(kv.value()).map_err(corrupt_json("step log entries"))?;
+        for (place, entry) in entries.into_iter().enumerate() {
+            ordered.push((entry.time, kv.create_revision(), place, entry));
+        }
+    }
+    ordered.sort_by_key(|a| (a.0, a.1, a.2));
+    Ok(ordered
+        .into_iter()
+        .map(|(_, _, _, entry)| entry)
+        .filter(|entry| filter.admits(entry))
+        .collect())
+}
