@@ -208,6 +208,7 @@ fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyh
         plane.prefix,
         shutdown.clone(),
     );
+    corral_controllers::spawn_pinned(client(corral_controllers::pinned::NAME)?, shutdown.clone());
     Ok(())
 }
 
