@@ -10,6 +10,7 @@
 //! engines (`corral-scheduler`, `corral-net`'s IPAM); this crate only
 //! moves data between them and the API.
 
+pub mod evacuate;
 pub mod ipam;
 pub mod lifecycle;
 pub mod pinned;
@@ -133,10 +134,39 @@ pub fn spawn_all(
     cluster_prefix: corral_net::ipam::ClusterPrefix,
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    spawn_all_timed(
+        scheduler,
+        ipam,
+        lifecycle,
+        cluster_prefix,
+        lifecycle::Timing::default(),
+        shutdown,
+    )
+}
+
+/// [`spawn_all`] with the clocks of node loss chosen (tests shorten them).
+pub fn spawn_all_timed(
+    scheduler: Client,
+    ipam: Client,
+    lifecycle: Client,
+    cluster_prefix: corral_net::ipam::ClusterPrefix,
+    timing: lifecycle::Timing,
+    shutdown: CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let feed = ChangeFeed::follow(scheduler.clone(), shutdown.clone());
     vec![
-        tokio::spawn(scheduler::run(scheduler, feed.clone(), shutdown.clone())),
-        tokio::spawn(lifecycle::run(lifecycle, feed.clone(), shutdown.clone())),
+        tokio::spawn(scheduler::run(
+            scheduler,
+            timing,
+            feed.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(lifecycle::run(
+            lifecycle,
+            timing,
+            feed.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(ipam::run(ipam, cluster_prefix, feed, shutdown)),
     ]
 }

@@ -1,18 +1,81 @@
 //! The scheduler controller: places pods whose `scheduler/place` step is
 //! ready, writing `status.node`, or fails the step with one reason per node.
+//! It also unbinds pods that must leave a silent or lost node
+//! ([`crate::evacuate`]): clearing `status.node` makes the server begin the
+//! pod's `move` workflow, whose `scheduler/place` then places it elsewhere.
 
+use std::collections::BTreeMap;
+
+use corral_api::kinds::{NodeStatus, PodSpec, PodStatus};
 use corral_api::workflow::{StepActionKind, StepActionRequest};
 use corral_api::{Kind, Object};
 use corral_client::{Client, ClientError};
 use corral_scheduler::{Request, Scheduler, Snapshot, Strategy};
 use tokio_util::sync::CancellationToken;
 
+use crate::evacuate::{NodeState, departure};
 use crate::steps::ready_instance;
 
 pub const STEP: &str = "scheduler/place";
 
-pub async fn run(client: Client, feed: crate::ChangeFeed, shutdown: CancellationToken) {
-    crate::run_loop("scheduler", feed, shutdown, || round(&client)).await;
+pub async fn run(
+    client: Client,
+    timing: crate::lifecycle::Timing,
+    feed: crate::ChangeFeed,
+    shutdown: CancellationToken,
+) {
+    crate::run_loop("scheduler", feed, shutdown, || async {
+        evacuate(&client, timing).await?;
+        round(&client).await
+    })
+    .await;
+}
+
+/// Unbinds every pod that must leave its node now.
+pub async fn evacuate(
+    client: &Client,
+    timing: crate::lifecycle::Timing,
+) -> Result<(), ClientError> {
+    let pods = client.list(Kind::Pod, None, None).await?.items;
+    let bound: Vec<(Object, String)> = pods
+        .into_iter()
+        .filter_map(|pod| {
+            let node = pod.typed_status::<PodStatus>().ok()?.node?;
+            Some((pod, node))
+        })
+        .collect();
+    if bound.is_empty() {
+        return Ok(());
+    }
+    let nodes: BTreeMap<String, NodeState> = client
+        .list(Kind::Node, None, None)
+        .await?
+        .items
+        .iter()
+        .map(|node| {
+            let status: NodeStatus = node.typed_status().unwrap_or_default();
+            let state = NodeState {
+                phase: status.phase,
+                silent_since: status.silent_since,
+            };
+            (node.metadata.name.clone(), state)
+        })
+        .collect();
+    let now = chrono::Utc::now();
+    for (pod, node) in bound {
+        let Ok(spec) = pod.typed_spec::<PodSpec>() else {
+            continue;
+        };
+        let Some(why) = departure(&spec, &node, nodes.get(&node).copied(), now, timing) else {
+            continue;
+        };
+        let key = pod.key();
+        match crate::steps::set_status_field(client, &key, "node", serde_json::Value::Null).await {
+            Ok(_) => tracing::info!(pod = %key, %node, ?why, "unbound; moving"),
+            Err(error) => tracing::debug!(pod = %key, %error, "not unbound; next round"),
+        }
+    }
+    Ok(())
 }
 
 fn action(kind: StepActionKind, workflow: &str) -> StepActionRequest {
