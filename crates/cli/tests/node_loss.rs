@@ -239,6 +239,8 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
     wait_for("node-b to be Ready again", Duration::from_secs(60), || {
         (nodes.json("node/node-b")["status"]["phase"] == "Ready").then_some(())
     });
-    assert_eq!(placed(&nodes, "ha"), ("node-a".into(), "Running".into()));
+    let ha = placed(&nodes, "ha");
+    let why = nodes.corral(&["why", "pod/ha"]);
+    assert_eq!(ha, ("node-a".into(), "Running".into()), "{why}");
     assert_eq!(placed(&nodes, "best"), ("node-b".into(), "Running".into()));
 }
