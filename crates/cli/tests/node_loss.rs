@@ -243,4 +243,27 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
     let why = nodes.corral(&["why", "pod/ha"]);
     assert_eq!(ha, ("node-a".into(), "Running".into()), "{why}");
     assert_eq!(placed(&nodes, "best"), ("node-b".into(), "Running".into()));
+
+    // Pinning a pod to another node moves it there: same uid, the old
+    // node stops its copy.
+    let best_uid = nodes.json("pod/best")["metadata"]["uid"].clone();
+    let pinned = pod("best", "best-effort").replace(
+        "  availability: best-effort\n",
+        "  availability: best-effort\n  placement: {node: node-a}\n",
+    );
+    apply(&nodes, "best-pinned.yaml", &pinned);
+    wait_for("pod/best to run on node-a", Duration::from_secs(90), || {
+        let pod = nodes.json("pod/best");
+        let here = pod["status"]["node"] == "node-a"
+            && pod["status"]["phase"] == "Running"
+            && pod["status"]["observedRevision"] == 2;
+        here.then_some(())
+    });
+    assert_eq!(nodes.json("pod/best")["metadata"]["uid"], best_uid);
+    let best_record = nodes.path("node-b").join("agent/pods/default_best.json");
+    wait_for(
+        "node-b to stop its copy of pod/best",
+        Duration::from_secs(60),
+        || (!best_record.exists()).then_some(()),
+    );
 }

@@ -5,7 +5,11 @@
 //! - `best-effort` pods stay bound to a Silent node and leave only a Lost
 //!   one;
 //! - pods pinned to their node (`spec.placement.node`) never leave: a pet
-//!   waits for its node.
+//!   waits for its node;
+//! - a pod whose pin names another node moves there ([`Departure::Repinned`]);
+//! - a pod whose new spec no longer fits its node moves when another node
+//!   can take it (decided by the scheduler controller with the snapshot,
+//!   [`Departure::NoLongerFits`]).
 
 use chrono::{DateTime, Utc};
 use corral_api::kinds::{Availability, NodePhase, PodSpec};
@@ -26,6 +30,10 @@ pub enum Departure {
     SilentPastGrace,
     /// Any unpinned pod on a Lost node.
     NodeLost,
+    /// `spec.placement.node` names another node now.
+    Repinned,
+    /// Its spec no longer fits its node, and another node can run it.
+    NoLongerFits,
 }
 
 /// Whether the pod leaves its node now. `None` for a node the cluster
@@ -37,13 +45,10 @@ pub fn departure(
     now: DateTime<Utc>,
     timing: Timing,
 ) -> Option<Departure> {
-    let pinned_here = spec
-        .placement
-        .as_ref()
-        .and_then(|p| p.node.as_deref())
-        .is_some_and(|pinned| pinned == node);
-    if pinned_here {
-        return None;
+    match spec.placement.as_ref().and_then(|p| p.node.as_deref()) {
+        Some(pinned) if pinned == node => return None,
+        Some(_) => return Some(Departure::Repinned),
+        None => {}
     }
     let state = state.unwrap_or(NodeState {
         phase: NodePhase::Lost,
@@ -121,17 +126,12 @@ mod tests {
     }
 
     #[test]
-    fn a_pet_pinned_elsewhere_is_not_a_pet_of_this_node() {
+    fn a_pod_pinned_to_another_node_moves_there_whatever_its_node_does() {
         let moved = spec("best-effort", Some("n2"));
-        assert_eq!(
-            departure(
-                &moved,
-                "n1",
-                state(NodePhase::Lost, 0),
-                at(1),
-                Timing::default()
-            ),
-            Some(Departure::NodeLost)
-        );
+        for phase in [NodePhase::Ready, NodePhase::Silent, NodePhase::Lost] {
+            let node = state(phase, 0);
+            let verdict = departure(&moved, "n1", node, at(1), Timing::default());
+            assert_eq!(verdict, Some(Departure::Repinned));
+        }
     }
 }

@@ -7,13 +7,13 @@
 use std::collections::BTreeMap;
 
 use corral_api::kinds::{NodeStatus, PodSpec, PodStatus};
-use corral_api::workflow::{StepActionKind, StepActionRequest};
+use corral_api::workflow::{StepActionKind, StepActionRequest, WorkflowOutcome, WorkflowStatus};
 use corral_api::{Kind, Object};
 use corral_client::{Client, ClientError};
 use corral_scheduler::{Request, Scheduler, Snapshot, Strategy};
 use tokio_util::sync::CancellationToken;
 
-use crate::evacuate::{NodeState, departure};
+use crate::evacuate::{Departure, NodeState, departure};
 use crate::steps::ready_instance;
 
 pub const STEP: &str = "scheduler/place";
@@ -62,12 +62,27 @@ pub async fn evacuate(
         })
         .collect();
     let now = chrono::Utc::now();
+    // Built only when a bound pod's update was refused for room.
+    let mut scheduler: Option<Scheduler> = None;
     for (pod, node) in bound {
         let Ok(spec) = pod.typed_spec::<PodSpec>() else {
             continue;
         };
-        let Some(why) = departure(&spec, &node, nodes.get(&node).copied(), now, timing) else {
-            continue;
+        let why = match departure(&spec, &node, nodes.get(&node).copied(), now, timing) {
+            Some(why) => why,
+            None if update_refused(&pod) => {
+                if scheduler.is_none() {
+                    scheduler = Some(snapshot_scheduler(client).await?);
+                }
+                let Some(scheduler) = scheduler.as_mut() else {
+                    continue;
+                };
+                if !fits_elsewhere(scheduler, &pod, &node) {
+                    continue;
+                }
+                Departure::NoLongerFits
+            }
+            None => continue,
         };
         let key = pod.key();
         match crate::steps::set_status_field(client, &key, "node", serde_json::Value::Null).await {
@@ -82,6 +97,46 @@ fn action(kind: StepActionKind, workflow: &str) -> StepActionRequest {
     let mut request = StepActionRequest::new(kind, STEP);
     request.workflow = Some(workflow.to_string());
     request
+}
+
+/// Whether the pod's newest instance is an update of its current revision
+/// that failed (the node refuses an update that no longer fits it).
+fn update_refused(pod: &Object) -> bool {
+    let Some(Ok(status)) = pod
+        .status
+        .get("workflow")
+        .map(|w| serde_json::from_value::<WorkflowStatus>(w.clone()))
+    else {
+        return false;
+    };
+    status.latest().is_some_and(|instance| {
+        instance.workflow == "update"
+            && instance.revision == pod.metadata.revision
+            && instance.outcome == WorkflowOutcome::Failed
+    })
+}
+
+async fn snapshot_scheduler(client: &Client) -> Result<Scheduler, ClientError> {
+    let nodes = client.list(Kind::Node, None, None).await?.items;
+    let pods = client.list(Kind::Pod, None, None).await?.items;
+    let objects: Vec<Object> = nodes.into_iter().chain(pods).collect();
+    let snapshot = Snapshot::from_objects(&objects).unwrap_or_default();
+    Ok(Scheduler::new(&snapshot, Strategy::Spread))
+}
+
+/// Whether the pod's spec does not fit `node` but fits another node.
+fn fits_elsewhere(scheduler: &mut Scheduler, pod: &Object, node: &str) -> bool {
+    let Ok(request) = Request::from_object(pod) else {
+        return false;
+    };
+    if scheduler.fits(&request, node).is_ok() {
+        return false;
+    }
+    // `place` moves the reservation on success; the real move places again
+    // later, so the scheduler of this pass only has to stay plausible.
+    scheduler
+        .place(&request)
+        .is_ok_and(|placement| placement.node != node)
 }
 
 /// One pass: every pod waiting for placement is placed or told why not.
