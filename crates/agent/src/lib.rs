@@ -185,7 +185,8 @@ pub async fn run(
 ) -> Result<(), AgentError> {
     reap::become_subreaper()?;
     let ctx = Arc::new(ctx);
-    let mut manager = manager::Manager::new(ctx.clone());
+    let (fences, fence_requests) = tokio::sync::mpsc::channel(1);
+    let mut manager = manager::Manager::new(ctx.clone()).with_fences(fence_requests);
     let restored = manager.restore()?;
     let endpoint = match &config.endpoint {
         Some(endpoint) => Some(
@@ -213,6 +214,7 @@ pub async fn run(
             client,
             config.clone(),
             endpoint,
+            fences,
             shutdown.clone(),
         ));
     }
@@ -250,16 +252,47 @@ async fn image_gc_loop(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
 /// How often the heartbeat loop looks for ready join steps.
 const JOIN_TICK: Duration = Duration::from_millis(500);
 
+/// Missing this many heartbeats (frozen, cut off) makes the node fence
+/// before its next one.
+const FENCE_AFTER_MISSED: u32 = 3;
+
+/// Asks the manager to fence; `None` if it did not answer in time.
+async fn fence(fences: &tokio::sync::mpsc::Sender<manager::FenceRequest>) -> Option<usize> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    fences.send(reply).await.ok()?;
+    tokio::time::timeout(Duration::from_secs(120), answer)
+        .await
+        .ok()?
+        .ok()
+}
+
 async fn heartbeat_loop(
     client: Client,
     config: AgentConfig,
     endpoint: Option<String>,
+    fences: tokio::sync::mpsc::Sender<manager::FenceRequest>,
     shutdown: CancellationToken,
 ) {
     let mut node = None;
     let mut last_beat: Option<std::time::Instant> = None;
     let mut joined = false;
     while !shutdown.is_cancelled() {
+        // A node returning from silence stops the pods moved away from it
+        // before it reports in, so no ha pod runs twice past the grace.
+        if last_beat.is_some_and(|at| at.elapsed() >= config.heartbeat * FENCE_AFTER_MISSED) {
+            match fence(&fences).await {
+                Some(stopped) => {
+                    tracing::info!(stopped, "returned from silence: fenced before heartbeating");
+                    last_beat = None;
+                }
+                None => {
+                    tokio::select! {
+                        () = tokio::time::sleep(JOIN_TICK) => continue,
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            }
+        }
         if last_beat.is_none_or(|at| at.elapsed() >= config.heartbeat) {
             let mut status = node::detect_status(config.address.clone());
             status.agent_endpoint = endpoint.clone();

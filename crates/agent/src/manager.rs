@@ -20,11 +20,19 @@ use crate::worker::{PodMessage, PodWorker};
 /// How long to wait before listing again after the API failed.
 const RETRY: Duration = Duration::from_secs(2);
 
+/// How long fencing waits for one pod's worker to stop it.
+const FENCE_STOP: Duration = Duration::from_secs(60);
+
+/// A request to stop every pod no longer bound to this node (fencing, see
+/// [`Manager::fence`]); answered with how many were stopped.
+pub type FenceRequest = tokio::sync::oneshot::Sender<usize>;
+
 #[derive(Debug)]
 pub struct Manager {
     ctx: Arc<AgentContext>,
     /// Each pod's worker and the uid of the pod it runs.
     workers: BTreeMap<ObjectKey, (String, mpsc::Sender<PodMessage>)>,
+    fences: Option<mpsc::Receiver<FenceRequest>>,
 }
 
 impl Manager {
@@ -32,7 +40,45 @@ impl Manager {
         Manager {
             ctx,
             workers: BTreeMap::new(),
+            fences: None,
         }
+    }
+
+    /// Answers fence requests (from the heartbeat of a returning node).
+    pub fn with_fences(mut self, fences: mpsc::Receiver<FenceRequest>) -> Self {
+        self.fences = Some(fences);
+        self
+    }
+
+    /// Fencing: stops, and waits until stopped, every pod this node runs
+    /// that the API no longer binds here (moved away while the node was
+    /// silent, or deleted). A returning node does this before it reports
+    /// Ready, so an ha pod never runs twice past the grace.
+    async fn fence(&mut self, listed: &[Object]) -> usize {
+        let stale: Vec<ObjectKey> = self
+            .workers
+            .iter()
+            .filter(|(key, (uid, _))| {
+                !listed.iter().any(|pod| {
+                    pod.key() == **key && pod.metadata.uid == *uid && self.bound_here(pod)
+                })
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &stale {
+            if let Some((_, sender)) = self.workers.remove(key) {
+                let _ = sender.send(PodMessage::Remove).await;
+                // The worker ends once the pod is stopped and removed.
+                if tokio::time::timeout(FENCE_STOP, sender.closed())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(pod = %key, "fencing: the pod did not stop in time");
+                }
+                tracing::info!(pod = %key, "fenced: no longer bound to this node");
+            }
+        }
+        stale.len()
     }
 
     /// Starts a worker for every pod in local state: they keep running (or
@@ -157,8 +203,27 @@ impl Manager {
             };
             futures::pin_mut!(events);
             loop {
+                let fence = async {
+                    match self.fences.as_mut() {
+                        Some(fences) => fences.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let event = tokio::select! {
                     event = events.next() => event,
+                    Some(reply) = fence => {
+                        // Fence against a fresh list, not the watch's backlog.
+                        match client.list(Kind::Pod, None, None).await {
+                            Ok(list) => {
+                                let stopped = self.fence(&list.items).await;
+                                let _ = reply.send(stopped);
+                            }
+                            Err(error) => {
+                                tracing::debug!(error = %crate::chain(&error), "fencing: cannot list pods");
+                            }
+                        }
+                        continue;
+                    }
                     () = shutdown.cancelled() => return,
                 };
                 match event {

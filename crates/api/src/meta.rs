@@ -188,3 +188,14 @@ pub struct ObjectMeta {
 fn is_zero(value: &u64) -> bool {
     *value == 0
 }
+
+/// The annotation naming the controller that manages an object it created
+/// (`corral.dev/managed-by: pinned-deployment`). On such an object the
+/// fields people would own (labels, annotations, spec) belong to that
+/// controller, which may also delete it; see `corral_ownership::managers`.
+pub const MANAGED_BY: &str = "corral.dev/managed-by";
+
+/// The controller named by `metadata.annotations["corral.dev/managed-by"]`.
+pub fn manager_of(metadata: &ObjectMeta) -> Option<&str> {
+    metadata.annotations.get(MANAGED_BY).map(String::as_str)
+}

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    apply, controllers, exec, get, history, image, security, token, up, workflow,
+    apply, controllers, exec, get, history, image, node, rollout, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -77,6 +77,11 @@ enum Command {
     /// Explain an object's newest operation: a verdict line, then every step
     /// of its workflow (done, running, failed, waiting, blocked).
     Why(workflow::WhyArgs),
+    /// Nodes: `forget NAME` declares one lost so its pods move.
+    Node(node::NodeArgs),
+    /// Move a PinnedDeployment's share to its next template (`--percent`),
+    /// follow it (`status`), or make next the new previous (`promote`).
+    Rollout(rollout::RolloutArgs),
     /// Analyze an object's workflow: blame, critical-chain, dot.
     Analyze(workflow::AnalyzeArgs),
     /// Show a pod's container output (-f to follow), or what the workflow
@@ -138,6 +143,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Diff(args) => history::diff(config, args).await,
         Command::Rollback(args) => history::rollback(config, args).await,
         Command::Why(args) => workflow::why(config, args).await,
+        Command::Node(args) => node::run(config, args).await,
+        Command::Rollout(args) => rollout::rollout(config, args).await,
         Command::Analyze(args) => workflow::analyze(config, args).await,
         Command::Logs(args) => workflow::logs(config, args).await,
         Command::Exec(args) => {

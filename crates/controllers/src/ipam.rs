@@ -138,7 +138,13 @@ pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), Client
             .filter_map(|s| s.address?.parse().ok())
             .collect();
         execute(client, pod, ADDRESS_STEP, &workflow, || async {
-            if let Some(address) = status.address.clone() {
+            // An address kept across in-place updates; a pod that moved
+            // to another node gets a new one in that node's /64.
+            if let Some(address) = status.address.clone()
+                && address
+                    .parse::<Ipv6Addr>()
+                    .is_ok_and(|a| node_prefix.is_none_or(|p| p.contains(&a)))
+            {
                 return Ok(Ok(address));
             }
             let Some(subnet) = node_prefix else {

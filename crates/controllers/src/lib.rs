@@ -1,7 +1,8 @@
 //! corral's built-in controllers: the scheduler (`scheduler/place`, owns
 //! `status.node`) and IPAM (`ipam/assign-prefix` for nodes,
 //! `ipam/assign-address` for pods; owns `status.prefix` and
-//! `status.address`) and node-lifecycle (a Node's `status.phase`).
+//! `status.address`), node-lifecycle (a Node's `status.phase`) and
+//! pinned-deployment (a PinnedDeployment's `status` and the pods it manages).
 //!
 //! They have no back door: each holds its own controller token and reads
 //! and writes through the API, claiming and completing its workflow steps
@@ -9,8 +10,10 @@
 //! engines (`corral-scheduler`, `corral-net`'s IPAM); this crate only
 //! moves data between them and the API.
 
+pub mod evacuate;
 pub mod ipam;
 pub mod lifecycle;
+pub mod pinned;
 pub mod scheduler;
 mod steps;
 
@@ -38,9 +41,14 @@ pub struct ChangeFeed {
 impl ChangeFeed {
     /// Follows pods and nodes through `client` until cancelled.
     pub fn follow(client: Client, shutdown: CancellationToken) -> ChangeFeed {
+        Self::follow_kinds(client, &[Kind::Pod, Kind::Node], shutdown)
+    }
+
+    /// Follows the given kinds through `client` until cancelled.
+    pub fn follow_kinds(client: Client, kinds: &[Kind], shutdown: CancellationToken) -> ChangeFeed {
         let (changed, seen) = watch::channel(0u64);
         let changed = Arc::new(changed);
-        for kind in [Kind::Pod, Kind::Node] {
+        for &kind in kinds {
             tokio::spawn(watch_kind(
                 client.clone(),
                 kind,
@@ -126,10 +134,50 @@ pub fn spawn_all(
     cluster_prefix: corral_net::ipam::ClusterPrefix,
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    spawn_all_timed(
+        scheduler,
+        ipam,
+        lifecycle,
+        cluster_prefix,
+        lifecycle::Timing::default(),
+        shutdown,
+    )
+}
+
+/// [`spawn_all`] with the clocks of node loss chosen (tests shorten them).
+pub fn spawn_all_timed(
+    scheduler: Client,
+    ipam: Client,
+    lifecycle: Client,
+    cluster_prefix: corral_net::ipam::ClusterPrefix,
+    timing: lifecycle::Timing,
+    shutdown: CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let feed = ChangeFeed::follow(scheduler.clone(), shutdown.clone());
     vec![
-        tokio::spawn(scheduler::run(scheduler, feed.clone(), shutdown.clone())),
-        tokio::spawn(lifecycle::run(lifecycle, feed.clone(), shutdown.clone())),
+        tokio::spawn(scheduler::run(
+            scheduler,
+            timing,
+            feed.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(lifecycle::run(
+            lifecycle,
+            timing,
+            feed.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(ipam::run(ipam, cluster_prefix, feed, shutdown)),
     ]
+}
+
+/// Starts the PinnedDeployment controller with its own client and its own
+/// feed (PinnedDeployments and pods).
+pub fn spawn_pinned(client: Client, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let feed = ChangeFeed::follow_kinds(
+        client.clone(),
+        &[Kind::PinnedDeployment, Kind::Pod],
+        shutdown.clone(),
+    );
+    tokio::spawn(pinned::run(client, feed, shutdown))
 }

@@ -1,9 +1,13 @@
 //! The node-lifecycle controller (owns a Node's `status.phase` and
 //! `status.silentSince`): a node is Ready once its join workflow succeeded
-//! and while its heartbeat is fresh, Silent after missed heartbeats.
+//! and while its heartbeat is fresh, Silent after missed heartbeats, and
+//! Lost when an operator forgets it (`spec.forgotten`) or after it has been
+//! silent for [`Timing::lost_after`]. A Lost node that heartbeats again
+//! (and is not forgotten) is Ready again: its pods moved meanwhile, and its
+//! agent stops the copies no longer bound to it.
 
 use chrono::{DateTime, Duration, Utc};
-use corral_api::kinds::{NodePhase, NodeStatus};
+use corral_api::kinds::{NodePhase, NodeSpec, NodeStatus};
 use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
 use corral_api::{Kind, Object};
 use corral_client::{Client, ClientError};
@@ -12,16 +16,45 @@ use tokio_util::sync::CancellationToken;
 /// A node whose last heartbeat is older than this is Silent.
 pub const SILENT_AFTER_SECONDS: i64 = 20;
 
-pub async fn run(client: Client, feed: crate::ChangeFeed, shutdown: CancellationToken) {
-    crate::run_loop("node-lifecycle", feed, shutdown, || round(&client)).await;
+/// The clocks of node loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// No heartbeat for this long: Silent.
+    pub silent_after: Duration,
+    /// Silent for this long: Lost (default 7 days).
+    pub lost_after: Duration,
+    /// `availability: ha` pods on a node Silent this long are placed
+    /// elsewhere (default 30 s).
+    pub ha_grace: Duration,
 }
 
-/// The phase a node should have now. Pure.
-pub fn phase(node: &Object, now: DateTime<Utc>) -> (NodePhase, Option<DateTime<Utc>>) {
-    let status: NodeStatus = node.typed_status().unwrap_or_default();
-    if status.phase == NodePhase::Lost {
-        return (NodePhase::Lost, status.silent_since);
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            silent_after: Duration::seconds(SILENT_AFTER_SECONDS),
+            lost_after: Duration::days(7),
+            ha_grace: Duration::seconds(30),
+        }
     }
+}
+
+pub async fn run(
+    client: Client,
+    timing: Timing,
+    feed: crate::ChangeFeed,
+    shutdown: CancellationToken,
+) {
+    crate::run_loop("node-lifecycle", feed, shutdown, || round(&client, timing)).await;
+}
+
+/// The phase a node should have now, and since when it is silent. Pure.
+pub fn phase(
+    node: &Object,
+    now: DateTime<Utc>,
+    timing: Timing,
+) -> (NodePhase, Option<DateTime<Utc>>) {
+    let status: NodeStatus = node.typed_status().unwrap_or_default();
+    let spec: NodeSpec = node.typed_spec().unwrap_or_default();
     let joined = node
         .status
         .get("workflow")
@@ -33,22 +66,32 @@ pub fn phase(node: &Object, now: DateTime<Utc>) -> (NodePhase, Option<DateTime<U
         });
     let fresh = status
         .heartbeat
-        .is_some_and(|beat| now - beat < Duration::seconds(SILENT_AFTER_SECONDS));
+        .is_some_and(|beat| now - beat < timing.silent_after);
+    let silent_since = || status.silent_since.or(status.heartbeat).or(Some(now));
+    if spec.forgotten {
+        return (NodePhase::Lost, silent_since());
+    }
     match (joined, fresh) {
         (false, _) => (NodePhase::Joining, None),
         (true, true) => (NodePhase::Ready, None),
-        (true, false) => (
-            NodePhase::Silent,
-            status.silent_since.or(status.heartbeat).or(Some(now)),
-        ),
+        (true, false) => {
+            let since = silent_since();
+            let lost = since.is_some_and(|since| now - since >= timing.lost_after);
+            let phase = if lost || status.phase == NodePhase::Lost {
+                NodePhase::Lost
+            } else {
+                NodePhase::Silent
+            };
+            (phase, since)
+        }
     }
 }
 
-pub async fn round(client: &Client) -> Result<(), ClientError> {
+pub async fn round(client: &Client, timing: Timing) -> Result<(), ClientError> {
     let now = Utc::now();
     for node in client.list(Kind::Node, None, None).await?.items {
         let status: NodeStatus = node.typed_status().unwrap_or_default();
-        let (next, silent_since) = phase(&node, now);
+        let (next, silent_since) = phase(&node, now, timing);
         if next == status.phase && silent_since == status.silent_since {
             continue;
         }
@@ -76,4 +119,66 @@ pub async fn round(client: &Client) -> Result<(), ClientError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_767_225_600 + seconds, 0).unwrap()
+    }
+
+    fn node(heartbeat: i64, forgotten: bool, phase: &str) -> Object {
+        let mut node = Object::new(Kind::Node, None, "n1", json!({"forgotten": forgotten}));
+        node.status = json!({
+            "phase": phase,
+            "heartbeat": at(heartbeat),
+            "workflow": {"instances": [{
+                "id": "join-1", "workflow": "join", "revision": 1, "objectUid": "u", "goal": "ready",
+                "outcome": "succeeded", "startedAt": at(0), "steps": []
+            }]}
+        });
+        node
+    }
+
+    #[test]
+    fn ready_silent_lost_by_the_clock() {
+        let timing = Timing {
+            lost_after: Duration::seconds(100),
+            ..Timing::default()
+        };
+        let fresh = node(0, false, "Ready");
+        let joined = phase(&fresh, at(5), timing);
+        assert_eq!(joined, (NodePhase::Ready, None));
+        assert_eq!(
+            phase(&fresh, at(25), timing),
+            (NodePhase::Silent, Some(at(0)))
+        );
+        assert_eq!(
+            phase(&fresh, at(100), timing),
+            (NodePhase::Lost, Some(at(0)))
+        );
+    }
+
+    #[test]
+    fn a_forgotten_node_is_lost_at_once() {
+        let forgotten = node(0, true, "Ready");
+        assert_eq!(
+            phase(&forgotten, at(1), Timing::default()).0,
+            NodePhase::Lost
+        );
+    }
+
+    #[test]
+    fn a_lost_node_stays_lost_while_silent_and_returns_when_it_beats() {
+        let lost = node(0, false, "Lost");
+        assert_eq!(phase(&lost, at(25), Timing::default()).0, NodePhase::Lost);
+        let back = node(30, false, "Lost");
+        assert_eq!(
+            phase(&back, at(31), Timing::default()),
+            (NodePhase::Ready, None)
+        );
+    }
 }

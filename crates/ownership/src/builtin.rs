@@ -46,6 +46,7 @@ pub fn builtin_controllers() -> Vec<Registration> {
                     "VirtualMachine:status.workflow",
                     "Node:spec",
                     "Node:status.phase",
+                    "Node:status.silentSince",
                     "Node:status.capacity",
                     "Node:status.runtimes",
                     "Node:status.features",

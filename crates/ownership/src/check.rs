@@ -36,6 +36,9 @@ pub enum Violation {
         key: ObjectKey,
         writer: Box<Identity>,
     },
+    /// `corral.dev/managed-by` names a controller that may not manage
+    /// objects of this kind.
+    NotAManager { manager: String, kind: Kind },
 }
 
 impl fmt::Display for Violation {
@@ -71,6 +74,19 @@ impl fmt::Display for Violation {
             Violation::Workflow(error) => write!(f, "{WORKFLOW_PATH}: {error}"),
             Violation::MalformedWorkflow(error) => {
                 write!(f, "{WORKFLOW_PATH} is not a workflow status: {error}")
+            }
+            Violation::NotAManager { manager, kind } => {
+                let allowed = crate::owner::managers(*kind);
+                let allowed = if allowed.is_empty() {
+                    "no controller".to_string()
+                } else {
+                    allowed.join(", ")
+                };
+                write!(
+                    f,
+                    "metadata.annotations.{}: controller {manager} may not manage {kind} objects (allowed: {allowed})",
+                    corral_api::MANAGED_BY
+                )
             }
             Violation::Delete { key, writer } => {
                 let who = if matches!(key.kind, Kind::Policy | Kind::Controller) {
@@ -191,7 +207,10 @@ impl Registry {
     ) -> Result<(), Refusal> {
         let mut refused: BTreeMap<Owner, Vec<String>> = BTreeMap::new();
         for path in changes {
-            let owner = self.owner_of(subject.kind, path);
+            let mut owner = self.owner_of(subject.kind, path);
+            if let (true, Some(manager)) = (owner.is_people(), subject.manager) {
+                owner = Owner::Controller(manager.to_string());
+            }
             if !owner.admits(writer, subject) {
                 refused.entry(owner).or_default().push(path.clone());
             }
@@ -223,10 +242,12 @@ impl Registry {
         new: &Object,
     ) -> Result<(), Refusal> {
         let bound_node = bound_node(old.unwrap_or(new));
+        let manager = corral_api::manager_of(&old.unwrap_or(new).metadata);
         let subject = Subject {
             kind: new.kind,
             name: &new.metadata.name,
             bound_node: bound_node.as_deref(),
+            manager,
         };
         let (workflow, others): (Vec<String>, Vec<String>) = changed_fields(old, new)
             .into_iter()
@@ -235,6 +256,14 @@ impl Registry {
             Ok(()) => Vec::new(),
             Err(refusal) => refusal.violations,
         };
+        if let Some(named) = corral_api::manager_of(&new.metadata)
+            && !crate::owner::managers(new.kind).contains(&named)
+        {
+            violations.push(Violation::NotAManager {
+                manager: named.to_string(),
+                kind: new.kind,
+            });
+        }
         let engine_owner = self.owner_of(new.kind, WORKFLOW_PATH);
         if !workflow.is_empty() && !engine_owner.admits(writer, &subject) {
             let old_status = old.map_or(&Value::Null, |o| &o.status);
@@ -290,6 +319,18 @@ fn check_workflow(
             .map_err(Violation::Workflow)?;
     }
     Ok(())
+}
+
+/// Whether `writer` may delete `object`: as [`check_delete`], and besides
+/// the controller named in its `corral.dev/managed-by` annotation.
+pub fn check_delete_object(writer: &Identity, object: &Object) -> Result<(), Refusal> {
+    let manages = writer.role == Role::Controller
+        && corral_api::manager_of(&object.metadata) == Some(writer.name.as_str())
+        && crate::owner::managers(object.kind).contains(&writer.name.as_str());
+    if manages {
+        return Ok(());
+    }
+    check_delete(writer, &object.key())
 }
 
 /// Whether `writer` may delete the object at `key`: people only; policies

@@ -10,6 +10,9 @@
 //!   objects' `owns`; [`Registry::owner_of`], registration conflicts
 //!   ([`Registry::check_registration`], the MetalLB lesson) and explicit
 //!   hand-over ([`Registry::plan_transfer`]);
+//! - managed objects: a controller allowed by [`managers`] creates objects
+//!   naming it in `corral.dev/managed-by`, owns their people-owned fields
+//!   and may delete them ([`check_delete_object`]);
 //! - the write check ([`Registry::check_write`], [`Registry::check_changes`],
 //!   [`check_delete`]) with refusals that name the path and its owner;
 //! - read masks ([`strip`], [`overlay`]) and the convergence check
@@ -29,12 +32,15 @@ mod owner;
 mod registry;
 
 pub use builtin::builtin_controllers;
-pub use check::{Refusal, Violation, WORKFLOW_PATH, bound_node, changed_fields, check_delete};
+pub use check::{
+    Refusal, Violation, WORKFLOW_PATH, bound_node, changed_fields, check_delete,
+    check_delete_object,
+};
 pub use convergence::{Convergence, Cycle, Edge, MAX_CYCLES};
 pub use mask::{overlay, segment_count, strip};
 pub use owner::{
     BadFieldRef, DefaultOwner, FieldRef, IPAM, NODE_LIFECYCLE, Owner, PINNED_DEPLOYMENT, SCHEDULER,
-    Subject, WORKFLOW, Writer, carvable, default_owners, ownable,
+    Subject, WORKFLOW, Writer, carvable, default_owners, managers, ownable,
 };
 pub use registry::{
     Registration, RegistrationError, Registry, Rule, Source, TransferError, TransferPlan, overlaps,
@@ -42,3 +48,6 @@ pub use registry::{
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod managed_tests;

@@ -47,6 +47,10 @@ pub struct Subject<'a> {
     /// The node the object is bound to: a pod's or VM's stored
     /// `status.node`, a Node's own name.
     pub bound_node: Option<&'a str>,
+    /// The controller managing the object (its `corral.dev/managed-by`
+    /// annotation, as stored; on create, as written). It owns the fields
+    /// people would own otherwise.
+    pub manager: Option<&'a str>,
 }
 
 impl Owner {
@@ -238,6 +242,16 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
         }
         Kind::Policy => people_meta(Owner::Operators),
         Kind::Controller => people_meta(Owner::Registrant),
+    }
+}
+
+/// The controllers that may create, manage and delete objects of `kind`
+/// (naming themselves in `corral.dev/managed-by`). Built in for now:
+/// registered controllers cannot claim this right yet.
+pub fn managers(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Pod => &[PINNED_DEPLOYMENT],
+        _ => &[],
     }
 }
 

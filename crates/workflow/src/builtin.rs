@@ -16,9 +16,10 @@ use corral_api::workflow::{RetryPolicy, StepDefinition, StepKind};
 use crate::definition::{ENGINE_OWNER, WorkflowDefinition};
 
 /// Every (kind, workflow) pair with a built-in definition.
-pub const BUILTIN_WORKFLOWS: [(Kind, &str); 6] = [
+pub const BUILTIN_WORKFLOWS: [(Kind, &str); 7] = [
     (Kind::Pod, "start"),
     (Kind::Pod, "update"),
+    (Kind::Pod, "move"),
     (Kind::Pod, "stop"),
     (Kind::Node, "join"),
     (Kind::VirtualMachine, "start"),
@@ -30,6 +31,11 @@ pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
     let (goal, steps) = match (kind, workflow) {
         (Kind::Pod, "start") => ("running", pod_start()),
         (Kind::Pod, "update") => ("running", pod_update()),
+        // A pod whose node went silent (ha) or was lost is placed and
+        // started again elsewhere: the start graph, from `scheduler/place`.
+        // The old node stops its copy when it learns it is no longer bound
+        // (fencing); it is not waited for, since it may never return.
+        (Kind::Pod, "move") => ("running", pod_start()),
         (Kind::Pod, "stop") => ("deleted", pod_stop()),
         (Kind::Node, "join") => ("ready", node_join()),
         (Kind::VirtualMachine, "start") => ("running", vm_start()),

@@ -16,6 +16,10 @@ pub struct NodeSpec {
     /// No new pods are placed on an unschedulable node.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unschedulable: bool,
+    /// An operator declared the node gone (`corral node forget NAME`): it
+    /// is Lost, and every pod on it that is not pinned there moves.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forgotten: bool,
 }
 
 /// What the node agent and the node-lifecycle controller report.

@@ -72,6 +72,11 @@ pub struct TemplateMeta {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PinnedDeploymentStatus {
+    /// The spec revision this status was computed for; a rollout has
+    /// settled when it equals `metadata.revision` and every version has
+    /// its desired replicas current and ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_revision: Option<u64>,
     #[serde(default)]
     pub previous: VersionStatus,
     #[serde(default)]

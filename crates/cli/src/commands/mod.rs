@@ -6,6 +6,8 @@ pub mod exec;
 pub mod get;
 pub mod history;
 pub mod image;
+pub mod node;
+pub mod rollout;
 pub mod security;
 pub mod token;
 pub mod up;

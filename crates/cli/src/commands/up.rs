@@ -49,6 +49,28 @@ pub struct ServerArgs {
     /// absent). Servers of one cluster share it. Default: DATA/tls.
     #[arg(long, value_name = "DIR")]
     tls_dir: Option<PathBuf>,
+    /// Seconds without a heartbeat before a node is Silent.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20)]
+    silent_after: u64,
+    /// Seconds an `availability: ha` pod waits on a Silent node before it
+    /// is placed elsewhere.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    ha_grace: u64,
+    /// Seconds a node may stay Silent before it is Lost and its
+    /// best-effort pods move too (default 7 days).
+    #[arg(long, value_name = "SECONDS", default_value_t = 7 * 24 * 3600)]
+    lost_after: u64,
+}
+
+impl ServerArgs {
+    fn timing(&self) -> corral_controllers::lifecycle::Timing {
+        let seconds = |s: u64| chrono::Duration::seconds(i64::try_from(s).unwrap_or(i64::MAX));
+        corral_controllers::lifecycle::Timing {
+            silent_after: seconds(self.silent_after),
+            lost_after: seconds(self.lost_after),
+            ha_grace: seconds(self.ha_grace),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -114,6 +136,7 @@ struct ControlPlane {
     ca: String,
     controller_tokens: corral_server::ownership::BuiltinTokens,
     prefix: ClusterPrefix,
+    timing: corral_controllers::lifecycle::Timing,
 }
 
 async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Result<ControlPlane> {
@@ -166,6 +189,7 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
         ca: tls.ca_pem,
         controller_tokens,
         prefix,
+        timing: args.timing(),
     })
 }
 
@@ -236,13 +260,15 @@ fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyh
             ca: Some(plane.ca.clone()),
         })?)
     };
-    corral_controllers::spawn_all(
+    corral_controllers::spawn_all_timed(
         client("scheduler")?,
         client("ipam")?,
         client("node-lifecycle")?,
         plane.prefix,
+        plane.timing,
         shutdown.clone(),
     );
+    corral_controllers::spawn_pinned(client(corral_controllers::pinned::NAME)?, shutdown.clone());
     Ok(())
 }
 

@@ -26,7 +26,7 @@ mod transfer;
 use std::sync::{Arc, RwLock};
 
 use corral_api::{Identity, Kind, Object, ObjectKey, Role};
-use corral_ownership::{Registry, check_delete, overlay};
+use corral_ownership::{Registry, check_delete, check_delete_object, overlay};
 use corral_store::ChangeMeta;
 
 pub use builtin::{BuiltinTokens, register_builtins};
@@ -140,8 +140,8 @@ pub async fn update(
     finish(server, caller, registering, updated).await
 }
 
-/// Deletes the object at `key`: people only; policies and controllers
-/// operators only.
+/// Deletes the object at `key`: people, and the controller managing it;
+/// policies and controllers operators only.
 pub async fn delete(
     server: &Server,
     caller: &Identity,
@@ -149,7 +149,12 @@ pub async fn delete(
     expected: Option<u64>,
     change: &ChangeMeta,
 ) -> Result<Object, ApiError> {
-    check_delete(caller, key).map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
+    // A controller may delete only what it manages, so look at the object.
+    let verdict = match (caller.role, server.store.get(key).await?) {
+        (Role::Controller, Some(stored)) => check_delete_object(caller, &stored),
+        _ => check_delete(caller, key),
+    };
+    verdict.map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
     let registering = key.kind == Kind::Controller;
     let _serial = if registering {
         Some(server.ownership.registrations.lock().await)

@@ -7,7 +7,8 @@
 //!   handlers: a new Pod or VirtualMachine gets a `start` instance, a new
 //!   Node a `join` instance, a spec change (a new revision) an `update`
 //!   instance — written in the same store write as the object, so the object
-//!   is never without it. They also refuse a `Controller` whose registered
+//!   is never without it. A pod the scheduler unbinds (`status.node`
+//!   cleared: its node went silent or was lost) gets a `move` instance. They also refuse a `Controller` whose registered
 //!   steps would break a workflow (unknown reference, duplicate, cycle).
 //! - [`drive`] is the background loop; [`tick_all`] is one round of it.
 //! - [`act`] executes a step owner's claim / complete / fail / log.
@@ -87,7 +88,13 @@ pub async fn update(
     change: &ChangeMeta,
 ) -> Result<Object, WriteError> {
     admit_controller(server, &next).await?;
-    let logs = if next.spec == current.spec {
+    let unbound =
+        next.kind == Kind::Pod && bound_node(current).is_some() && bound_node(&next).is_none();
+    let logs = if next.spec == current.spec && unbound {
+        // The scheduler unbound it from a silent or lost node: place and
+        // start it again elsewhere.
+        begin(server, &mut next, "move", current.metadata.revision).await?
+    } else if next.spec == current.spec {
         Vec::new()
     } else {
         let revision = current.metadata.revision + 1;

@@ -1,0 +1,56 @@
+//! `corral node forget NAME`: declare a node gone, so that its pods move.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use corral_api::kinds::NodeSpec;
+use corral_api::{Kind, ObjectKey};
+
+use super::connect;
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(subcommand)]
+    command: NodeCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCommand {
+    /// Declare the node Lost now (not waiting for --lost-after): every pod
+    /// on it that is not pinned there is placed elsewhere. If the machine
+    /// comes back, its agent stops those pods' old copies.
+    Forget { name: String },
+    /// Undo `forget`: the node is Ready again once it heartbeats.
+    Remember { name: String },
+}
+
+pub async fn run(config: Option<PathBuf>, args: NodeArgs) -> anyhow::Result<()> {
+    let (name, forgotten) = match args.command {
+        NodeCommand::Forget { name } => (name, true),
+        NodeCommand::Remember { name } => (name, false),
+    };
+    let client = connect(config)?;
+    let key = ObjectKey::new(Kind::Node, None, &name);
+    let mut node = client.get(&key).await?;
+    let mut spec: NodeSpec = if node.spec.is_null() {
+        NodeSpec::default()
+    } else {
+        node.typed_spec()
+            .with_context(|| format!("{key} has an unreadable spec"))?
+    };
+    spec.forgotten = forgotten;
+    node.spec = serde_json::to_value(&spec)?;
+    let message = if forgotten {
+        "node forget: declared lost by an operator"
+    } else {
+        "node remember: no longer declared lost"
+    };
+    client.apply(&node, Some(message)).await?;
+    if forgotten {
+        println!("{key} forgotten: it is Lost, and its pods (pinned ones excepted) move");
+    } else {
+        println!("{key} remembered: Ready again once it heartbeats");
+    }
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! `corral rollout`: move a PinnedDeployment's share of replicas to its
+//! next template, watch the rollout, and promote next to previous.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use corral_api::kinds::{PinnedDeploymentSpec, PinnedDeploymentStatus};
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::Client;
+
+use super::connect;
+use crate::target::Target;
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral rollout pd/web --percent 50     half the replicas on templates.next
+  corral rollout status pd/web           follow until every pod is current and ready
+  corral rollout promote pd/web          after 100%: previous := next, percent := 0")]
+pub struct RolloutArgs {
+    /// `pd/NAME`, or `status pd/NAME`, or `promote pd/NAME`.
+    #[arg(value_name = "ACTION|pd/NAME", num_args = 1..=2)]
+    words: Vec<String>,
+    /// The share of replicas on templates.next, 0–100.
+    #[arg(long, value_name = "P")]
+    percent: Option<u8>,
+    #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
+    namespace: String,
+    /// `status`: give up after this many seconds (exit code 1).
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    timeout: u64,
+}
+
+enum Action {
+    Percent(u8),
+    Status,
+    Promote,
+}
+
+pub async fn rollout(config: Option<PathBuf>, args: RolloutArgs) -> anyhow::Result<()> {
+    let (action, target) = match args.words.as_slice() {
+        [verb, target] if verb == "status" => (Action::Status, target),
+        [verb, target] if verb == "promote" => (Action::Promote, target),
+        [verb, _] => bail!("unknown rollout action {verb:?}: expected status or promote"),
+        [target] => match args.percent {
+            Some(percent) => (Action::Percent(percent), target),
+            None => bail!("say where to: corral rollout {target} --percent P"),
+        },
+        _ => bail!("usage: corral rollout pd/NAME --percent P | status pd/NAME | promote pd/NAME"),
+    };
+    let target = Target::parse(target, None)?;
+    if target.kind != Kind::PinnedDeployment {
+        bail!(
+            "rollout works on PinnedDeployments (pd/NAME), not {}",
+            target.kind
+        );
+    }
+    let key = target.key(Some(&args.namespace))?;
+    let client = connect(config)?;
+    match action {
+        Action::Percent(percent) => set_percent(&client, &key, percent).await,
+        Action::Promote => promote(&client, &key).await,
+        Action::Status => status(&client, &key, Duration::from_secs(args.timeout)).await,
+    }
+}
+
+async fn read(client: &Client, key: &ObjectKey) -> anyhow::Result<(Object, PinnedDeploymentSpec)> {
+    let object = client.get(key).await?;
+    let spec = object
+        .typed_spec()
+        .with_context(|| format!("{key} has an unreadable spec"))?;
+    Ok((object, spec))
+}
+
+async fn write(
+    client: &Client,
+    mut object: Object,
+    spec: &PinnedDeploymentSpec,
+    message: &str,
+) -> anyhow::Result<Object> {
+    object.spec = serde_json::to_value(spec)?;
+    // Carries the resourceVersion read: a concurrent edit makes this fail
+    // rather than be overwritten.
+    Ok(client.apply(&object, Some(message)).await?)
+}
+
+async fn set_percent(client: &Client, key: &ObjectKey, percent: u8) -> anyhow::Result<()> {
+    if percent > 100 {
+        bail!("--percent {percent}: expected 0–100");
+    }
+    let (object, mut spec) = read(client, key).await?;
+    let before = spec.replicas_percent_next;
+    spec.replicas_percent_next = percent;
+    let next = spec.next_replicas();
+    let written = write(
+        client,
+        object,
+        &spec,
+        &format!("rollout {before}% → {percent}%"),
+    )
+    .await?;
+    println!(
+        "{key} revision {}: {percent}% on next ({next} of {} replicas), {} on previous",
+        written.metadata.revision,
+        spec.replicas,
+        spec.replicas - next
+    );
+    Ok(())
+}
+
+async fn promote(client: &Client, key: &ObjectKey) -> anyhow::Result<()> {
+    let (object, mut spec) = read(client, key).await?;
+    if spec.replicas_percent_next != 100 {
+        bail!(
+            "{key} runs {}% on next: promote needs 100% (corral rollout {key} --percent 100)",
+            spec.replicas_percent_next
+        );
+    }
+    spec.templates.previous = spec.templates.next.clone();
+    spec.replicas_percent_next = 0;
+    let written = write(client, object, &spec, "rollout promote: previous := next").await?;
+    println!(
+        "{key} revision {}: promoted; templates.previous is the former next, 0% on next",
+        written.metadata.revision
+    );
+    Ok(())
+}
+
+/// One line of progress: `revision 3: previous 2/2 current, 2 ready; next 1/2 current, 0 ready`.
+fn progress(object: &Object, status: &PinnedDeploymentStatus) -> String {
+    let version = |name: &str, v: &corral_api::kinds::VersionStatus| {
+        format!(
+            "{name} {}/{} current, {} ready",
+            v.current, v.desired, v.ready
+        )
+    };
+    format!(
+        "revision {}: {}; {}",
+        object.metadata.revision,
+        version("previous", &status.previous),
+        version("next", &status.next)
+    )
+}
+
+fn settled(object: &Object, status: &PinnedDeploymentStatus) -> bool {
+    status.observed_revision == Some(object.metadata.revision)
+        && [&status.previous, &status.next]
+            .iter()
+            .all(|v| v.current == v.desired && v.ready == v.desired)
+}
+
+/// Follows the rollout until it settles: on a terminal one line redrawn in
+/// place, otherwise a line per change.
+async fn status(client: &Client, key: &ObjectKey, timeout: Duration) -> anyhow::Result<()> {
+    let terminal = std::io::stdout().is_terminal();
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        let object = client.get(key).await?;
+        let status: PinnedDeploymentStatus = object.typed_status().unwrap_or_default();
+        let line = progress(&object, &status);
+        let done = settled(&object, &status);
+        if line != last {
+            if terminal {
+                print!("\r\x1b[2K{line}");
+                use std::io::Write;
+                std::io::stdout().flush()?;
+            } else {
+                println!("{line}");
+            }
+            last = line;
+        }
+        if done {
+            if terminal {
+                println!();
+            }
+            println!("{key}: rollout settled");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            if terminal {
+                println!();
+            }
+            bail!("{key}: not settled after {}s", timeout.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

@@ -1,0 +1,266 @@
+//! The PinnedDeployment controller (owns a PinnedDeployment's `status`,
+//! manages its pods): keeps `replicas` pods named `NAME-0…`, of which
+//! `replicasPercentNext` percent (rounded by the strategy) run
+//! `templates.next` and the rest `templates.previous`.
+//!
+//! It creates its pods naming itself in `corral.dev/managed-by`, which
+//! makes their spec, labels and annotations its own; every pod it writes
+//! is a revision authored by `pinned-deployment` (a system change). A pod
+//! changes version by an in-place update of its spec — same name, same
+//! uid — so the node restarts it in place. Decisions are [`plan`]'s.
+
+pub mod plan;
+
+use std::collections::BTreeMap;
+
+use corral_api::kinds::{
+    PinnedDeploymentSpec, PinnedDeploymentStatus, PodPhase, PodSpec, PodStatus, PodTemplate,
+};
+use corral_api::{Kind, MANAGED_BY, Object, ObjectKey};
+use corral_client::{Client, ClientError};
+use tokio_util::sync::CancellationToken;
+
+use plan::{Action, Member, Version};
+
+/// The controller's identity.
+pub const NAME: &str = "pinned-deployment";
+/// The annotation naming the PinnedDeployment a pod belongs to.
+pub const DEPLOYMENT_ANNOTATION: &str = "corral.dev/pinned-deployment";
+/// The annotation naming the template a pod runs (`previous`, `next`).
+pub const VERSION_ANNOTATION: &str = "corral.dev/version";
+
+pub async fn run(client: Client, feed: crate::ChangeFeed, shutdown: CancellationToken) {
+    crate::run_loop(NAME, feed, shutdown, || round(&client)).await;
+}
+
+/// One pass over every PinnedDeployment.
+pub async fn round(client: &Client) -> Result<(), ClientError> {
+    let deployments = client.list(Kind::PinnedDeployment, None, None).await?.items;
+    if deployments.is_empty() {
+        return Ok(());
+    }
+    let pods = client.list(Kind::Pod, None, None).await?.items;
+    for deployment in deployments {
+        let key = deployment.key();
+        if let Err(error) = reconcile(client, &deployment, &pods).await {
+            tracing::debug!(deployment = %key, %error, "not reconciled; next round");
+        }
+    }
+    Ok(())
+}
+
+/// The pods of `deployment`, by index.
+fn members<'a>(deployment: &Object, pods: &'a [Object]) -> BTreeMap<u32, &'a Object> {
+    let name = &deployment.metadata.name;
+    let namespace = deployment.key().namespace;
+    let prefix = format!("{name}-");
+    pods.iter()
+        .filter(|pod| pod.key().namespace == namespace)
+        .filter(|pod| corral_api::manager_of(&pod.metadata) == Some(NAME))
+        .filter(|pod| pod.metadata.annotations.get(DEPLOYMENT_ANNOTATION) == Some(name))
+        .filter_map(|pod| {
+            let index = pod.metadata.name.strip_prefix(&prefix)?.parse().ok()?;
+            Some((index, pod))
+        })
+        .collect()
+}
+
+fn template(spec: &PinnedDeploymentSpec, version: Version) -> &PodTemplate {
+    match version {
+        Version::Previous => &spec.templates.previous,
+        Version::Next => &spec.templates.next,
+    }
+}
+
+/// The labels a pod of `version` carries: the template's and the selector's.
+fn labels(spec: &PinnedDeploymentSpec, version: Version) -> BTreeMap<String, String> {
+    let mut labels = template(spec, version).metadata.labels.clone();
+    labels.extend(spec.selector.clone());
+    labels
+}
+
+fn member(spec: &PinnedDeploymentSpec, index: u32, pod: &Object) -> Member {
+    let version = pod
+        .metadata
+        .annotations
+        .get(VERSION_ANNOTATION)
+        .and_then(|v| Version::parse(v));
+    let matches_template = version.is_some_and(|version| {
+        let wanted = template(spec, version);
+        pod.typed_spec::<PodSpec>().ok().as_ref() == Some(&wanted.spec)
+            && labels(spec, version)
+                .iter()
+                .all(|(k, v)| pod.metadata.labels.get(k) == Some(v))
+    });
+    let status: PodStatus = pod.typed_status().unwrap_or_default();
+    let ready = status.phase == PodPhase::Running
+        && status.observed_revision == Some(pod.metadata.revision)
+        && !status.containers.is_empty()
+        && status.containers.iter().all(|c| c.ready);
+    Member {
+        index,
+        version,
+        matches_template,
+        ready,
+    }
+}
+
+async fn reconcile(
+    client: &Client,
+    deployment: &Object,
+    pods: &[Object],
+) -> Result<(), ClientError> {
+    let key = deployment.key();
+    let spec: PinnedDeploymentSpec = match deployment.typed_spec() {
+        Ok(spec) => spec,
+        Err(error) => {
+            tracing::warn!(deployment = %key, %error, "unreadable spec");
+            return Ok(());
+        }
+    };
+    let existing = members(deployment, pods);
+    let views: Vec<Member> = existing
+        .iter()
+        .map(|(index, pod)| member(&spec, *index, pod))
+        .collect();
+    let mut planned = plan::plan(spec.replicas, spec.next_replicas(), &views);
+    planned.status.observed_revision = Some(deployment.metadata.revision);
+    for action in &planned.actions {
+        let result = match *action {
+            Action::Create { index, version } => {
+                create(client, deployment, &spec, index, version).await
+            }
+            Action::Convert { index, to } => match existing.get(&index) {
+                Some(pod) => convert(client, deployment, &spec, pod, to, true).await,
+                None => Ok(()),
+            },
+            Action::Refresh { index, version } => match existing.get(&index) {
+                Some(pod) => convert(client, deployment, &spec, pod, version, false).await,
+                None => Ok(()),
+            },
+            Action::Delete { index } => match existing.get(&index) {
+                Some(pod) => client
+                    .delete(
+                        &pod.key(),
+                        Some(&format!("{key}: scaled to {}", spec.replicas)),
+                    )
+                    .await
+                    .map(|_| ()),
+                None => Ok(()),
+            },
+        };
+        if let Err(error) = result {
+            tracing::info!(deployment = %key, ?action, %error, "action failed; next round");
+        }
+    }
+    write_status(client, deployment, &planned.status).await
+}
+
+/// The pod `NAME-index` as `version`'s template makes it.
+fn desired_pod(
+    deployment: &Object,
+    spec: &PinnedDeploymentSpec,
+    index: u32,
+    version: Version,
+) -> Result<Object, ClientError> {
+    let key = deployment.key();
+    let wanted = template(spec, version);
+    let body = serde_json::to_value(&wanted.spec).map_err(ClientError::Decode)?;
+    let name = format!("{}-{index}", key.name);
+    let mut pod = Object::new(Kind::Pod, Some(&key.namespace), &name, body);
+    pod.metadata.labels = labels(spec, version);
+    pod.metadata.annotations = wanted.metadata.annotations.clone();
+    pod.metadata
+        .annotations
+        .insert(MANAGED_BY.to_string(), NAME.to_string());
+    pod.metadata
+        .annotations
+        .insert(DEPLOYMENT_ANNOTATION.to_string(), key.name.clone());
+    pod.metadata
+        .annotations
+        .insert(VERSION_ANNOTATION.to_string(), version.as_str().to_string());
+    Ok(pod)
+}
+
+async fn create(
+    client: &Client,
+    deployment: &Object,
+    spec: &PinnedDeploymentSpec,
+    index: u32,
+    version: Version,
+) -> Result<(), ClientError> {
+    let pod = desired_pod(deployment, spec, index, version)?;
+    let message = format!("{}: created on {}", deployment.key(), version.as_str());
+    client.create(&pod, Some(&message)).await?;
+    tracing::info!(pod = %pod.key(), version = version.as_str(), "created");
+    Ok(())
+}
+
+/// Updates `pod` in place to `version`'s template, at the version read
+/// (a concurrent write makes it retry next round).
+async fn convert(
+    client: &Client,
+    deployment: &Object,
+    spec: &PinnedDeploymentSpec,
+    pod: &Object,
+    version: Version,
+    switching: bool,
+) -> Result<(), ClientError> {
+    let index = pod
+        .metadata
+        .name
+        .rsplit('-')
+        .next()
+        .and_then(|i| i.parse().ok())
+        .unwrap_or_default();
+    let desired = desired_pod(deployment, spec, index, version)?;
+    let mut next = pod.clone();
+    next.spec = desired.spec;
+    next.metadata.labels = desired.metadata.labels;
+    next.metadata.annotations = desired.metadata.annotations;
+    let message = if switching {
+        let from = pod
+            .metadata
+            .annotations
+            .get(VERSION_ANNOTATION)
+            .map_or("no version", String::as_str);
+        format!("{}: {from} → {}", deployment.key(), version.as_str())
+    } else {
+        format!(
+            "{}: {} template changed",
+            deployment.key(),
+            version.as_str()
+        )
+    };
+    client.apply(&next, Some(&message)).await?;
+    tracing::info!(pod = %pod.key(), version = version.as_str(), "converted in place");
+    Ok(())
+}
+
+async fn write_status(
+    client: &Client,
+    deployment: &Object,
+    status: &PinnedDeploymentStatus,
+) -> Result<(), ClientError> {
+    let current: PinnedDeploymentStatus = deployment.typed_status().unwrap_or_default();
+    if current == *status {
+        return Ok(());
+    }
+    let mut next = deployment.clone();
+    next.status = serde_json::to_value(status).map_err(ClientError::Decode)?;
+    client.put_status(&next).await?;
+    Ok(())
+}
+
+/// The PinnedDeployment's key a pod belongs to, if any.
+pub fn deployment_of(pod: &Object) -> Option<ObjectKey> {
+    if corral_api::manager_of(&pod.metadata) != Some(NAME) {
+        return None;
+    }
+    let name = pod.metadata.annotations.get(DEPLOYMENT_ANNOTATION)?;
+    Some(ObjectKey::new(
+        Kind::PinnedDeployment,
+        Some(&pod.key().namespace),
+        name,
+    ))
+}
