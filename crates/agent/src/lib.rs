@@ -16,6 +16,7 @@ pub mod exec;
 pub mod images;
 pub mod logs;
 pub mod manager;
+pub mod network;
 pub mod node;
 pub mod plan;
 pub mod probes;
@@ -46,6 +47,8 @@ pub struct AgentContext {
     pub runner: ContainerRunner,
     pub state: LocalState,
     pub netns: Arc<NetnsManager>,
+    /// The pod network; `None` leaves pods with loopback only.
+    pub network: Option<Arc<network::PodNetwork>>,
     /// Revisions whose images stay on the node (rollback without a pull).
     pub image_revisions: usize,
 }
@@ -71,6 +74,9 @@ pub struct AgentConfig {
     /// The logs and exec endpoint the API server proxies to; `None`
     /// serves none (`corral logs` and `exec` then fail for this node).
     pub endpoint: Option<serve::EndpointConfig>,
+    /// The pod network's node-local settings; `None` leaves pods with
+    /// loopback only.
+    pub network: Option<network::NetworkConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +87,8 @@ pub enum AgentError {
     Image(#[from] corral_runtime::image::ImageError),
     #[error("cannot become the reaper of container processes")]
     Reap(#[from] reap::ReapError),
+    #[error("cannot set up the pod network")]
+    Network(#[from] network::NetworkError),
     #[error("cannot listen for logs and exec on {listen}")]
     Endpoint {
         listen: String,
@@ -130,6 +138,7 @@ pub fn context(
         },
         state: LocalState::open(data.join("agent").join("pods"))?,
         netns: Arc::new(NetnsManager::new(data.join("netns"))),
+        network: None,
         image_revisions: config.image_revisions,
     })
 }
@@ -143,6 +152,14 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
     reap::become_subreaper()?;
+    let mut ctx = ctx;
+    if ctx.network.is_none()
+        && let Some(network) = &config.network
+    {
+        ctx.network = Some(Arc::new(
+            network::PodNetwork::connect(network.clone()).await?,
+        ));
+    }
     let ctx = Arc::new(ctx);
     let mut manager = manager::Manager::new(ctx.clone());
     let restored = manager.restore()?;
@@ -169,11 +186,20 @@ pub async fn run(
     tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
         tokio::spawn(heartbeat_loop(
-            client,
+            client.clone(),
             config.clone(),
             endpoint,
+            ctx.network.clone(),
             shutdown.clone(),
         ));
+        if let Some(network) = ctx.network.clone() {
+            tokio::spawn(routes_loop(
+                client,
+                ctx.node.clone(),
+                network,
+                shutdown.clone(),
+            ));
+        }
     }
     tokio::spawn(image_gc_loop(ctx.clone(), shutdown.clone()));
     manager.run(shutdown).await;
@@ -213,6 +239,7 @@ async fn heartbeat_loop(
     client: Client,
     config: AgentConfig,
     endpoint: Option<String>,
+    network: Option<Arc<network::PodNetwork>>,
     shutdown: CancellationToken,
 ) {
     let mut node = None;
@@ -239,12 +266,50 @@ async fn heartbeat_loop(
             && let Ok(fresh) = client.get(&object.key()).await
         {
             *object = fresh;
-            node::run_join_steps(&client, object).await;
+            node::run_join_steps(&client, object, network.as_deref()).await;
             joined = steps::instance_for(object, object.metadata.revision)
                 .is_some_and(|instance| !steps::is_running(&instance));
         }
         tokio::select! {
             () = tokio::time::sleep(JOIN_TICK) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// How often the routes to other nodes are compared with the `Node` objects.
+pub const ROUTES_TICK: Duration = Duration::from_secs(1);
+
+/// Keeps the routes to other nodes' /64s equal to what the `Node` objects
+/// say, as nodes join and leave. With the API away the routes stay.
+async fn routes_loop(
+    client: Client,
+    node: String,
+    network: Arc<network::PodNetwork>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match client.list(corral_api::Kind::Node, None, None).await {
+            Ok(list) => match network.reconcile_routes(&node, &list.items).await {
+                Ok((_, plan)) if !plan.is_empty() => {
+                    let added: Vec<String> = plan
+                        .ensure
+                        .iter()
+                        .map(|r| r.destination.to_string())
+                        .collect();
+                    let removed: Vec<String> =
+                        plan.remove.iter().map(ToString::to_string).collect();
+                    tracing::info!(?added, ?removed, "routes to other nodes changed");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(error = %chain(&error), "cannot reconcile node routes")
+                }
+            },
+            Err(error) => tracing::debug!(error = %chain(&error), "cannot list nodes for routes"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(ROUTES_TICK) => {}
             () = shutdown.cancelled() => return,
         }
     }

@@ -77,6 +77,12 @@ impl PodWorker {
         self.record.pod.key()
     }
 
+    /// The pod's name on its host veth's alias: `NAMESPACE/NAME`.
+    fn network_owner(&self) -> String {
+        let key = self.key();
+        format!("{}/{}", key.namespace, key.name)
+    }
+
     fn uid(&self) -> String {
         self.record.pod.metadata.uid.clone()
     }
@@ -404,20 +410,66 @@ impl PodWorker {
     }
 
     async fn ensure_sandbox(&mut self) -> Result<String, String> {
-        if let Some(path) = &self.record.netns
-            && path.exists()
-        {
-            return Ok(path.display().to_string());
+        let path = match &self.record.netns {
+            Some(path) if path.exists() => path.clone(),
+            _ => {
+                let netns = self.ctx.netns.clone();
+                let name = format!("pod-{}", short(&self.uid()));
+                let path = tokio::task::spawn_blocking(move || netns.create(&name))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| crate::chain(&e))?;
+                self.record.netns = Some(path.clone());
+                self.save();
+                path
+            }
+        };
+        match self.ensure_network(&path).await? {
+            Some(note) => Ok(format!("{}; {note}", path.display())),
+            None => Ok(path.display().to_string()),
         }
-        let netns = self.ctx.netns.clone();
-        let name = format!("pod-{}", short(&self.uid()));
-        let path = tokio::task::spawn_blocking(move || netns.create(&name))
+    }
+
+    /// Wires the pod's network namespace (veth, its IPv6 address from
+    /// `status.address`, IPv4 egress); `None` when the node has no pod network.
+    async fn ensure_network(&mut self, netns: &std::path::Path) -> Result<Option<String>, String> {
+        let Some(network) = self.ctx.network.clone() else {
+            return Ok(None);
+        };
+        let ipv6 = match crate::network::pod_address(&self.desired) {
+            Ok(address) => address,
+            Err(crate::network::NetworkError::NoAddress) if self.ctx.client.is_some() => {
+                // Our copy may predate the address IPAM wrote: ask once.
+                let client = self.ctx.client.as_ref().expect("INVARIANT: checked above");
+                let fresh = client
+                    .get(&self.key())
+                    .await
+                    .map_err(|e| crate::chain(&e))?;
+                crate::network::pod_address(&fresh).map_err(|e| crate::chain(&e))?
+            }
+            Err(error) => return Err(crate::chain(&error)),
+        };
+        if self.record.egress_ipv4.is_none() {
+            let taken = self
+                .ctx
+                .state
+                .load_all()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|record| record.pod.key() != self.key())
+                .filter_map(|record| record.egress_ipv4)
+                .collect();
+            self.record.egress_ipv4 = network
+                .allocate_egress(&taken)
+                .map_err(|e| crate::chain(&e))?;
+            self.save();
+        }
+        let owner = self.network_owner();
+        network
+            .wire_pod(&owner, netns, ipv6, self.record.egress_ipv4)
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| crate::chain(&e))?;
-        self.record.netns = Some(path.clone());
-        self.save();
-        Ok(path.display().to_string())
+            .map(Some)
+            .map_err(|e| crate::chain(&e))
     }
 
     /// Stops what the plan stops and (unless `stop_only`) starts what it
@@ -683,6 +735,11 @@ impl PodWorker {
                 }
             })
             .await;
+        }
+        if let Some(network) = self.ctx.network.clone()
+            && let Err(error) = network.unwire_pod(&self.network_owner()).await
+        {
+            tracing::warn!(pod = %self.key(), error = %crate::chain(&error), "cannot remove the pod's veth");
         }
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));

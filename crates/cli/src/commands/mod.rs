@@ -6,6 +6,7 @@ pub mod exec;
 pub mod get;
 pub mod history;
 pub mod image;
+pub mod lab;
 pub mod security;
 pub mod token;
 pub mod up;
