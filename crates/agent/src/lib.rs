@@ -12,6 +12,7 @@
 //! placement or addresses: those come from the API.
 
 pub mod containers;
+pub mod dns;
 pub mod exec;
 pub mod images;
 pub mod logs;
@@ -203,6 +204,9 @@ pub async fn run(
     }
     tokio::spawn(image_gc_loop(ctx.clone(), shutdown.clone()));
     manager.run(shutdown).await;
+    if let Some(network) = &ctx.network {
+        network.stop();
+    }
     Ok(())
 }
 
@@ -277,6 +281,34 @@ async fn heartbeat_loop(
     }
 }
 
+/// Starts the node's DNS server once the node has its /64, and gives it
+/// the current pods and PinnedDeployments.
+async fn refresh_dns(client: &Client, node: &str, network: &network::PodNetwork) {
+    use corral_api::Kind;
+    if network.dns_address().is_none() {
+        let prefix = client
+            .get(&corral_api::ObjectKey::new(Kind::Node, None, node))
+            .await
+            .ok()
+            .and_then(|n| n.typed_status::<corral_api::kinds::NodeStatus>().ok())
+            .and_then(|s| s.prefix?.parse().ok());
+        let Some(prefix) = prefix else {
+            return;
+        };
+        if let Err(error) = network.start_dns(prefix) {
+            tracing::warn!(error = %chain(&error), "pods get no DNS");
+            return;
+        }
+    }
+    let (Ok(pods), Ok(deployments)) = (
+        client.list(Kind::Pod, None, None).await,
+        client.list(Kind::PinnedDeployment, None, None).await,
+    ) else {
+        return;
+    };
+    network.set_dns_table(dns::build_table(&pods.items, &deployments.items));
+}
+
 /// How often the routes to other nodes are compared with the `Node` objects.
 pub const ROUTES_TICK: Duration = Duration::from_secs(1);
 
@@ -308,6 +340,7 @@ async fn routes_loop(
             },
             Err(error) => tracing::debug!(error = %chain(&error), "cannot list nodes for routes"),
         }
+        refresh_dns(&client, &node, &network).await;
         tokio::select! {
             () = tokio::time::sleep(ROUTES_TICK) => {}
             () = shutdown.cancelled() => return,

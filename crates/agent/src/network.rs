@@ -20,6 +20,7 @@ use corral_api::kinds::NodeStatus;
 use corral_net::datapath::{
     self, DatapathError, NetworkOps, NextHop, NodeRoute, PodEgress, PodInterface, RoutePlan,
 };
+use corral_net::dns::DnsTable;
 use corral_net::egress::{self, EgressConfig, EgressError};
 use corral_net::ipam::{EgressRange, IpamError};
 use ipnet::Ipv6Net;
@@ -67,6 +68,12 @@ pub enum NetworkError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot serve DNS on [{address}]:53")]
+    Dns {
+        address: Ipv6Addr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the egress task failed: {0}")]
     Task(String),
 }
@@ -75,6 +82,12 @@ pub enum NetworkError {
 pub struct PodNetwork {
     ops: Arc<dyn NetworkOps>,
     config: NetworkConfig,
+    /// Where the node's DNS server listens, once started.
+    dns: std::sync::OnceLock<Ipv6Addr>,
+    /// The names it answers.
+    table: Arc<std::sync::RwLock<DnsTable>>,
+    /// Stops the DNS server.
+    stop: tokio_util::sync::CancellationToken,
     /// Whether per-link sysctls are written (false with a fake data path).
     sysctls: bool,
 }
@@ -94,6 +107,9 @@ impl PodNetwork {
         Ok(PodNetwork {
             ops: Arc::new(ops),
             config,
+            dns: std::sync::OnceLock::new(),
+            table: Arc::default(),
+            stop: tokio_util::sync::CancellationToken::new(),
             sysctls: true,
         })
     }
@@ -103,6 +119,9 @@ impl PodNetwork {
         PodNetwork {
             ops,
             config,
+            dns: std::sync::OnceLock::new(),
+            table: Arc::default(),
+            stop: tokio_util::sync::CancellationToken::new(),
             sysctls: false,
         }
     }
@@ -147,6 +166,9 @@ impl PodNetwork {
             }),
         };
         self.ops.ensure_pod_interface(&pod).await?;
+        if let Some(dns) = self.dns_address() {
+            self.ops.add_host_address(&pod.host_interface, dns).await?;
+        }
         if self.sysctls && self.config.forwarding == Forwarding::PodLinks {
             let link = &pod.host_interface;
             write_sysctl(&format!("/proc/sys/net/ipv6/conf/{link}/force_forwarding"))?;
@@ -156,6 +178,43 @@ impl PodNetwork {
             Some(v4) => format!("{ipv6} and {v4} on {}", pod.host_interface),
             None => format!("{ipv6} on {}", pod.host_interface),
         })
+    }
+
+    /// Where the node's DNS server listens, once started.
+    pub fn dns_address(&self) -> Option<Ipv6Addr> {
+        self.dns.get().copied()
+    }
+
+    /// Starts the node's DNS server on `<prefix>::1` (once; later calls
+    /// return the address). Pods reach it through their veths, which carry
+    /// that address.
+    pub fn start_dns(&self, prefix: Ipv6Net) -> Result<Ipv6Addr, NetworkError> {
+        if let Some(address) = self.dns_address() {
+            return Ok(address);
+        }
+        let address = corral_net::ipam::node_gateway_address(prefix);
+        let socket = crate::dns::bind_udp(address)
+            .map_err(|source| NetworkError::Dns { address, source })?;
+        let upstream = crate::dns::node_upstream();
+        tokio::spawn(corral_net::dns::serve(
+            socket,
+            self.table.clone(),
+            upstream,
+            self.stop.clone(),
+        ));
+        let _ = self.dns.set(address);
+        tracing::info!(%address, ?upstream, "serving DNS to pods");
+        Ok(address)
+    }
+
+    /// Stops the DNS server (the agent is stopping).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Replaces the names the DNS server answers.
+    pub fn set_dns_table(&self, table: DnsTable) {
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
     }
 
     /// Removes the pod's veth; absent is fine.

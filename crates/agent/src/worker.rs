@@ -464,12 +464,25 @@ impl PodWorker {
                 .map_err(|e| crate::chain(&e))?;
             self.save();
         }
+        if network.dns_address().is_none()
+            && let Ok(prefix) = ipnet::Ipv6Net::new(ipv6, 64)
+            && let Err(error) = network.start_dns(prefix.trunc())
+        {
+            tracing::warn!(pod = %self.key(), error = %crate::chain(&error), "the pod gets no DNS");
+        }
         let owner = self.network_owner();
-        network
+        let note = network
             .wire_pod(&owner, netns, ipv6, self.record.egress_ipv4)
             .await
-            .map(Some)
-            .map_err(|e| crate::chain(&e))
+            .map_err(|e| crate::chain(&e))?;
+        if let Some(server) = network.dns_address() {
+            let dir = crate::containers::pod_dir(&self.ctx.runner.pods_dir, &self.uid());
+            let text = corral_net::dns::pod_resolv_conf(server, &self.key().namespace);
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join(crate::containers::RESOLV_CONF), text))
+                .map_err(|e| format!("cannot write the pod's resolv.conf: {e}"))?;
+        }
+        Ok(Some(note))
     }
 
     /// Stops what the plan stops and (unless `stop_only`) starts what it

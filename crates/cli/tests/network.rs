@@ -246,6 +246,38 @@ fn three_node_lab_routes_pods_across_nodes() {
     ]);
     assert!(back.contains("root:"), "{back}");
 
+    // Pods find each other by DNS name, served by their node's agent.
+    let resolv = lab.corral(&["exec", "pod/web-1", "--", "cat", "/etc/resolv.conf"]);
+    assert!(resolv.contains("nameserver "), "{resolv}");
+    let answer = wait_for(
+        "nslookup of web-0 from web-1",
+        Duration::from_secs(20),
+        || {
+            lab.try_corral(&[
+                "exec",
+                "pod/web-1",
+                "--",
+                "nslookup",
+                "-type=AAAA",
+                "web-0.default.pod.corral",
+            ])
+            .filter(|out| out.contains(&address0))
+        },
+    );
+    assert!(answer.contains(&address0), "{answer}");
+    let by_name = lab.corral(&[
+        "exec",
+        "pod/web-1",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        "http://web-0.default.pod.corral:8080/passwd",
+    ]);
+    assert!(by_name.contains("root:"), "{by_name}");
+
     // IPv4 egress reaches an "outside" namespace, arriving from the node.
     let outside = OutsideHost::create(&lab);
     let listener = outside.listen();
