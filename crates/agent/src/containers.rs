@@ -19,6 +19,9 @@ use crate::plan::config_hash;
 use crate::sandbox::{self, PodSandbox};
 use crate::state::ContainerRecord;
 
+/// The pod's `resolv.conf` in its directory, bind-mounted into every container.
+pub const RESOLV_CONF: &str = "resolv.conf";
+
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerError {
     #[error("image {reference}")]
@@ -183,6 +186,15 @@ impl ContainerRunner {
         config.network = NetworkNamespace::Join(sandbox.netns.clone());
         sandbox::apply(&mut config, user, sandbox).map_err(|e| config_error(e.to_string()))?;
         config.cgroup_path = Some(format!("/corral/{uid}/{}", container.name));
+        // The node's DNS server for the pod (written by the network setup).
+        let resolv = pod_dir(&self.pods_dir, uid).join(RESOLV_CONF);
+        if resolv.is_file() {
+            config.mounts.push(corral_runtime::bundle::BindMount {
+                source: resolv,
+                destination: "/etc/resolv.conf".to_string(),
+                read_only: true,
+            });
+        }
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
             config.memory_limit_bytes = Some(bytes);

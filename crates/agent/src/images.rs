@@ -66,6 +66,7 @@ mod tests {
             containers: BTreeMap::new(),
             generations: BTreeMap::new(),
             netns: None,
+            egress_ipv4: None,
         }
     }
 

@@ -12,11 +12,13 @@
 //! placement or addresses: those come from the API.
 
 pub mod containers;
+pub mod dns;
 pub mod exec;
 pub mod idranges;
 pub mod images;
 pub mod logs;
 pub mod manager;
+pub mod network;
 pub mod node;
 pub mod plan;
 pub mod probes;
@@ -50,6 +52,8 @@ pub struct AgentContext {
     pub netns: Arc<NetnsManager>,
     /// Host uid/gid ranges of pods' user namespaces.
     pub id_ranges: Arc<idranges::IdRanges>,
+    /// The pod network; `None` leaves pods with loopback only.
+    pub network: Option<Arc<network::PodNetwork>>,
     /// Revisions whose images stay on the node (rollback without a pull).
     pub image_revisions: usize,
 }
@@ -75,6 +79,9 @@ pub struct AgentConfig {
     /// The logs and exec endpoint the API server proxies to; `None`
     /// serves none (`corral logs` and `exec` then fail for this node).
     pub endpoint: Option<serve::EndpointConfig>,
+    /// The pod network's node-local settings; `None` leaves pods with
+    /// loopback only.
+    pub network: Option<network::NetworkConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +98,8 @@ pub enum AgentError {
     },
     #[error("cannot become the reaper of container processes")]
     Reap(#[from] reap::ReapError),
+    #[error("cannot set up the pod network")]
+    Network(#[from] network::NetworkError),
     #[error("cannot listen for logs and exec on {listen}")]
     Endpoint {
         listen: String,
@@ -171,6 +180,7 @@ pub fn context(
         id_ranges: Arc::new(idranges::IdRanges::open(
             &data.join("agent").join("id-ranges.json"),
         )?),
+        network: None,
         image_revisions: config.image_revisions,
     })
 }
@@ -184,6 +194,14 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
     reap::become_subreaper()?;
+    let mut ctx = ctx;
+    if ctx.network.is_none()
+        && let Some(network) = &config.network
+    {
+        ctx.network = Some(Arc::new(
+            network::PodNetwork::connect(network.clone()).await?,
+        ));
+    }
     let ctx = Arc::new(ctx);
     let (fences, fence_requests) = tokio::sync::mpsc::channel(1);
     let mut manager = manager::Manager::new(ctx.clone()).with_fences(fence_requests);
@@ -211,15 +229,27 @@ pub async fn run(
     tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
         tokio::spawn(heartbeat_loop(
-            client,
+            client.clone(),
             config.clone(),
             endpoint,
             fences,
+            ctx.network.clone(),
             shutdown.clone(),
         ));
+        if let Some(network) = ctx.network.clone() {
+            tokio::spawn(routes_loop(
+                client,
+                ctx.node.clone(),
+                network,
+                shutdown.clone(),
+            ));
+        }
     }
     tokio::spawn(image_gc_loop(ctx.clone(), shutdown.clone()));
     manager.run(shutdown).await;
+    if let Some(network) = &ctx.network {
+        network.stop();
+    }
     Ok(())
 }
 
@@ -271,6 +301,7 @@ async fn heartbeat_loop(
     config: AgentConfig,
     endpoint: Option<String>,
     fences: tokio::sync::mpsc::Sender<manager::FenceRequest>,
+    network: Option<Arc<network::PodNetwork>>,
     shutdown: CancellationToken,
 ) {
     let mut node = None;
@@ -313,12 +344,79 @@ async fn heartbeat_loop(
             && let Ok(fresh) = client.get(&object.key()).await
         {
             *object = fresh;
-            node::run_join_steps(&client, object).await;
+            node::run_join_steps(&client, object, network.as_deref()).await;
             joined = steps::instance_for(object, object.metadata.revision)
                 .is_some_and(|instance| !steps::is_running(&instance));
         }
         tokio::select! {
             () = tokio::time::sleep(JOIN_TICK) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Starts the node's DNS server once the node has its /64, and gives it
+/// the current pods and PinnedDeployments.
+async fn refresh_dns(client: &Client, node: &str, network: &network::PodNetwork) {
+    use corral_api::Kind;
+    if network.dns_address().is_none() {
+        let prefix = client
+            .get(&corral_api::ObjectKey::new(Kind::Node, None, node))
+            .await
+            .ok()
+            .and_then(|n| n.typed_status::<corral_api::kinds::NodeStatus>().ok())
+            .and_then(|s| s.prefix?.parse().ok());
+        let Some(prefix) = prefix else {
+            return;
+        };
+        if let Err(error) = network.start_dns(prefix) {
+            tracing::warn!(error = %chain(&error), "pods get no DNS");
+            return;
+        }
+    }
+    let (Ok(pods), Ok(deployments)) = (
+        client.list(Kind::Pod, None, None).await,
+        client.list(Kind::PinnedDeployment, None, None).await,
+    ) else {
+        return;
+    };
+    network.set_dns_table(dns::build_table(&pods.items, &deployments.items));
+}
+
+/// How often the routes to other nodes are compared with the `Node` objects.
+pub const ROUTES_TICK: Duration = Duration::from_secs(1);
+
+/// Keeps the routes to other nodes' /64s equal to what the `Node` objects
+/// say, as nodes join and leave. With the API away the routes stay.
+async fn routes_loop(
+    client: Client,
+    node: String,
+    network: Arc<network::PodNetwork>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match client.list(corral_api::Kind::Node, None, None).await {
+            Ok(list) => match network.reconcile_routes(&node, &list.items).await {
+                Ok((_, plan)) if !plan.is_empty() => {
+                    let added: Vec<String> = plan
+                        .ensure
+                        .iter()
+                        .map(|r| r.destination.to_string())
+                        .collect();
+                    let removed: Vec<String> =
+                        plan.remove.iter().map(ToString::to_string).collect();
+                    tracing::info!(?added, ?removed, "routes to other nodes changed");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(error = %chain(&error), "cannot reconcile node routes")
+                }
+            },
+            Err(error) => tracing::debug!(error = %chain(&error), "cannot list nodes for routes"),
+        }
+        refresh_dns(&client, &node, &network).await;
+        tokio::select! {
+            () = tokio::time::sleep(ROUTES_TICK) => {}
             () = shutdown.cancelled() => return,
         }
     }

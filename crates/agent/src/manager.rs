@@ -143,6 +143,7 @@ impl Manager {
                         containers: BTreeMap::new(),
                         generations: BTreeMap::new(),
                         netns: None,
+                        egress_ipv4: None,
                     });
                 self.spawn(record)
             }

@@ -130,7 +130,11 @@ pub async fn heartbeat(
 }
 
 /// Executes the node-owned steps of the node's join workflow that are ready.
-pub async fn run_join_steps(client: &Client, node: &Object) {
+pub async fn run_join_steps(
+    client: &Client,
+    node: &Object,
+    network: Option<&crate::network::PodNetwork>,
+) {
     let Some(instance) = instance_for(node, node.metadata.revision) else {
         return;
     };
@@ -146,7 +150,7 @@ pub async fn run_join_steps(client: &Client, node: &Object) {
         {
             continue;
         }
-        let outcome = join_step(&step, node);
+        let outcome = join_step(&step, node, client, network).await;
         let mut report = match &outcome {
             Ok(_) => request(StepActionKind::Complete, &step, &instance.id),
             Err(_) => request(StepActionKind::Fail, &step, &instance.id),
@@ -161,20 +165,54 @@ pub async fn run_join_steps(client: &Client, node: &Object) {
     }
 }
 
-fn join_step(step: &str, node: &Object) -> Result<String, String> {
+async fn join_step(
+    step: &str,
+    node: &Object,
+    client: &Client,
+    network: Option<&crate::network::PodNetwork>,
+) -> Result<String, String> {
     let status: NodeStatus = node.typed_status().unwrap_or_default();
     match step {
         "node/register" => Ok(format!(
             "{} cpu, {} memory, runtimes {:?}",
             status.capacity.cpu, status.capacity.memory, status.runtimes
         )),
-        "node/configure-routes" => Ok(format!(
-            "node prefix {}; routes to other nodes come with multi-node networking",
-            status.prefix.as_deref().unwrap_or("?")
-        )),
-        "node/configure-egress" => {
-            Ok("not configured: IPv4 egress comes with multi-node networking".to_string())
+        "node/configure-routes" => {
+            // The stored object may predate the prefix IPAM just wrote.
+            let fresh = client
+                .get(&node.key())
+                .await
+                .map_err(|error| crate::chain(&error))?;
+            let prefix = fresh
+                .typed_status::<NodeStatus>()
+                .ok()
+                .and_then(|s| s.prefix)
+                .unwrap_or_else(|| "?".to_string());
+            let Some(network) = network else {
+                return Ok(format!(
+                    "node prefix {prefix}; no pod network on this node (pods have loopback only)"
+                ));
+            };
+            let nodes = client
+                .list(Kind::Node, None, None)
+                .await
+                .map_err(|error| crate::chain(&error))?;
+            let (routes, _) = network
+                .reconcile_routes(&node.metadata.name, &nodes.items)
+                .await
+                .map_err(|error| crate::chain(&error))?;
+            Ok(format!(
+                "node prefix {prefix}; routes: {}",
+                crate::network::describe(&routes)
+            ))
         }
+        "node/configure-egress" => match network {
+            Some(network) => network
+                .configure_node()
+                .await
+                .map_err(|error| crate::chain(&error)),
+            None => Ok("no pod network on this node (pods have loopback only)".to_string()),
+        },
         "node/check-runtime" => {
             // The agent reaps orphans; hold the lock so our own child is not taken.
             let _spawning = corral_runtime::oci::reap::spawn_lock();

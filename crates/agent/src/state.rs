@@ -55,6 +55,9 @@ pub struct PodRecord {
     /// The pod's network namespace, once created.
     #[serde(default)]
     pub netns: Option<PathBuf>,
+    /// The pod's IPv4 egress address (node-local, never in the API).
+    #[serde(default)]
+    pub egress_ipv4: Option<std::net::Ipv4Addr>,
 }
 
 /// One container of a pod as the agent last ran it.
@@ -215,6 +218,7 @@ mod tests {
             containers: BTreeMap::new(),
             generations: BTreeMap::new(),
             netns: None,
+            egress_ipv4: None,
         };
         record.containers.insert(
             "web".into(),

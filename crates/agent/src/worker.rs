@@ -81,6 +81,12 @@ impl PodWorker {
         self.record.pod.key()
     }
 
+    /// The pod's name on its host veth's alias: `NAMESPACE/NAME`.
+    fn network_owner(&self) -> String {
+        let key = self.key();
+        format!("{}/{}", key.namespace, key.name)
+    }
+
     fn uid(&self) -> String {
         self.record.pod.metadata.uid.clone()
     }
@@ -408,13 +414,25 @@ impl PodWorker {
     }
 
     /// The pod's network namespace (and, unless it runs without one, the
-    /// user namespace that owns it, with the pod's host id range).
+    /// user namespace that owns it, with the pod's host id range), wired
+    /// to the node's pod network.
     async fn ensure_sandbox(&mut self) -> Result<String, String> {
-        if let Some(path) = &self.record.netns
-            && path.exists()
-        {
-            return Ok(path.display().to_string());
+        let path = match &self.record.netns {
+            Some(path) if path.exists() => path.clone(),
+            _ => {
+                let path = self.create_sandbox().await?;
+                self.record.netns = Some(path.clone());
+                self.save();
+                path
+            }
+        };
+        match self.ensure_network(&path).await? {
+            Some(note) => Ok(format!("{}; {note}", path.display())),
+            None => Ok(path.display().to_string()),
         }
+    }
+
+    async fn create_sandbox(&self) -> Result<PathBuf, String> {
         let spec = typed_spec(&self.desired).ok_or("the pod's spec does not decode")?;
         let relax = sandbox::relaxations(&spec).map_err(|e| e.to_string())?;
         let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
@@ -425,7 +443,7 @@ impl PodWorker {
             self.uid(),
         );
         let name = format!("pod-{}", short(&uid));
-        let path = tokio::task::spawn_blocking(move || -> Result<PathBuf, String> {
+        tokio::task::spawn_blocking(move || -> Result<PathBuf, String> {
             if !user_namespace {
                 return netns.create(&name).map_err(|e| crate::chain(&e));
             }
@@ -440,10 +458,62 @@ impl PodWorker {
                 .map_err(|e| crate::chain(&e))
         })
         .await
-        .map_err(|e| e.to_string())??;
-        self.record.netns = Some(path.clone());
-        self.save();
-        Ok(path.display().to_string())
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Wires the pod's network namespace (veth, its IPv6 address from
+    /// `status.address`, IPv4 egress); `None` when the node has no pod network.
+    async fn ensure_network(&mut self, netns: &std::path::Path) -> Result<Option<String>, String> {
+        let Some(network) = self.ctx.network.clone() else {
+            return Ok(None);
+        };
+        let ipv6 = match crate::network::pod_address(&self.desired) {
+            Ok(address) => address,
+            Err(crate::network::NetworkError::NoAddress) if self.ctx.client.is_some() => {
+                // Our copy may predate the address IPAM wrote: ask once.
+                let client = self.ctx.client.as_ref().expect("INVARIANT: checked above");
+                let fresh = client
+                    .get(&self.key())
+                    .await
+                    .map_err(|e| crate::chain(&e))?;
+                crate::network::pod_address(&fresh).map_err(|e| crate::chain(&e))?
+            }
+            Err(error) => return Err(crate::chain(&error)),
+        };
+        if self.record.egress_ipv4.is_none() {
+            let taken = self
+                .ctx
+                .state
+                .load_all()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|record| record.pod.key() != self.key())
+                .filter_map(|record| record.egress_ipv4)
+                .collect();
+            self.record.egress_ipv4 = network
+                .allocate_egress(&taken)
+                .map_err(|e| crate::chain(&e))?;
+            self.save();
+        }
+        if network.dns_address().is_none()
+            && let Ok(prefix) = ipnet::Ipv6Net::new(ipv6, 64)
+            && let Err(error) = network.start_dns(prefix.trunc())
+        {
+            tracing::warn!(pod = %self.key(), error = %crate::chain(&error), "the pod gets no DNS");
+        }
+        let owner = self.network_owner();
+        let note = network
+            .wire_pod(&owner, netns, ipv6, self.record.egress_ipv4)
+            .await
+            .map_err(|e| crate::chain(&e))?;
+        if let Some(server) = network.dns_address() {
+            let dir = crate::containers::pod_dir(&self.ctx.runner.pods_dir, &self.uid());
+            let text = corral_net::dns::pod_resolv_conf(server, &self.key().namespace);
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join(crate::containers::RESOLV_CONF), text))
+                .map_err(|e| format!("cannot write the pod's resolv.conf: {e}"))?;
+        }
+        Ok(Some(note))
     }
 
     /// Stops what the plan stops and (unless `stop_only`) starts what it
@@ -713,6 +783,11 @@ impl PodWorker {
                 }
             })
             .await;
+        }
+        if let Some(network) = self.ctx.network.clone()
+            && let Err(error) = network.unwire_pod(&self.network_owner()).await
+        {
+            tracing::warn!(pod = %self.key(), error = %crate::chain(&error), "cannot remove the pod's veth");
         }
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));

@@ -14,7 +14,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    apply, controllers, exec, get, history, image, node, rollout, security, token, up, workflow,
+    apply, controllers, exec, get, history, image, lab, node, rollout, security, token, up,
+    workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -55,6 +56,9 @@ enum Command {
     /// Run a node agent alone, joining the server named by --server with a
     /// node token. Pods keep running while the server is unreachable.
     Agent(up::AgentArgs),
+    /// A multi-node cluster on this machine, each node a network namespace
+    /// (up, down, exec, stop-agent, start-agent).
+    Lab(lab::LabArgs),
     /// Import, list and prune the images on this node.
     Image(image::ImageArgs),
     /// Create or update the objects in a manifest (YAML or JSON, several
@@ -134,6 +138,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Server(args) => up::server(args).await,
         Command::Agent(args) => up::agent(args).await,
         Command::Image(args) => image::run(args).await,
+        Command::Lab(args) => lab::run(args).await,
         Command::Apply(args) => apply::apply(config, args).await,
         Command::Get(args) => get::get(config, args).await,
         Command::Describe(args) => get::describe(config, args).await,

@@ -247,6 +247,12 @@ impl Lab {
         Ok(host)
     }
 
+    /// Leaves the lab in place past this value (and this process): a later
+    /// [`remove`] of its directory takes it down.
+    pub fn keep(mut self) {
+        self.removed = true;
+    }
+
     /// Removes the lab now, reporting errors (drop does it silently).
     pub fn down(mut self) -> Result<(), LabError> {
         self.removed = true;

@@ -6,6 +6,7 @@
 //!   a /64 per node, a random address per pod, the node-local IPv4 egress range;
 //! - [`datapath`]: a veth per pod and plain routes between nodes, over
 //!   rtnetlink, behind the [`datapath::NetworkOps`] trait;
+//! - [`dns`]: answers pods' queries for `corral.` names, forwards the rest;
 //! - [`egress`]: the nftables masquerade that gives pods IPv4 egress;
 //! - [`wireguard`]: optional encrypted node-to-node links (kernel module or
 //!   `wireguard-go`);
@@ -17,6 +18,7 @@
 //! everything it makes is named or tagged as corral's.
 
 pub mod datapath;
+pub mod dns;
 pub mod egress;
 pub mod ipam;
 pub mod lab;

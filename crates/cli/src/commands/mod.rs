@@ -6,6 +6,7 @@ pub mod exec;
 pub mod get;
 pub mod history;
 pub mod image;
+pub mod lab;
 pub mod node;
 pub mod rollout;
 pub mod security;

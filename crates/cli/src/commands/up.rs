@@ -84,6 +84,58 @@ pub struct UpArgs {
     /// server proxies to it).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     agent_listen: String,
+    #[command(flatten)]
+    network: NetworkArgs,
+}
+
+/// The node's pod network (node-local settings, never in the API).
+#[derive(Debug, Args)]
+pub struct NetworkArgs {
+    /// No pod network: pods get loopback only.
+    #[arg(long)]
+    no_pod_network: bool,
+    /// `node` turns on the node's IPv6 and IPv4 forwarding (needed to reach
+    /// other nodes' pods and for IPv4 egress); `pod-links` forwards only on
+    /// the pods' own veths and leaves the host's switches alone.
+    /// Default: pod-links for `corral up`, node for `corral agent`.
+    #[arg(long, value_name = "MODE")]
+    forwarding: Option<ForwardingArg>,
+    /// Give pods IPv4 egress, masqueraded out of this interface.
+    #[arg(long, value_name = "IFACE")]
+    egress_uplink: Option<String>,
+    /// The pods' node-local IPv4 range (the same on every node).
+    #[arg(long, value_name = "CIDR", default_value = corral_net::ipam::DEFAULT_EGRESS_RANGE)]
+    egress_range: String,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ForwardingArg {
+    Node,
+    PodLinks,
+}
+
+impl NetworkArgs {
+    fn config(
+        &self,
+        default: corral_agent::network::Forwarding,
+    ) -> anyhow::Result<Option<corral_agent::network::NetworkConfig>> {
+        use corral_agent::network::Forwarding;
+        if self.no_pod_network {
+            return Ok(None);
+        }
+        Ok(Some(corral_agent::network::NetworkConfig {
+            forwarding: match self.forwarding {
+                Some(ForwardingArg::Node) => Forwarding::Node,
+                Some(ForwardingArg::PodLinks) => Forwarding::PodLinks,
+                None => default,
+            },
+            egress_uplink: self.egress_uplink.clone(),
+            egress_range: self
+                .egress_range
+                .parse()
+                .with_context(|| format!("--egress-range {}", self.egress_range))?,
+        }))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -120,6 +172,12 @@ pub struct AgentArgs {
     /// DATA/agent-secret file). Without it the node serves neither.
     #[arg(long, value_name = "SECRET", env = "CORRAL_AGENT_SECRET")]
     agent_secret: Option<String>,
+    /// The node's IPv6 address on the network between nodes; other nodes
+    /// route this node's /64 via it.
+    #[arg(long, value_name = "IPV6")]
+    address: Option<String>,
+    #[command(flatten)]
+    network: NetworkArgs,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -324,11 +382,18 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
                 listen: args.agent_listen.clone(),
                 secret: secret.clone(),
             });
+    let network = args
+        .network
+        .config(corral_agent::network::Forwarding::PodLinks)?;
     let agent = tokio::spawn(run_agent(
-        node,
-        node_config,
-        data_dir,
-        endpoint,
+        AgentSetup {
+            node,
+            config: node_config,
+            data_dir,
+            endpoint,
+            address: None,
+            network,
+        },
         shutdown.clone(),
     ));
     serve(plane, shutdown.clone()).await?;
@@ -387,24 +452,45 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             "no --agent-secret: this node serves no container logs or exec (the server's DATA/{AGENT_SECRET_FILE} holds the secret)"
         );
     }
-    run_agent(node, config, data_dir, endpoint, shutdown).await
+    if let Some(address) = &args.address {
+        address
+            .parse::<std::net::Ipv6Addr>()
+            .with_context(|| format!("--address {address}: expected an IPv6 address"))?;
+    }
+    let network = args
+        .network
+        .config(corral_agent::network::Forwarding::Node)?;
+    let setup = AgentSetup {
+        node,
+        config,
+        data_dir,
+        endpoint,
+        address: args.address.clone(),
+        network,
+    };
+    run_agent(setup, shutdown).await
 }
 
-async fn run_agent(
+/// What a node agent starts with.
+struct AgentSetup {
     node: String,
     config: ClientConfig,
     data_dir: PathBuf,
     endpoint: Option<corral_agent::serve::EndpointConfig>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let client = Client::new(&config)?;
+    address: Option<String>,
+    network: Option<corral_agent::network::NetworkConfig>,
+}
+
+async fn run_agent(setup: AgentSetup, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let client = Client::new(&setup.config)?;
     let agent_config = corral_agent::AgentConfig {
-        node,
-        data_dir,
-        address: None,
+        node: setup.node,
+        data_dir: setup.data_dir,
+        address: setup.address,
         image_revisions: 3,
         heartbeat: Duration::from_secs(5),
-        endpoint,
+        endpoint: setup.endpoint,
+        network: setup.network,
     };
     let ctx = corral_agent::context(&agent_config, Some(client.clone()), Arc::new(client))
         .context("cannot set up the node agent")?;

@@ -106,4 +106,15 @@ impl NetworkOps for FakeNetworkOps {
     async fn list_node_routes(&self) -> Result<Vec<NodeRoute>, DatapathError> {
         Ok(self.lock().routes.values().cloned().collect())
     }
+
+    async fn add_host_address(
+        &self,
+        host_interface: &str,
+        address: std::net::Ipv6Addr,
+    ) -> Result<(), DatapathError> {
+        self.lock()
+            .calls
+            .push(format!("add_host_address {host_interface} {address}"));
+        Ok(())
+    }
 }

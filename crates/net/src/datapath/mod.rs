@@ -174,6 +174,14 @@ pub trait NetworkOps: Send + Sync {
     async fn remove_node_route(&self, destination: Ipv6Net) -> Result<(), DatapathError>;
     /// Lists routes to other nodes that corral installed.
     async fn list_node_routes(&self) -> Result<Vec<NodeRoute>, DatapathError>;
+    /// Adds a node service address (e.g. the DNS server's `<node /64>::1`)
+    /// as a /128 on a pod's host veth, so it lives and dies with corral's
+    /// own links.
+    async fn add_host_address(
+        &self,
+        host_interface: &str,
+        address: Ipv6Addr,
+    ) -> Result<(), DatapathError>;
 }
 
 /// Compares wanted and installed node routes. The last wanted route for a

@@ -433,6 +433,22 @@ impl NetworkOps for Netlink {
         Ok(())
     }
 
+    async fn add_host_address(
+        &self,
+        host_interface: &str,
+        address: Ipv6Addr,
+    ) -> Result<(), DatapathError> {
+        let index = link_index(&self.handle, host_interface, self.netns()).await?;
+        add_address(
+            &self.handle,
+            index,
+            IpAddr::V6(address),
+            128,
+            host_interface,
+        )
+        .await
+    }
+
     async fn list_node_routes(&self) -> Result<Vec<NodeRoute>, DatapathError> {
         let messages = self.node_route_messages().await?;
         let mut names = std::collections::BTreeMap::new();

@@ -1,0 +1,445 @@
+//! The node's pod network (design idea 6), driven from the agent: a veth
+//! per pod with the address IPAM chose, IPv4 egress from a node-local
+//! range, forwarding, and plain routes to every other node's /64,
+//! reconciled from `Node` objects.
+//!
+//! The mechanics live in `corral-net`; this module decides *what* the
+//! node should have (pure functions, unit-tested) and applies it through
+//! [`NetworkOps`]. It touches only links and routes corral made (host
+//! veths `crl…`, routes tagged with corral's protocol numbers, the
+//! `ip corral` nftables table), plus the forwarding switches chosen by
+//! [`Forwarding`].
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use std::sync::Arc;
+
+use corral_api::Object;
+use corral_api::kinds::NodeStatus;
+use corral_net::datapath::{
+    self, DatapathError, NetworkOps, NextHop, NodeRoute, PodEgress, PodInterface, RoutePlan,
+};
+use corral_net::dns::DnsTable;
+use corral_net::egress::{self, EgressConfig, EgressError};
+use corral_net::ipam::{EgressRange, IpamError};
+use ipnet::Ipv6Net;
+
+/// How much forwarding the agent switches on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Forwarding {
+    /// Node-wide IPv6 and IPv4 forwarding: what a node of a multi-node
+    /// cluster (and IPv4 egress) needs. Changes the node's own sysctls.
+    Node,
+    /// Only on the pods' own host veths (`force_forwarding` for IPv6,
+    /// per-interface IPv4 forwarding): pods on this node reach each other
+    /// and the node, and the host's own switches stay as they are. The
+    /// default of `corral up`, which runs in the machine's own namespace.
+    #[default]
+    PodLinks,
+}
+
+/// The node-local network settings (never in the API).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkConfig {
+    pub forwarding: Forwarding,
+    /// The interface IPv4 egress leaves through; `None` gives pods no IPv4.
+    pub egress_uplink: Option<String>,
+    /// The pods' IPv4 range, the same on every node.
+    pub egress_range: EgressRange,
+}
+
+/// Why the pod network could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Egress(#[from] EgressError),
+    #[error("no IPv4 egress address left")]
+    EgressRange(#[source] IpamError),
+    #[error("the pod has no IPv6 address in its status yet (ipam/assign-address)")]
+    NoAddress,
+    #[error("the pod's address {0:?} is not an IPv6 address")]
+    BadAddress(String),
+    #[error("write sysctl {path}")]
+    Sysctl {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot serve DNS on [{address}]:53")]
+    Dns {
+        address: Ipv6Addr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the egress task failed: {0}")]
+    Task(String),
+}
+
+/// The pod network of this node.
+pub struct PodNetwork {
+    ops: Arc<dyn NetworkOps>,
+    config: NetworkConfig,
+    /// Where the node's DNS server listens, once started.
+    dns: std::sync::OnceLock<Ipv6Addr>,
+    /// The names it answers.
+    table: Arc<std::sync::RwLock<DnsTable>>,
+    /// Stops the DNS server.
+    stop: tokio_util::sync::CancellationToken,
+    /// Whether per-link sysctls are written (false with a fake data path).
+    sysctls: bool,
+}
+
+impl std::fmt::Debug for PodNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodNetwork")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodNetwork {
+    /// The real data path in the agent's own network namespace.
+    pub async fn connect(config: NetworkConfig) -> Result<Self, NetworkError> {
+        let ops = datapath::Netlink::connect(None).await?;
+        Ok(PodNetwork {
+            ops: Arc::new(ops),
+            config,
+            dns: std::sync::OnceLock::new(),
+            table: Arc::default(),
+            stop: tokio_util::sync::CancellationToken::new(),
+            sysctls: true,
+        })
+    }
+
+    /// Any data path (tests pass a fake); no sysctls are written.
+    pub fn with_ops(ops: Arc<dyn NetworkOps>, config: NetworkConfig) -> Self {
+        PodNetwork {
+            ops,
+            config,
+            dns: std::sync::OnceLock::new(),
+            table: Arc::default(),
+            stop: tokio_util::sync::CancellationToken::new(),
+            sysctls: false,
+        }
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    /// A free egress address, given those the node's pods already hold;
+    /// `None` when the node gives pods no IPv4.
+    pub fn allocate_egress(
+        &self,
+        taken: &BTreeSet<Ipv4Addr>,
+    ) -> Result<Option<Ipv4Addr>, NetworkError> {
+        if self.config.egress_uplink.is_none() {
+            return Ok(None);
+        }
+        self.config
+            .egress_range
+            .allocate(taken)
+            .map(Some)
+            .map_err(NetworkError::EgressRange)
+    }
+
+    /// Wires the pod: veth into its namespace, its addresses and routes.
+    /// Safe to repeat. Returns a note for the step.
+    pub async fn wire_pod(
+        &self,
+        owner: &str,
+        netns: &Path,
+        ipv6: Ipv6Addr,
+        ipv4: Option<Ipv4Addr>,
+    ) -> Result<String, NetworkError> {
+        let pod = PodInterface {
+            owner: owner.to_string(),
+            host_interface: datapath::host_interface_name(owner),
+            netns: netns.to_path_buf(),
+            ipv6,
+            egress: ipv4.map(|address| PodEgress {
+                address,
+                gateway: self.config.egress_range.gateway(),
+            }),
+        };
+        self.ops.ensure_pod_interface(&pod).await?;
+        if let Some(dns) = self.dns_address() {
+            self.ops.add_host_address(&pod.host_interface, dns).await?;
+        }
+        if self.sysctls && self.config.forwarding == Forwarding::PodLinks {
+            let link = &pod.host_interface;
+            write_sysctl(&format!("/proc/sys/net/ipv6/conf/{link}/force_forwarding"))?;
+            write_sysctl(&format!("/proc/sys/net/ipv4/conf/{link}/forwarding"))?;
+        }
+        Ok(match ipv4 {
+            Some(v4) => format!("{ipv6} and {v4} on {}", pod.host_interface),
+            None => format!("{ipv6} on {}", pod.host_interface),
+        })
+    }
+
+    /// Where the node's DNS server listens, once started.
+    pub fn dns_address(&self) -> Option<Ipv6Addr> {
+        self.dns.get().copied()
+    }
+
+    /// Starts the node's DNS server on `<prefix>::1` (once; later calls
+    /// return the address). Pods reach it through their veths, which carry
+    /// that address.
+    pub fn start_dns(&self, prefix: Ipv6Net) -> Result<Ipv6Addr, NetworkError> {
+        if let Some(address) = self.dns_address() {
+            return Ok(address);
+        }
+        let address = corral_net::ipam::node_gateway_address(prefix);
+        let socket = crate::dns::bind_udp(address)
+            .map_err(|source| NetworkError::Dns { address, source })?;
+        let upstream = crate::dns::node_upstream();
+        tokio::spawn(corral_net::dns::serve(
+            socket,
+            self.table.clone(),
+            upstream,
+            self.stop.clone(),
+        ));
+        let _ = self.dns.set(address);
+        tracing::info!(%address, ?upstream, "serving DNS to pods");
+        Ok(address)
+    }
+
+    /// Stops the DNS server (the agent is stopping).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Replaces the names the DNS server answers.
+    pub fn set_dns_table(&self, table: DnsTable) {
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
+    }
+
+    /// Removes the pod's veth; absent is fine.
+    pub async fn unwire_pod(&self, owner: &str) -> Result<(), NetworkError> {
+        self.ops
+            .remove_pod_interface(&datapath::host_interface_name(owner))
+            .await?;
+        Ok(())
+    }
+
+    /// Node-wide setup for the join step `node/configure-egress`:
+    /// forwarding (when node-wide) and the masquerade.
+    pub async fn configure_node(&self) -> Result<String, NetworkError> {
+        let mut notes = Vec::new();
+        if self.config.forwarding == Forwarding::Node {
+            self.ops.enable_forwarding().await?;
+            notes.push("forwarding on".to_string());
+        } else {
+            notes.push("forwarding only on pod links".to_string());
+        }
+        match &self.config.egress_uplink {
+            Some(uplink) if self.sysctls => {
+                let config = EgressConfig {
+                    range: self.config.egress_range,
+                    uplink: uplink.clone(),
+                };
+                tokio::task::spawn_blocking(move || {
+                    // The agent reaps orphans; hold the lock so nft is ours to wait for.
+                    let _spawning = corral_runtime::oci::reap::spawn_lock();
+                    egress::apply(None, &config)
+                })
+                .await
+                .map_err(|e| NetworkError::Task(e.to_string()))??;
+                notes.push(format!(
+                    "IPv4 {} masqueraded out of {uplink}",
+                    self.config.egress_range
+                ));
+            }
+            Some(uplink) => notes.push(format!("IPv4 egress out of {uplink} (not applied)")),
+            None => notes.push("no IPv4 egress (no --egress-uplink)".to_string()),
+        }
+        Ok(notes.join("; "))
+    }
+
+    /// Brings the routes to other nodes' /64s in line with `nodes`.
+    pub async fn reconcile_routes(
+        &self,
+        own: &str,
+        nodes: &[Object],
+    ) -> Result<(Vec<NodeRoute>, RoutePlan), NetworkError> {
+        let desired = desired_routes(own, nodes);
+        let plan = datapath::reconcile_node_routes(self.ops.as_ref(), &desired).await?;
+        Ok((desired, plan))
+    }
+}
+
+fn write_sysctl(path: &str) -> Result<(), NetworkError> {
+    match std::fs::write(path, "1") {
+        Ok(()) => Ok(()),
+        // Kernels before 6.17 have no per-interface IPv6 forwarding switch.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(
+                path,
+                "no such sysctl; pod-to-pod traffic needs node forwarding"
+            );
+            Ok(())
+        }
+        Err(source) => Err(NetworkError::Sysctl {
+            path: path.to_string(),
+            source,
+        }),
+    }
+}
+
+/// The routes this node wants: one per other node that has both a /64
+/// and an IPv6 address, via that address.
+pub fn desired_routes(own: &str, nodes: &[Object]) -> Vec<NodeRoute> {
+    let mut routes: Vec<NodeRoute> = nodes
+        .iter()
+        .filter(|node| node.metadata.name != own)
+        .filter_map(|node| {
+            let status: NodeStatus = node.typed_status().ok()?;
+            let destination: Ipv6Net = status.prefix?.parse().ok()?;
+            let gateway: Ipv6Addr = status.address?.parse().ok()?;
+            Some(NodeRoute {
+                destination,
+                next_hop: NextHop::Gateway(gateway),
+            })
+        })
+        .collect();
+    routes.sort();
+    routes
+}
+
+/// The pod's IPv6 address from its status.
+pub fn pod_address(pod: &Object) -> Result<Ipv6Addr, NetworkError> {
+    let text = pod
+        .status
+        .get("address")
+        .and_then(|a| a.as_str())
+        .ok_or(NetworkError::NoAddress)?;
+    text.parse()
+        .map_err(|_| NetworkError::BadAddress(text.to_string()))
+}
+
+/// A human summary of a route plan, e.g. `+fd00:0:0:2::/64 -fd00:0:0:3::/64`.
+pub fn describe(routes: &[NodeRoute]) -> String {
+    if routes.is_empty() {
+        return "no other node has a /64 yet".to_string();
+    }
+    routes
+        .iter()
+        .map(|r| match &r.next_hop {
+            NextHop::Gateway(gw) => format!("{} via {gw}", r.destination),
+            NextHop::Interface(dev) => format!("{} dev {dev}", r.destination),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_api::Kind;
+    use corral_net::datapath::FakeNetworkOps;
+
+    fn node(name: &str, prefix: Option<&str>, address: Option<&str>) -> Object {
+        let mut object = Object::new(Kind::Node, None, name, serde_json::json!({}));
+        object.status = serde_json::json!({"prefix": prefix, "address": address});
+        object
+    }
+
+    fn config(uplink: Option<&str>) -> NetworkConfig {
+        NetworkConfig {
+            forwarding: Forwarding::Node,
+            egress_uplink: uplink.map(str::to_string),
+            egress_range: "10.87.0.0/22".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn routes_go_to_every_other_node_with_prefix_and_address() {
+        let nodes = vec![
+            node("a", Some("fd00:1:2:1::/64"), Some("fd99::1")),
+            node("b", Some("fd00:1:2:2::/64"), Some("fd99::2")),
+            node("c", None, Some("fd99::3")),
+            node("d", Some("fd00:1:2:4::/64"), None),
+            node("e", Some("fd00:1:2:5::/64"), Some("not-an-address")),
+        ];
+        let routes = desired_routes("a", &nodes);
+        assert_eq!(
+            routes,
+            vec![NodeRoute {
+                destination: "fd00:1:2:2::/64".parse().unwrap(),
+                next_hop: NextHop::Gateway("fd99::2".parse().unwrap()),
+            }]
+        );
+        assert_eq!(describe(&routes), "fd00:1:2:2::/64 via fd99::2");
+    }
+
+    #[tokio::test]
+    async fn a_node_leaving_removes_its_route_and_joining_adds_it() {
+        let fake = Arc::new(FakeNetworkOps::new());
+        let network = PodNetwork::with_ops(fake.clone(), config(None));
+        let mut nodes = vec![
+            node("a", Some("fd00:1:2:1::/64"), Some("fd99::1")),
+            node("b", Some("fd00:1:2:2::/64"), Some("fd99::2")),
+            node("c", Some("fd00:1:2:3::/64"), Some("fd99::3")),
+        ];
+        let (_, plan) = network.reconcile_routes("a", &nodes).await.unwrap();
+        assert_eq!(plan.ensure.len(), 2);
+        nodes.remove(1);
+        let (_, plan) = network.reconcile_routes("a", &nodes).await.unwrap();
+        assert_eq!(plan.remove, vec!["fd00:1:2:2::/64".parse().unwrap()]);
+        assert_eq!(fake.snapshot().routes.len(), 1);
+        nodes.push(node("b", Some("fd00:1:2:9::/64"), Some("fd99::2")));
+        let (_, plan) = network.reconcile_routes("a", &nodes).await.unwrap();
+        assert_eq!(plan.ensure.len(), 1);
+        assert_eq!(fake.snapshot().routes.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn pods_are_wired_with_egress_only_when_the_node_has_an_uplink() {
+        let fake = Arc::new(FakeNetworkOps::new());
+        let without = PodNetwork::with_ops(fake.clone(), config(None));
+        assert_eq!(without.allocate_egress(&BTreeSet::new()).unwrap(), None);
+        let with = PodNetwork::with_ops(fake.clone(), config(Some("eth0")));
+        let v4 = with.allocate_egress(&BTreeSet::new()).unwrap().unwrap();
+        assert!(with.config().egress_range.net().contains(&v4));
+        let note = with
+            .wire_pod(
+                "default/web",
+                Path::new("/run/x"),
+                "fd00::5".parse().unwrap(),
+                Some(v4),
+            )
+            .await
+            .unwrap();
+        assert!(note.contains("fd00::5"), "{note}");
+        let state = fake.snapshot();
+        let pod = state.pods.values().next().unwrap();
+        assert_eq!(
+            pod.egress.unwrap().gateway,
+            with.config().egress_range.gateway()
+        );
+        with.unwire_pod("default/web").await.unwrap();
+        assert!(fake.snapshot().pods.is_empty());
+        let note = with.configure_node().await.unwrap();
+        assert!(note.contains("forwarding on"), "{note}");
+        assert!(fake.snapshot().forwarding);
+    }
+
+    #[test]
+    fn pod_address_comes_from_status() {
+        let mut pod = Object::new(Kind::Pod, Some("default"), "web", serde_json::json!({}));
+        assert!(matches!(pod_address(&pod), Err(NetworkError::NoAddress)));
+        pod.status = serde_json::json!({"address": "fd00::7"});
+        assert_eq!(
+            pod_address(&pod).unwrap(),
+            "fd00::7".parse::<Ipv6Addr>().unwrap()
+        );
+        pod.status = serde_json::json!({"address": "10.0.0.1"});
+        assert!(matches!(
+            pod_address(&pod),
+            Err(NetworkError::BadAddress(_))
+        ));
+    }
+}

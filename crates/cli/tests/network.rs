@@ -1,0 +1,419 @@
+//! IPv6-only networking across nodes, end to end on a 3-node `corral lab`:
+//! pods on different nodes reach each other over plain routes, a pod's
+//! `status.address` is the address it has, routes follow nodes leaving
+//! and joining, IPv4 egress leaves masqueraded as the node, and `why`
+//! shows the join steps. Needs root, runc, nft and busybox; fails without.
+//! (busybox 1.35's `wget -T` crashes, so `timeout` bounds each fetch.)
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{CORRAL, wait_for};
+
+/// A lab in a unique directory, taken down on drop even when the test fails.
+struct LabGuard {
+    dir: PathBuf,
+    state: serde_json::Value,
+}
+
+impl LabGuard {
+    fn up(nodes: usize, image: &Path) -> LabGuard {
+        let dir = PathBuf::from(format!(
+            "/run/corral-lab-test-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        let mut guard = LabGuard {
+            dir,
+            state: serde_json::Value::Null,
+        };
+        let output = Command::new(CORRAL)
+            .args(["lab", "up", "--nodes", &nodes.to_string(), "--dir"])
+            .arg(&guard.dir)
+            .arg("--image")
+            .arg(image)
+            .output()
+            .expect("run corral lab up");
+        assert!(
+            output.status.success(),
+            "corral lab up failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        guard.state = serde_json::from_str(
+            &std::fs::read_to_string(guard.dir.join("lab.json")).expect("lab.json"),
+        )
+        .expect("lab.json is JSON");
+        guard
+    }
+
+    fn lab(&self, args: &[&str]) -> Output {
+        Command::new(CORRAL)
+            .arg("lab")
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .expect("run corral lab")
+    }
+
+    /// Runs `command` in `node`'s namespace; returns the output.
+    fn exec(&self, node: &str, command: &[&str]) -> Output {
+        Command::new(CORRAL)
+            .args(["lab", "exec", "--dir"])
+            .arg(&self.dir)
+            .args(["--node", node, "--"])
+            .args(command)
+            .output()
+            .expect("run corral lab exec")
+    }
+
+    /// The CLI against the lab's API (from node-0); insists it succeeds.
+    fn corral(&self, args: &[&str]) -> String {
+        let mut command = vec![CORRAL];
+        command.extend_from_slice(args);
+        let output = self.exec("node-0", &command);
+        assert!(
+            output.status.success(),
+            "corral {args:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn try_corral(&self, args: &[&str]) -> Option<String> {
+        let mut command = vec![CORRAL];
+        command.extend_from_slice(args);
+        let output = self.exec("node-0", &command);
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn node_field(&self, index: usize, field: &str) -> String {
+        self.state["nodes"][index][field]
+            .as_str()
+            .unwrap_or_else(|| panic!("lab.json has no nodes[{index}].{field}"))
+            .to_string()
+    }
+
+    fn routes(&self, node: &str) -> String {
+        let output = self.exec(node, &["ip", "-6", "route", "show", "proto", "87"]);
+        assert!(output.status.success(), "ip route failed in {node}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        if std::env::var_os("CORRAL_TEST_KEEP_LAB").is_some() {
+            eprintln!(
+                "CORRAL_TEST_KEEP_LAB: the lab stays in {}",
+                self.dir.display()
+            );
+            return;
+        }
+        let output = Command::new(CORRAL)
+            .args(["lab", "down", "--dir"])
+            .arg(&self.dir)
+            .output();
+        if let Ok(output) = output
+            && !output.status.success()
+        {
+            eprintln!(
+                "corral lab down failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
+
+fn rand_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{nanos:x}")
+}
+
+fn pod(name: &str, node: &str) -> String {
+    format!(
+        "kind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec:\n  placement: {{node: {node}}}\n  containers:\n    - name: web\n      image: local/busybox:1\n      command: [httpd, -f, -p, \"8080\", -h, /etc]\n      ports: [8080]\n"
+    )
+}
+
+fn running_address(lab: &LabGuard, name: &str) -> String {
+    wait_for(
+        &format!("pod {name} running with an address"),
+        Duration::from_secs(90),
+        || {
+            let text = lab.try_corral(&["get", &format!("pod/{name}"), "-o", "json"])?;
+            let pod: serde_json::Value = serde_json::from_str(&text).ok()?;
+            (pod["status"]["phase"] == "Running")
+                .then(|| pod["status"]["address"].as_str().map(str::to_string))?
+        },
+    )
+}
+
+#[test]
+fn three_node_lab_routes_pods_across_nodes() {
+    corral_testkit::require_root();
+    for tool in ["runc", "nft", "ip"] {
+        corral_testkit::require_tool(tool);
+    }
+    let images = tempfile::tempdir().expect("temp dir");
+    let tar =
+        corral_testkit::busybox_image_tar(images.path(), corral_testkit::ImageFormat::OciLayout);
+    let lab = LabGuard::up(3, &tar);
+
+    // `why node/NAME` shows the join steps.
+    let why = lab.corral(&["why", "node/node-1"]);
+    for expected in [
+        "ipam/assign-prefix",
+        "node/configure-routes",
+        "routes:",
+        "node/configure-egress",
+        "masqueraded out of eth0",
+        "ready (target)",
+    ] {
+        assert!(why.contains(expected), "why lacks {expected:?}:\n{why}");
+    }
+
+    // Every node routes to the other two nodes' /64s.
+    for node in ["node-0", "node-1", "node-2"] {
+        let routes = lab.routes(node);
+        assert_eq!(routes.lines().count(), 2, "{node} routes:\n{routes}");
+    }
+
+    // Pods on different nodes reach each other over IPv6.
+    let manifest = lab.dir.join("pods.yaml");
+    std::fs::write(
+        &manifest,
+        format!("{}---\n{}", pod("web-0", "node-0"), pod("web-1", "node-1")),
+    )
+    .expect("write manifest");
+    lab.corral(&["apply", "-f", &manifest.to_string_lossy()]);
+    let address0 = running_address(&lab, "web-0");
+    let address1 = running_address(&lab, "web-1");
+
+    // status.address is the address the pod has.
+    let seen = lab.corral(&[
+        "exec",
+        "pod/web-0",
+        "--",
+        "ip",
+        "-6",
+        "addr",
+        "show",
+        "dev",
+        "eth0",
+    ]);
+    assert!(
+        seen.contains(&format!("{address0}/128")),
+        "web-0 has not {address0}:\n{seen}"
+    );
+
+    let fetched = wait_for("web-1 fetches from web-0", Duration::from_secs(30), || {
+        lab.try_corral(&[
+            "exec",
+            "pod/web-1",
+            "--",
+            "busybox",
+            "timeout",
+            "5",
+            "wget",
+            "-qO-",
+            &format!("http://[{address0}]:8080/passwd"),
+        ])
+    });
+    assert!(fetched.contains("root:"), "{fetched}");
+    let back = lab.corral(&[
+        "exec",
+        "pod/web-0",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        &format!("http://[{address1}]:8080/group"),
+    ]);
+    assert!(back.contains("root:"), "{back}");
+
+    // Pods find each other by DNS name, served by their node's agent.
+    let resolv = lab.corral(&["exec", "pod/web-1", "--", "cat", "/etc/resolv.conf"]);
+    assert!(resolv.contains("nameserver "), "{resolv}");
+    let answer = wait_for(
+        "nslookup of web-0 from web-1",
+        Duration::from_secs(20),
+        || {
+            lab.try_corral(&[
+                "exec",
+                "pod/web-1",
+                "--",
+                "nslookup",
+                "-type=AAAA",
+                "web-0.default.pod.corral",
+            ])
+            .filter(|out| out.contains(&address0))
+        },
+    );
+    assert!(answer.contains(&address0), "{answer}");
+    let by_name = lab.corral(&[
+        "exec",
+        "pod/web-1",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        "http://web-0.default.pod.corral:8080/passwd",
+    ]);
+    assert!(by_name.contains("root:"), "{by_name}");
+
+    // IPv4 egress reaches an "outside" namespace, arriving from the node.
+    let outside = OutsideHost::create(&lab);
+    let listener = outside.listen();
+    let target = format!("http://{}:9000/", outside.ipv4);
+    let fetch = std::thread::spawn({
+        let dir = lab.dir.clone();
+        move || {
+            Command::new(CORRAL)
+                .args(["lab", "exec", "--dir"])
+                .arg(&dir)
+                .args([
+                    "--",
+                    CORRAL,
+                    "exec",
+                    "pod/web-1",
+                    "--",
+                    "busybox",
+                    "timeout",
+                    "10",
+                    "wget",
+                    "-qO-",
+                ])
+                .arg(&target)
+                .output()
+                .expect("run wget in web-1")
+        }
+    });
+    let peer = accept_one(&listener);
+    let fetched = fetch.join().expect("wget thread");
+    assert!(
+        String::from_utf8_lossy(&fetched.stdout).contains("outside"),
+        "wget through egress: {}",
+        String::from_utf8_lossy(&fetched.stderr)
+    );
+    assert_eq!(
+        peer.ip().to_string(),
+        lab.node_field(1, "ipv4"),
+        "egress must arrive masqueraded as node-1"
+    );
+
+    // A node leaving removes its route on the others; joining adds it.
+    let node2 = lab.corral(&["get", "node/node-2", "-o", "json"]);
+    let node2: serde_json::Value = serde_json::from_str(&node2).expect("node JSON");
+    let prefix2 = node2["status"]["prefix"]
+        .as_str()
+        .expect("prefix")
+        .to_string();
+    assert!(lab.routes("node-0").contains(&prefix2));
+    let stopped = lab.lab(&["stop-agent", "node-2"]);
+    assert!(stopped.status.success(), "{stopped:?}");
+    lab.corral(&["delete", "node/node-2"]);
+    for node in ["node-0", "node-1"] {
+        wait_for(
+            &format!("{node} to drop the route to {prefix2}"),
+            Duration::from_secs(20),
+            || (!lab.routes(node).contains(&prefix2)).then_some(()),
+        );
+    }
+    let started = lab.lab(&["start-agent", "node-2"]);
+    assert!(started.status.success(), "{started:?}");
+    let prefix2 = wait_for("node-2 to join again", Duration::from_secs(30), || {
+        let text = lab.try_corral(&["get", "node/node-2", "-o", "json"])?;
+        let node: serde_json::Value = serde_json::from_str(&text).ok()?;
+        node["status"]["prefix"].as_str().map(str::to_string)
+    });
+    for node in ["node-0", "node-1"] {
+        wait_for(
+            &format!("{node} to route to {prefix2} again"),
+            Duration::from_secs(20),
+            || lab.routes(node).contains(&prefix2).then_some(()),
+        );
+    }
+}
+
+/// A namespace on the lab's bridge that is not a node: the "internet".
+struct OutsideHost {
+    netns: PathBuf,
+    ipv4: String,
+}
+
+impl OutsideHost {
+    fn create(lab: &LabGuard) -> OutsideHost {
+        let netns = lab.dir.join("netns").join("outside");
+        let hub = lab.dir.join("netns").join("hub");
+        let ipv4 = "192.168.87.200".to_string();
+        corral_net::netns::create(&netns).expect("create outside namespace");
+        let run = |ns: &Path, args: &[&str]| {
+            let status = corral_net::netns::output(Some(ns), Command::new("ip").args(args))
+                .expect("enter namespace")
+                .expect("run ip");
+            assert!(status.status.success(), "ip {args:?}: {status:?}");
+        };
+        run(
+            &hub,
+            &[
+                "link", "add", "out0", "type", "veth", "peer", "name", "out0p",
+            ],
+        );
+        run(&hub, &["link", "set", "out0", "master", "br0", "up"]);
+        // `ip link set … netns PID` needs a process inside the target namespace.
+        let mut holder = corral_net::netns::spawn(Some(&netns), Command::new("sleep").arg("60"))
+            .expect("enter outside namespace")
+            .expect("run sleep");
+        run(
+            &hub,
+            &["link", "set", "out0p", "netns", &holder.id().to_string()],
+        );
+        let _ = holder.kill();
+        let _ = holder.wait();
+        run(
+            &netns,
+            &["addr", "add", &format!("{ipv4}/24"), "dev", "out0p"],
+        );
+        run(&netns, &["link", "set", "out0p", "up"]);
+        OutsideHost { netns, ipv4 }
+    }
+
+    fn listen(&self) -> TcpListener {
+        let to: SocketAddr = format!("{}:9000", self.ipv4).parse().expect("address");
+        corral_net::netns::run_in(&self.netns, move || TcpListener::bind(to))
+            .expect("enter outside namespace")
+            .expect("listen in outside namespace")
+    }
+}
+
+/// Accepts one connection, answers like a web server, returns the peer.
+fn accept_one(listener: &TcpListener) -> SocketAddr {
+    listener
+        .set_nonblocking(true)
+        .expect("nonblocking listener");
+    let (mut stream, peer) = wait_for("a connection from the pod", Duration::from_secs(30), || {
+        listener.accept().ok()
+    });
+    stream.set_nonblocking(false).expect("blocking stream");
+    let mut request = [0u8; 1024];
+    let _ = stream.read(&mut request);
+    let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\noutside\n");
+    peer
+}
