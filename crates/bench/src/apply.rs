@@ -6,6 +6,9 @@
 //! - corral apply: `Client::apply` of a pod whose env changes every time, so
 //!   every request is a new revision (an fsynced SQLite transaction plus the
 //!   history record), through HTTP with a keep-alive connection pool;
+//! - corral apply (on etcd): the same, through `corral server --datastore
+//!   etcd://…` on the benchmark's etcd (one raft-committed transaction per
+//!   write, plus the reads that build the history delta);
 //! - etcd v3 HTTP put: `POST /v3/kv/put` on etcd's JSON gateway with a
 //!   keep-alive connection pool and the same bytes corral receives — the fair
 //!   peer for "a store behind an HTTP API";
@@ -34,6 +37,7 @@ use crate::report::{self, Row};
 use crate::{load, machine};
 
 const CORRAL: &str = "corral apply";
+const CORRAL_ETCD: &str = "corral apply (on etcd)";
 const ETCD_HTTP: &str = "etcd v3 HTTP put";
 const ETCDCTL: &str = "etcdctl put (process per op)";
 const FLOOR: &str = "floor: write+fdatasync";
@@ -69,6 +73,11 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let (mut corral, mut etcd) =
         tokio::try_join!(CorralProcess::start(&corral_binary), EtcdProcess::start())?;
     let client = Client::new(&corral.config)?;
+    // The same corral, as `corral server` on the benchmark's etcd.
+    let datastore = format!("etcd://{}", etcd.client_url.trim_start_matches("http://"));
+    let mut corral_etcd =
+        CorralProcess::start_with(&corral_binary, &["server", "--datastore", &datastore]).await?;
+    let client_etcd = Client::new(&corral_etcd.config)?;
     let http = reqwest::Client::builder()
         .timeout(corral_client::REQUEST_TIMEOUT)
         .build()?;
@@ -89,6 +98,11 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
         rows.push(row(CORRAL, clients, summary));
         corral.ensure_running()?;
 
+        println!("C={clients}: {CORRAL_ETCD} …");
+        let summary = corral_apply(&client_etcd, requests, clients).await?;
+        rows.push(row(CORRAL_ETCD, clients, summary));
+        corral_etcd.ensure_running()?;
+
         println!("C={clients}: {ETCD_HTTP} …");
         let summary = etcd_http_put(&http, &etcd.client_url, requests, clients).await?;
         rows.push(row(ETCD_HTTP, clients, summary));
@@ -107,7 +121,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
         .await?;
         rows.push(row(FLOOR, clients, summary));
     }
-    let order = [CORRAL, ETCD_HTTP, ETCDCTL, FLOOR];
+    let order = [CORRAL, CORRAL_ETCD, ETCD_HTTP, ETCDCTL, FLOOR];
     rows.sort_by_key(|row| {
         let system = order.iter().position(|name| *name == row.system);
         (system, row.clients)

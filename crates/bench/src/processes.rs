@@ -122,6 +122,11 @@ pub struct CorralProcess {
 
 impl CorralProcess {
     pub async fn start(binary: &Path) -> anyhow::Result<Self> {
+        Self::start_with(binary, &["up"]).await
+    }
+
+    /// Starts `corral <command…>` (e.g. `server --datastore etcd://…`).
+    pub async fn start_with(binary: &Path, command_args: &[&str]) -> anyhow::Result<Self> {
         if !binary.is_file() {
             bail!(
                 "corral binary not found at {}; build it with `cargo build --release -p corral-cli` \
@@ -132,7 +137,7 @@ impl CorralProcess {
         let data_dir = tempfile::Builder::new().prefix("corral-bench-").tempdir()?;
         let mut command = Command::new(binary);
         command
-            .arg("up")
+            .args(command_args)
             .arg("--data-dir")
             .arg(data_dir.path().join("corral"))
             .args(["--listen", "127.0.0.1:0"])

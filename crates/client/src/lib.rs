@@ -8,6 +8,8 @@ mod config;
 pub mod exec_protocol;
 mod pod_io;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -90,11 +92,15 @@ pub struct StepLogQuery {
     pub workflow: Option<String>,
 }
 
-/// A connection to one corral API server.
+/// A connection to a corral API: one server, or several serving the same
+/// cluster (`server` in the config is then a comma-separated list), in
+/// which case a request that cannot connect to one is sent to the next.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    server: String,
+    servers: Arc<Vec<String>>,
+    /// Index of the server requests go to; moves on when it is unreachable.
+    current: Arc<AtomicUsize>,
     token: String,
 }
 
@@ -129,29 +135,81 @@ impl Client {
             builder = builder.add_root_certificate(root);
         }
         let http = builder.build().map_err(transport)?;
+        let servers: Vec<String> = config
+            .server
+            .split(',')
+            .map(|server| server.trim().trim_end_matches('/').to_string())
+            .filter(|server| !server.is_empty())
+            .collect();
         Ok(Client {
             http,
-            server: config.server.trim_end_matches('/').to_string(),
+            servers: Arc::new(if servers.is_empty() {
+                vec![String::new()]
+            } else {
+                servers
+            }),
+            current: Arc::new(AtomicUsize::new(0)),
             token: config.token.clone(),
         })
     }
 
+    /// The server requests go to now.
     pub fn server(&self) -> &str {
-        &self.server
+        let index = self.current.load(Ordering::Relaxed) % self.servers.len();
+        &self.servers[index]
+    }
+
+    /// Every configured server.
+    pub fn servers(&self) -> &[String] {
+        &self.servers
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http
-            .request(method, format!("{}{path}", self.server))
+            .request(method, format!("{}{path}", self.server()))
             .bearer_auth(&self.token)
     }
 
+    /// Sends `request`; when the server cannot be connected to (so the
+    /// request never arrived), tries the next configured server, each once.
+    async fn execute(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let (http, built) = request.build_split();
+        let mut request = built.map_err(|source| self.transport(source))?;
+        let mut tries_left = self.servers.len();
+        loop {
+            let spare = request.try_clone();
+            let from = self.server().to_string();
+            match http.execute(request).await {
+                Ok(response) => return Ok(response),
+                Err(source) if source.is_connect() && tries_left > 1 => {
+                    let Some(mut next) = spare else {
+                        return Err(self.transport(source));
+                    };
+                    let index = self.current.load(Ordering::Relaxed);
+                    // Only one caller moves on from a dead server.
+                    let _ = self.current.compare_exchange(
+                        index,
+                        (index + 1) % self.servers.len(),
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    let to = self.server();
+                    tracing::warn!(from = %from, to = %to, "corral server unreachable; failing over");
+                    let url = next.url().as_str().replacen(&from, to, 1);
+                    match reqwest::Url::parse(&url) {
+                        Ok(url) => *next.url_mut() = url,
+                        Err(_) => return Err(self.transport(source)),
+                    }
+                    request = next;
+                    tries_left -= 1;
+                }
+                Err(source) => return Err(self.transport(source)),
+            }
+        }
+    }
+
     async fn send(&self, request: RequestBuilder) -> Result<Bytes, ClientError> {
-        let response = request
-            .timeout(REQUEST_TIMEOUT)
-            .send()
-            .await
-            .map_err(|source| self.transport(source))?;
+        let response = self.execute(request.timeout(REQUEST_TIMEOUT)).await?;
         let status = response.status();
         let body = response
             .bytes()
@@ -166,7 +224,7 @@ impl Client {
 
     fn transport(&self, source: reqwest::Error) -> ClientError {
         ClientError::Transport {
-            server: self.server.clone(),
+            server: self.server().to_string(),
             source,
         }
     }
@@ -445,11 +503,11 @@ impl Client {
             query.push(("name", name.to_string()));
         }
         let response = self
-            .request(Method::GET, &collection_path(kind, namespace))
-            .query(&query)
-            .send()
-            .await
-            .map_err(|source| self.transport(source))?;
+            .execute(
+                self.request(Method::GET, &collection_path(kind, namespace))
+                    .query(&query),
+            )
+            .await?;
         let status = response.status();
         if !status.is_success() {
             let body = response.bytes().await.unwrap_or_default();

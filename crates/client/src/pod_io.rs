@@ -127,7 +127,7 @@ impl Client {
             let body = response.bytes().await.unwrap_or_default();
             return Err(api_error(status, &body));
         }
-        let server = self.server.clone();
+        let server = self.server().to_string();
         Ok(response.bytes_stream().map(move |chunk| {
             chunk.map_err(|source| ClientError::Transport {
                 server: server.clone(),

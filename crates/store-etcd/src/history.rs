@@ -103,8 +103,7 @@ pub(crate) async fn spec_bytes(
         revision - (revision - 1) % codec::KEYFRAME_INTERVAL
     };
     let mut response = store
-        .client
-        .clone()
+        .kv()
         .get(
             store.keys.spec(uid, first),
             Some(GetOptions::new().with_range(store.keys.spec(uid, revision + 1))),
@@ -156,8 +155,7 @@ fn revision_of_key(key: &[u8]) -> Result<u64, StoreError> {
 /// (live or deleted).
 async fn uid_for_key(store: &EtcdStore, key: &ObjectKey) -> Result<Option<String>, StoreError> {
     let mut response = store
-        .client
-        .clone()
+        .kv()
         .get(store.keys.history_key(key), None)
         .await
         .map_err(unavailable)?;
@@ -334,8 +332,7 @@ pub(crate) async fn compact(
             let payload = codec::encode_keyframe(&bytes)
                 .map_err(|error| codec_error(uid, *revision, &error))?;
             store
-                .client
-                .clone()
+                .kv()
                 .put(store.keys.spec(uid, *revision), payload, None)
                 .await
                 .map_err(unavailable)?;
@@ -352,8 +349,7 @@ pub(crate) async fn compact(
                 })
                 .collect();
             store
-                .client
-                .clone()
+                .kv()
                 .txn(Txn::new().and_then(operations))
                 .await
                 .map_err(unavailable)?;

@@ -68,7 +68,7 @@ fn not_leader() -> StoreError {
 /// Shared by every clone of a store.
 #[derive(Debug, Default)]
 pub struct FencePolicy {
-    authors: BTreeSet<String>,
+    authors: RwLock<BTreeSet<String>>,
     current: RwLock<Option<Fence>>,
 }
 
@@ -76,9 +76,17 @@ impl FencePolicy {
     /// Writes by any of `authors` need leadership.
     pub fn new(authors: impl IntoIterator<Item = impl Into<String>>) -> Arc<FencePolicy> {
         Arc::new(FencePolicy {
-            authors: authors.into_iter().map(Into::into).collect(),
+            authors: RwLock::new(authors.into_iter().map(Into::into).collect()),
             current: RwLock::new(None),
         })
+    }
+
+    /// Writes by these authors need leadership too.
+    pub fn add_authors(&self, authors: impl IntoIterator<Item = impl Into<String>>) {
+        self.authors
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(authors.into_iter().map(Into::into));
     }
 
     /// Sets (on winning) or clears (on losing) the leadership fence.
@@ -97,7 +105,12 @@ impl FencePolicy {
     /// the current one for leader-only authors, a refusal when this server
     /// is not leader.
     pub(crate) fn fence_for(&self, author: &str) -> Result<Option<Fence>, StoreError> {
-        if !self.authors.contains(author) {
+        let fenced = self
+            .authors
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(author);
+        if !fenced {
             return Ok(None);
         }
         self.current().map(Some).ok_or_else(not_leader)

@@ -19,6 +19,7 @@ mod keys;
 pub mod leader;
 mod objects;
 mod records;
+mod retry;
 mod watch;
 
 use std::fmt;
@@ -114,6 +115,13 @@ impl EtcdStore {
         &self.config
     }
 
+    /// KV calls that retry transport failures (see [`retry`]).
+    pub(crate) fn kv(&self) -> retry::Kv {
+        retry::Kv {
+            client: self.client.clone(),
+        }
+    }
+
     /// The underlying client, for leader election.
     pub fn client(&self) -> Client {
         self.client.clone()
@@ -128,8 +136,7 @@ impl EtcdStore {
         // etcd keeps the compaction revision itself watchable: compacting
         // at `through`'s etcd revision + 1 forgets exactly through `through`.
         let target = (etcd_revision(through) + 1).min(current);
-        self.client
-            .clone()
+        self.kv()
             .compact(
                 target,
                 Some(etcd_client::CompactionOptions::new().with_physical()),
@@ -142,8 +149,7 @@ impl EtcdStore {
     /// etcd's current revision.
     async fn header_revision(&self) -> Result<i64, StoreError> {
         let response = self
-            .client
-            .clone()
+            .kv()
             .get(self.keys.probe(), Some(GetOptions::new().with_count_only()))
             .await
             .map_err(unavailable)?;
@@ -164,8 +170,7 @@ impl EtcdStore {
     /// Every key-value under `prefix`, in key order.
     async fn range(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
         let mut response = self
-            .client
-            .clone()
+            .kv()
             .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;

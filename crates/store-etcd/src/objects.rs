@@ -18,8 +18,7 @@ pub(crate) async fn get(
     key: &ObjectKey,
 ) -> Result<Option<(Object, i64)>, StoreError> {
     let mut response = store
-        .client
-        .clone()
+        .kv()
         .get(store.keys.object(key), None)
         .await
         .map_err(unavailable)?;
@@ -36,8 +35,7 @@ pub(crate) async fn list(
     namespace: Option<&str>,
 ) -> Result<ListResult, StoreError> {
     let mut response = store
-        .client
-        .clone()
+        .kv()
         .get(
             store.keys.objects(Some(kind), namespace),
             Some(etcd_client::GetOptions::new().with_prefix()),
@@ -247,8 +245,7 @@ async fn commit(
     operations: Vec<TxnOp>,
 ) -> Result<TxnResponse, StoreError> {
     store
-        .client
-        .clone()
+        .kv()
         .txn(Txn::new().when(compares).and_then(operations))
         .await
         .map_err(unavailable)

@@ -21,8 +21,7 @@ const MAX_TXN_OPS: usize = 128;
 pub(crate) async fn put_token(store: &EtcdStore, token: TokenRecord) -> Result<(), StoreError> {
     let value = serde_json::to_vec(&token).map_err(corrupt_json("token"))?;
     store
-        .client
-        .clone()
+        .kv()
         .put(store.keys.token(&token.hash), value, None)
         .await
         .map_err(unavailable)?;
@@ -34,8 +33,7 @@ pub(crate) async fn find_token(
     hash: &str,
 ) -> Result<Option<TokenRecord>, StoreError> {
     let mut response = store
-        .client
-        .clone()
+        .kv()
         .get(store.keys.token(hash), None)
         .await
         .map_err(unavailable)?;
@@ -67,8 +65,7 @@ pub(crate) async fn append_step_logs(
     // that is split (each object's entries still land whole).
     for chunk in operations.chunks(MAX_TXN_OPS) {
         store
-            .client
-            .clone()
+            .kv()
             .txn(Txn::new().and_then(chunk.to_vec()))
             .await
             .map_err(unavailable)?;

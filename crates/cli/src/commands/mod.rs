@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod controllers;
+pub mod datastore;
 pub mod exec;
 pub mod get;
 pub mod history;

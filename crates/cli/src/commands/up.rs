@@ -12,7 +12,6 @@ use corral_client::{Client, ClientConfig};
 use corral_net::ipam::ClusterPrefix;
 use corral_server::tls::{self, TlsListener};
 use corral_server::{Server, SharedServer, TokenIssuer};
-use corral_store::sqlite::SqliteStore;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -60,6 +59,8 @@ pub struct ServerArgs {
     /// best-effort pods move too (default 7 days).
     #[arg(long, value_name = "SECONDS", default_value_t = 7 * 24 * 3600)]
     lost_after: u64,
+    #[command(flatten)]
+    datastore: super::datastore::DatastoreArgs,
 }
 
 impl ServerArgs {
@@ -195,15 +196,14 @@ struct ControlPlane {
     controller_tokens: corral_server::ownership::BuiltinTokens,
     prefix: ClusterPrefix,
     timing: corral_controllers::lifecycle::Timing,
+    /// On etcd: the controllers run only while this server leads.
+    leadership: Option<super::datastore::Leadership>,
 }
 
 async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Result<ControlPlane> {
     create_private_dir(data_dir)?;
-    let store_path = data_dir.join("store.db");
-    let store = tokio::task::spawn_blocking(move || SqliteStore::open(&store_path))
-        .await?
-        .with_context(|| format!("cannot open the store in {}", data_dir.display()))?;
-    let server = Server::new(Arc::new(store));
+    let datastore = args.datastore.datastore(data_dir)?;
+    let opened = super::datastore::open(&datastore).await?;
     let tcp = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -224,7 +224,12 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
         "https://{}",
         std::net::SocketAddr::new(host, address.port())
     );
+    let (store, leadership) = super::datastore::with_leadership(opened, &url);
+    let server = Server::new(store);
     let controller_tokens = super::controllers::register_builtins(&server, data_dir).await?;
+    if let Some(leadership) = &leadership {
+        leadership.fence_authors(controller_tokens.keys().cloned());
+    }
     let prefix = cluster_prefix(data_dir, args.cluster_prefix.as_deref())?;
     let _ = server.agent_secret.set(agent_secret(data_dir)?);
 
@@ -248,6 +253,7 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
         controller_tokens,
         prefix,
         timing: args.timing(),
+        leadership,
     })
 }
 
@@ -305,8 +311,72 @@ fn agent_secret(data_dir: &Path) -> anyhow::Result<String> {
     Ok(secret)
 }
 
-/// Spawns the built-in controllers, each with its own token.
+/// Spawns the built-in controllers and the workflow driver: at once on
+/// SQLite, and on etcd whenever this server wins the leadership (stopping
+/// them when it loses it).
 fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let Some(leadership) = &plane.leadership else {
+        spawn_builtin_controllers(plane, shutdown)?;
+        tokio::spawn(corral_server::workflows::drive(
+            plane.server.clone(),
+            shutdown.clone(),
+        ));
+        return Ok(());
+    };
+    let clients = BuiltinClients {
+        url: plane.url.clone(),
+        tokens: plane.controller_tokens.clone(),
+        prefix: plane.prefix,
+        server: plane.server.clone(),
+    };
+    tokio::spawn(
+        leadership
+            .clone()
+            .lead(shutdown.clone(), move |term| clients.spawn(&term)),
+    );
+    Ok(())
+}
+
+/// What the leader needs to start the built-in controllers.
+struct BuiltinClients {
+    url: String,
+    tokens: corral_server::ownership::BuiltinTokens,
+    prefix: ClusterPrefix,
+    server: SharedServer,
+}
+
+impl BuiltinClients {
+    fn spawn(&self, term: &CancellationToken) -> anyhow::Result<()> {
+        let client = |name: &str| -> anyhow::Result<Client> {
+            let token = self
+                .tokens
+                .get(name)
+                .with_context(|| format!("the built-in controller {name} has no token"))?;
+            Ok(Client::new(&ClientConfig {
+                server: self.url.clone(),
+                token: token.clone(),
+            })?)
+        };
+        corral_controllers::spawn_all(
+            client("scheduler")?,
+            client("ipam")?,
+            client("node-lifecycle")?,
+            self.prefix,
+            term.clone(),
+        );
+        tokio::spawn(corral_server::workflows::drive(
+            self.server.clone(),
+            term.clone(),
+        ));
+        Ok(())
+    }
+}
+
+/// Spawns the built-in controllers, each with its own token.
+fn spawn_builtin_controllers(
+    plane: &ControlPlane,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let client = |name: &str| -> anyhow::Result<Client> {
         let token = plane
             .controller_tokens
@@ -331,15 +401,10 @@ fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyh
 }
 
 async fn serve(plane: ControlPlane, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let driver = tokio::spawn(corral_server::workflows::drive(
-        plane.server.clone(),
-        shutdown.clone(),
-    ));
     corral_server::serve(plane.listener, plane.server, shutdown.clone())
         .await
         .context("the API server failed")?;
     shutdown.cancel();
-    driver.await.context("the workflow driver failed")?;
     Ok(())
 }
 

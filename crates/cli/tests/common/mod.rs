@@ -19,11 +19,19 @@ pub struct Cluster {
     child: Option<Child>,
     /// How long `corral up` took to print its config line.
     pub startup: Duration,
+    /// The subcommand and extra flags (`up` by default).
+    command: Vec<String>,
 }
 
 impl Cluster {
     /// Starts `corral up` on a fresh data dir.
     pub fn start() -> Cluster {
+        Cluster::start_with(&["up"])
+    }
+
+    /// Starts `corral <command…> --listen 127.0.0.1:0 --data-dir DIR` on a
+    /// fresh data dir, e.g. `["server", "--datastore", "etcd://…"]`.
+    pub fn start_with(command: &[&str]) -> Cluster {
         let data_dir = tempfile::Builder::new()
             .prefix("corral-e2e-")
             .tempdir()
@@ -33,6 +41,7 @@ impl Cluster {
             data_dir,
             child: None,
             startup: Duration::ZERO,
+            command: command.iter().map(|arg| arg.to_string()).collect(),
         };
         cluster.restart();
         cluster
@@ -46,7 +55,8 @@ impl Cluster {
         );
         let started = Instant::now();
         let mut child = Command::new(CORRAL)
-            .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(&self.command)
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(self.data_dir.path())
             .env("CORRAL_LOG", "warn")
             .stdout(Stdio::piped())
