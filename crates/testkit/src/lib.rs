@@ -1,5 +1,6 @@
 //! corral-testkit: helpers for corral's tests — tiny OCI images built from
-//! `busybox-static`, a real `docker-registry` on loopback, guards that
+//! `busybox-static`, VM boot assets (a Debian cloud kernel and a busybox
+//! initramfs), a real `docker-registry` on loopback, guards that
 //! clean up on drop, and `require_root` / `require_tool`, which panic (so
 //! a test missing a prerequisite fails rather than passes).
 //!
@@ -8,6 +9,7 @@
 mod guard;
 mod image;
 mod registry;
+mod vm;
 
 pub use guard::{Defer, require_root, require_tool, unique_name};
 pub use image::{
@@ -15,3 +17,7 @@ pub use image::{
     busybox_image_tar,
 };
 pub use registry::{RegistryServer, push_oci_layout};
+pub use vm::{
+    CACHE_ENV, KERNEL_METAPACKAGE, VM_MARKER, VM_READY_MARKER, VmAssets, build_initramfs,
+    cache_dir, prepare as prepare_vm_assets, vm_assets,
+};
