@@ -1,8 +1,10 @@
 //! Whether KVM actually runs a guest here. `/dev/kvm` existing is not
-//! enough (on some hosts it opens but every guest dies with a KVM internal
-//! error), so the probe boots the smallest possible guest — a 64 KiB
-//! firmware whose reset vector writes `OK` to the serial port and halts —
-//! with `-accel kvm`, and believes KVM only when `OK` arrives in time.
+//! enough (on some hosts it opens but guests die with a KVM internal error
+//! or never print a line), so the probe boots QEMU's own firmware (SeaBIOS,
+//! which switches to protected mode and prints its banner on the serial
+//! port) with `-accel kvm`, and believes KVM only when the banner arrives
+//! in time. A guest that only runs real-mode code at the reset vector is
+//! not enough: on such hosts it runs, and every real kernel hangs.
 
 use std::io::Read;
 use std::path::Path;
@@ -45,21 +47,8 @@ impl KvmProbe {
     }
 }
 
-/// The probe's marker on the serial port.
-const MARKER: &str = "OK";
-
-/// The probe guest: 64 KiB of firmware, code only in the last 16 bytes
-/// (the reset vector, real mode): `mov dx, 0x3f8; mov al, 'O'; out dx, al;
-/// mov al, 'K'; out dx, al; mov al, '\n'; out dx, al; hlt; jmp hlt`.
-pub fn probe_firmware() -> Vec<u8> {
-    let mut image = vec![0u8; 64 * 1024];
-    let code: [u8; 15] = [
-        0xBA, 0xF8, 0x03, 0xB0, b'O', 0xEE, 0xB0, b'K', 0xEE, 0xB0, b'\n', 0xEE, 0xF4, 0xEB, 0xFD,
-    ];
-    let start = image.len() - 16;
-    image[start..start + code.len()].copy_from_slice(&code);
-    image
-}
+/// The firmware's banner on the serial port.
+const MARKER: &str = "SeaBIOS";
 
 /// The verdict from what the probe saw: whether `/dev/kvm` exists, what
 /// the guest printed, and what QEMU said on stderr.
@@ -70,12 +59,14 @@ pub fn verdict(present: bool, serial: &str, stderr: &str) -> KvmProbe {
     if serial.contains(MARKER) {
         return KvmProbe::Usable;
     }
-    let reason = stderr
+    let said = stderr
         .lines()
         .map(str::trim)
         .find(|line| !line.is_empty())
-        .unwrap_or("the probe guest printed nothing in time");
-    KvmProbe::Unusable(reason.to_string())
+        .map(|line| format!("; qemu said: {line}"))
+        .unwrap_or_default();
+    let reason = format!("no firmware banner on the serial port in time{said}");
+    KvmProbe::Unusable(reason)
 }
 
 /// Boots the probe guest with `qemu` under KVM, using `work_dir` for its
@@ -86,9 +77,7 @@ pub fn probe(qemu: &Path, work_dir: &Path, timeout: Duration) -> KvmProbe {
     }
     let run = || -> std::io::Result<(String, String)> {
         std::fs::create_dir_all(work_dir)?;
-        let firmware = work_dir.join("kvm-probe.bin");
         let serial = work_dir.join("kvm-probe.serial");
-        std::fs::write(&firmware, probe_firmware())?;
         let _ = std::fs::remove_file(&serial);
         let mut child = {
             let _lock = reap::spawn_lock();
@@ -101,8 +90,7 @@ pub fn probe(qemu: &Path, work_dir: &Path, timeout: Duration) -> KvmProbe {
                     "-nodefaults",
                     "-no-user-config",
                 ])
-                .args(["-display", "none", "-m", "16M", "-bios"])
-                .arg(&firmware)
+                .args(["-display", "none", "-m", "32M"])
                 .arg("-serial")
                 .arg(format!("file:{}", serial.display()))
                 .stdin(Stdio::null())
