@@ -40,7 +40,7 @@ impl ChangeFeed {
     pub fn follow(client: Client, shutdown: CancellationToken) -> ChangeFeed {
         let (changed, seen) = watch::channel(0u64);
         let changed = Arc::new(changed);
-        for kind in [Kind::Pod, Kind::Node] {
+        for kind in [Kind::Pod, Kind::VirtualMachine, Kind::Node] {
             tokio::spawn(watch_kind(
                 client.clone(),
                 kind,
