@@ -95,14 +95,19 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
         message.contains("under tcg") || message.contains("under kvm"),
         "{message}"
     );
-    let nodes: Value = serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).unwrap();
-    let kvm = nodes["items"][0]["status"]["features"]["kvm"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(
-        kvm != "present (unprobed)" && !kvm.is_empty(),
-        "kvm feature: {kvm}"
+    let kvm = common::wait_for(
+        "the KVM verdict in the node's status",
+        Duration::from_secs(60),
+        || {
+            let nodes: Value =
+                serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).ok()?;
+            let kvm = nodes["items"][0]["status"]["features"]["kvm"]
+                .as_str()?
+                .to_string();
+            (kvm != "present (unprobed)").then_some(kvm)
+        },
     );
+    eprintln!("node kvm feature: {kvm}; VM status: {message}");
     let why = cluster.ok(&["why", &target]);
     assert!(why.contains("node/await-boot"), "{why}");
 

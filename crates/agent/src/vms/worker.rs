@@ -125,10 +125,11 @@ impl VmWorker {
     async fn admit(&mut self) {
         let revision = self.desired.metadata.revision;
         let Some(mut instance) = instance_for(&self.desired, revision) else {
-            if revision > self.record.admitted_revision && self.record.admitted_revision > 0 {
-                if let Err(error) = self.restart_in_place().await {
-                    tracing::warn!(vm = %self.key(), %error, "in-place restart failed; retrying");
-                }
+            if revision > self.record.admitted_revision
+                && self.record.admitted_revision > 0
+                && let Err(error) = self.restart_in_place().await
+            {
+                tracing::warn!(vm = %self.key(), %error, "in-place restart failed; retrying");
             }
             return;
         };
