@@ -182,6 +182,10 @@ impl ContainerRunner {
         config.hostname = Some(pod_name.to_string());
         config.network = NetworkNamespace::Join(netns.to_path_buf());
         config.cgroup_path = Some(format!("/corral/{uid}/{}", container.name));
+        config.mounts.extend(
+            crate::volumes::container_mounts(&self.pods_dir, uid, spec, container)
+                .map_err(|e| config_error(crate::chain(&e)))?,
+        );
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
             config.memory_limit_bytes = Some(bytes);

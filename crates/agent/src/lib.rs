@@ -23,6 +23,7 @@ pub mod serve;
 pub mod state;
 pub mod steps;
 pub mod vms;
+pub mod volumes;
 pub mod worker;
 
 use std::path::PathBuf;
