@@ -134,6 +134,8 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
         },
     );
     assert!(text.matches(VM_READY_MARKER).count() >= 2, "{text}");
+    let why = cluster.ok(&["why", &target]);
+    assert!(why.contains("node/restart-vm"), "{why}");
     let history = cluster.ok(&["history", &target]);
     assert!(history.lines().count() >= 2, "{history}");
 

@@ -119,9 +119,9 @@ impl VmWorker {
         }
     }
 
-    /// Runs the ready node steps of the desired revision's workflow; a
-    /// revision without one (an edit: VMs have no update workflow yet) is
-    /// admitted by restarting QEMU in place.
+    /// Runs the ready node steps of the desired revision's workflow (`start`,
+    /// or `update`, which restarts QEMU in place); a revision without one
+    /// (written before workflows existed) is admitted by restarting QEMU.
     async fn admit(&mut self) {
         let revision = self.desired.metadata.revision;
         let Some(mut instance) = instance_for(&self.desired, revision) else {
@@ -203,7 +203,7 @@ impl VmWorker {
                     .or(Some("boot from disk".into()))
             }),
             "node/prepare-disk" => self.ensure_disk().await,
-            "node/start-vm" => self.start().await.map(Some),
+            "node/start-vm" | "node/restart-vm" => self.start().await.map(Some),
             "node/await-boot" => return self.await_boot(),
             other => Err(format!("this node does not know step {other}")),
         };
