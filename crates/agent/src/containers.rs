@@ -195,6 +195,10 @@ impl ContainerRunner {
                 read_only: true,
             });
         }
+        config.mounts.extend(
+            crate::volumes::container_mounts(&self.pods_dir, uid, spec, container)
+                .map_err(|e| config_error(crate::chain(&e)))?,
+        );
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
             config.memory_limit_bytes = Some(bytes);

@@ -26,6 +26,8 @@ pub mod sandbox;
 pub mod serve;
 pub mod state;
 pub mod steps;
+pub mod vms;
+pub mod volumes;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -206,6 +208,7 @@ pub async fn run(
     let (fences, fence_requests) = tokio::sync::mpsc::channel(1);
     let mut manager = manager::Manager::new(ctx.clone()).with_fences(fence_requests);
     let restored = manager.restore()?;
+    let vm_manager = start_vms(&config, ctx.clone())?;
     let endpoint = match &config.endpoint {
         Some(endpoint) => Some(
             serve::start(
@@ -246,11 +249,26 @@ pub async fn run(
         }
     }
     tokio::spawn(image_gc_loop(ctx.clone(), shutdown.clone()));
+    tokio::spawn(vm_manager.run(shutdown.clone()));
     manager.run(shutdown).await;
     if let Some(network) = &ctx.network {
         network.stop();
     }
     Ok(())
+}
+
+/// The VM side of the agent; it probes KVM (once per node, reported as
+/// `status.features.kvm`) and restores its VMs when it starts running.
+fn start_vms(config: &AgentConfig, ctx: Arc<AgentContext>) -> Result<vms::VmManager, AgentError> {
+    let vm_ctx = vms::VmContext {
+        agent: ctx,
+        state: vms::state::VmState::open(config.data_dir.join("agent").join("vms"))?,
+        vms_dir: config.data_dir.join("vms"),
+        volumes_dir: config.data_dir.join("volumes"),
+        data_dir: config.data_dir.clone(),
+        accel: std::sync::OnceLock::new(),
+    };
+    Ok(vms::VmManager::new(Arc::new(vm_ctx)))
 }
 
 /// How often unused pulled images are collected (see [`images`]).

@@ -16,6 +16,15 @@ use corral_client::{Client, ClientError};
 /// Pods a node accepts at most, whatever its memory says.
 pub const MAX_PODS: u32 = 110;
 
+/// The KVM probe's verdict, once the agent has probed (see
+/// [`crate::vms::probe_accel`]).
+static KVM_FEATURE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records the KVM probe's verdict for [`detect_status`].
+pub fn set_kvm_feature(value: String) {
+    let _ = KVM_FEATURE.set(value);
+}
+
 /// What this machine offers, read from the host.
 pub fn detect_status(address: Option<String>) -> NodeStatus {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
@@ -38,7 +47,9 @@ pub fn detect_status(address: Option<String>) -> NodeStatus {
     let mut features = BTreeMap::new();
     features.insert(
         "kvm".to_string(),
-        if Path::new("/dev/kvm").exists() {
+        if let Some(probed) = KVM_FEATURE.get() {
+            probed.clone()
+        } else if Path::new("/dev/kvm").exists() {
             "present (unprobed)".to_string()
         } else {
             "absent".to_string()

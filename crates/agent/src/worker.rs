@@ -334,7 +334,18 @@ impl PodWorker {
                     Err(error) => StepOutcome::Failed(error.to_string()),
                 }
             }
-            "node/prepare-volumes" => StepOutcome::Done(None),
+            "node/prepare-volumes" => {
+                let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
+                let prepared = tokio::task::spawn_blocking(move || {
+                    crate::volumes::prepare(&pods_dir, &uid, &spec, &crate::volumes::HostRoot)
+                })
+                .await;
+                match prepared {
+                    Ok(Ok(note)) => StepOutcome::Done(Some(note).filter(|n| !n.is_empty())),
+                    Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
+                    Err(error) => StepOutcome::Failed(error.to_string()),
+                }
+            }
             "node/start-containers"
             | "node/start-changed-containers"
             | "node/stop-changed-containers" => {
@@ -792,6 +803,7 @@ impl PodWorker {
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));
         let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;
+        crate::volumes::release(&self.ctx.runner.pods_dir, &self.uid(), &spec);
         let _ = std::fs::remove_dir_all(crate::containers::pod_dir(
             &self.ctx.runner.pods_dir,
             &self.uid(),

@@ -108,7 +108,9 @@ pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), Client
             return Ok(());
         }
     }
-    let pods = client.list(Kind::Pod, None, None).await?.items;
+    // Pods and VMs share their node's /64.
+    let mut pods = client.list(Kind::Pod, None, None).await?.items;
+    pods.extend(client.list(Kind::VirtualMachine, None, None).await?.items);
     // One address per node per round, for the same reason.
     let mut served_nodes = BTreeSet::new();
     for pod in &pods {

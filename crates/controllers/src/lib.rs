@@ -39,9 +39,9 @@ pub struct ChangeFeed {
 }
 
 impl ChangeFeed {
-    /// Follows pods and nodes through `client` until cancelled.
+    /// Follows pods, VMs and nodes through `client` until cancelled.
     pub fn follow(client: Client, shutdown: CancellationToken) -> ChangeFeed {
-        Self::follow_kinds(client, &[Kind::Pod, Kind::Node], shutdown)
+        Self::follow_kinds(client, &[Kind::Pod, Kind::VirtualMachine, Kind::Node], shutdown)
     }
 
     /// Follows the given kinds through `client` until cancelled.

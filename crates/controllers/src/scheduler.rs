@@ -1,4 +1,4 @@
-//! The scheduler controller: places pods whose `scheduler/place` step is
+//! The scheduler controller: places pods and VirtualMachines whose `scheduler/place` step is
 //! ready, writing `status.node`, or fails the step with one reason per node.
 //! It also unbinds pods that must leave a silent or lost node
 //! ([`crate::evacuate`]): clearing `status.node` makes the server begin the
@@ -141,7 +141,9 @@ fn fits_elsewhere(scheduler: &mut Scheduler, pod: &Object, node: &str) -> bool {
 
 /// One pass: every pod waiting for placement is placed or told why not.
 pub async fn round(client: &Client) -> Result<(), ClientError> {
-    let pods = client.list(Kind::Pod, None, None).await?.items;
+    // VMs are placed like pods, against the same capacity.
+    let mut pods = client.list(Kind::Pod, None, None).await?.items;
+    pods.extend(client.list(Kind::VirtualMachine, None, None).await?.items);
     let waiting: Vec<(Object, String)> = pods
         .iter()
         .filter_map(|pod| ready_instance(pod, STEP).map(|id| (pod.clone(), id)))

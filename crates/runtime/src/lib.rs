@@ -8,6 +8,7 @@
 //!   config with pod overrides.
 //! - [`oci`]: the `runc`/`runsc` adapter, persistent pod network namespaces
 //!   and exit-status reaping.
+//! - [`vm`]: the QEMU driver (command line, KVM probe, disk, tap, process).
 //!
 //! It must not talk to the API server, decide policy (what a pod may do is
 //! decided elsewhere and arrives as explicit [`bundle::ContainerConfig`]
@@ -18,3 +19,4 @@
 pub mod bundle;
 pub mod image;
 pub mod oci;
+pub mod vm;

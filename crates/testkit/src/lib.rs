@@ -1,6 +1,7 @@
 //! corral-testkit: helpers for corral's tests — tiny OCI images built from
-//! `busybox-static`, a real `docker-registry` on loopback, real etcd
-//! clusters on loopback ([`etcd::EtcdCluster`]), guards that
+//! `busybox-static`, VM boot assets (a Debian cloud kernel and a busybox
+//! initramfs), real etcd clusters on loopback ([`etcd::EtcdCluster`]), a
+//! real `docker-registry` on loopback, guards that
 //! clean up on drop, and `require_root` / `require_tool`, which panic (so
 //! a test missing a prerequisite fails rather than passes).
 //!
@@ -10,6 +11,7 @@ pub mod etcd;
 mod guard;
 mod image;
 mod registry;
+mod vm;
 
 pub use guard::{Defer, require_root, require_tool, unique_name};
 pub use image::{
@@ -17,3 +19,7 @@ pub use image::{
     busybox_image_tar,
 };
 pub use registry::{RegistryServer, push_oci_layout};
+pub use vm::{
+    CACHE_ENV, KERNEL_METAPACKAGE, VM_MARKER, VM_READY_MARKER, VmAssets, build_initramfs,
+    cache_dir, prepare as prepare_vm_assets, vm_assets,
+};

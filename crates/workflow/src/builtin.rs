@@ -23,6 +23,7 @@ pub const BUILTIN_WORKFLOWS: [(Kind, &str); 7] = [
     (Kind::Pod, "stop"),
     (Kind::Node, "join"),
     (Kind::VirtualMachine, "start"),
+    (Kind::VirtualMachine, "update"),
     (Kind::VirtualMachine, "stop"),
 ];
 
@@ -39,6 +40,7 @@ pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
         (Kind::Pod, "stop") => ("deleted", pod_stop()),
         (Kind::Node, "join") => ("ready", node_join()),
         (Kind::VirtualMachine, "start") => ("running", vm_start()),
+        (Kind::VirtualMachine, "update") => ("running", vm_update()),
         (Kind::VirtualMachine, "stop") => ("deleted", vm_stop()),
         _ => return None,
     };
@@ -364,6 +366,57 @@ fn vm_start() -> Vec<StepDefinition> {
         .timeout_secs(300)
         .build(),
         target("running", "the VM runs and has booted", &[]),
+    ]
+}
+
+/// An edit restarts the VM in place: same node, disk, tap and address.
+fn vm_update() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "node/fetch-kernel",
+            "make the new revision's kernel, initramfs or disk image present",
+        )
+        .wanted_by("image")
+        .timeout_secs(600)
+        .attempts(3)
+        .build(),
+        target(
+            "image",
+            "every boot artifact of the new revision is on the node",
+            &[],
+        ),
+        step(
+            "node/prepare-disk",
+            "create the VM's disk if the new revision needs one",
+        )
+        .wanted_by("storage")
+        .timeout_secs(300)
+        .attempts(3)
+        .build(),
+        target("storage", "the VM's disk is ready", &[]),
+        target(
+            "boot",
+            "every prerequisite of the new revision is in place; it boots after it",
+            &["storage", "image"],
+        ),
+        step(
+            "node/restart-vm",
+            "stop QEMU (SIGTERM, grace, kill) and start it with the new configuration",
+        )
+        .requires(&["boot"])
+        .wanted_by("running")
+        .timeout_secs(120)
+        .attempts(2)
+        .build(),
+        step(
+            "node/await-boot",
+            "wait until the guest reports it has booted",
+        )
+        .requires(&["node/restart-vm"])
+        .wanted_by("running")
+        .timeout_secs(300)
+        .build(),
+        target("running", "the new revision runs and has booted", &[]),
     ]
 }
 

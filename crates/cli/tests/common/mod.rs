@@ -222,6 +222,17 @@ pub fn cleanup_node(data_dir: &Path) {
         }
     }
     let prefix = data_dir.to_string_lossy().into_owned();
+    // QEMU processes of the node's VMs (their sockets are under the data dir).
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.starts_with("qemu-system") && cmdline.contains(&prefix) {
+            let _ = Command::new("kill")
+                .arg("-9")
+                .arg(entry.file_name())
+                .status();
+        }
+    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut targets: Vec<&str> = mounts
         .lines()

@@ -1,0 +1,250 @@
+//! VirtualMachines bound to this node: the manager follows the API (list,
+//! then watch) and routes each VM to its own worker ([`worker`]), which runs
+//! the VM's node-owned workflow steps and supervises its QEMU process.
+//!
+//! Each VM gets its own network namespace with a persistent tap device
+//! (`tap0`) that QEMU attaches as virtio-net, a directory `DATA/vms/UID/`
+//! (console socket and log, QMP socket, QEMU's output, an image disk's
+//! overlay) and, for `disk.volume`, a qcow2 file in the node-local volume
+//! `DATA/volumes/NAME/disk.qcow2` that outlives the VM. Whether KVM works
+//! is probed once per node ([`probe_accel`]); TCG is the fallback.
+
+pub mod boot;
+pub mod state;
+pub mod worker;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_api::watch::EventType;
+use corral_api::{Kind, Object, ObjectKey};
+use corral_runtime::vm::Accel;
+use corral_runtime::vm::kvm::{self, KvmProbe};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::AgentContext;
+use state::{VmRecord, VmState};
+use worker::{VmMessage, VmWorker};
+
+/// The QEMU binary VMs run with.
+pub const QEMU: &str = "qemu-system-x86_64";
+
+/// What every VM worker shares beyond the agent's context.
+#[derive(Debug)]
+pub struct VmContext {
+    pub agent: Arc<AgentContext>,
+    pub state: VmState,
+    /// `DATA/vms`: one directory per VM uid.
+    pub vms_dir: PathBuf,
+    /// `DATA/volumes`: node-local volumes, by name.
+    pub volumes_dir: PathBuf,
+    /// The agent's data dir (the KVM verdict is cached there).
+    pub data_dir: PathBuf,
+    /// Set once the KVM probe has answered, before any VM starts.
+    pub accel: std::sync::OnceLock<Accel>,
+}
+
+impl VmContext {
+    /// The accelerator VMs use (TCG until the probe said otherwise).
+    pub fn accel(&self) -> Accel {
+        self.accel.get().copied().unwrap_or(Accel::Tcg)
+    }
+
+    pub fn vm_dir(&self, uid: &str) -> PathBuf {
+        self.vms_dir.join(uid)
+    }
+}
+
+/// The KVM verdict for this node, probed once and kept in
+/// `DATA/agent/kvm-probe` (delete it to probe again).
+pub fn probe_accel(data_dir: &Path) -> KvmProbe {
+    let cache = data_dir.join("agent").join("kvm-probe");
+    if let Ok(text) = std::fs::read_to_string(&cache) {
+        return match text.trim() {
+            "usable" => KvmProbe::Usable,
+            "absent" => KvmProbe::Absent,
+            other => KvmProbe::Unusable(
+                other
+                    .strip_prefix("unusable: ")
+                    .unwrap_or(other)
+                    .to_string(),
+            ),
+        };
+    }
+    let verdict = kvm::probe(
+        Path::new(QEMU),
+        &data_dir.join("agent"),
+        Duration::from_secs(5),
+    );
+    let text = match &verdict {
+        KvmProbe::Usable => "usable".to_string(),
+        KvmProbe::Absent => "absent".to_string(),
+        KvmProbe::Unusable(reason) => format!("unusable: {reason}"),
+    };
+    let _ = std::fs::write(&cache, text);
+    verdict
+}
+
+/// How long to wait before listing again after the API failed.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Routes VMs to their workers.
+#[derive(Debug)]
+pub struct VmManager {
+    ctx: Arc<VmContext>,
+    workers: BTreeMap<ObjectKey, (String, mpsc::Sender<VmMessage>)>,
+}
+
+impl VmManager {
+    pub fn new(ctx: Arc<VmContext>) -> Self {
+        VmManager {
+            ctx,
+            workers: BTreeMap::new(),
+        }
+    }
+
+    /// A worker for every VM in local state: their QEMUs keep running (or
+    /// start again) without the API.
+    pub fn restore(&mut self) -> Result<usize, crate::state::StateError> {
+        let records = self.ctx.state.load_all()?;
+        let count = records.len();
+        for record in records {
+            self.spawn(record);
+        }
+        Ok(count)
+    }
+
+    fn spawn(&mut self, record: VmRecord) -> mpsc::Sender<VmMessage> {
+        let key = record.vm.key();
+        let uid = record.vm.metadata.uid.clone();
+        let (sender, receiver) = mpsc::channel(16);
+        tokio::spawn(VmWorker::new(self.ctx.clone(), record).run(receiver));
+        self.workers.insert(key, (uid, sender.clone()));
+        sender
+    }
+
+    fn bound_here(&self, vm: &Object) -> bool {
+        vm.status.get("node").and_then(|n| n.as_str()) == Some(self.ctx.agent.node.as_str())
+    }
+
+    async fn route(&mut self, vm: Object) {
+        let key = vm.key();
+        if !self.bound_here(&vm) {
+            self.remove(&key).await;
+            return;
+        }
+        if self
+            .workers
+            .get(&key)
+            .is_some_and(|(uid, _)| *uid != vm.metadata.uid)
+        {
+            self.remove(&key).await;
+        }
+        let sender = match self.workers.get(&key) {
+            Some((_, sender)) if !sender.is_closed() => sender.clone(),
+            _ => {
+                let record = self
+                    .ctx
+                    .state
+                    .load_all()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|r| r.vm.key() == key && r.vm.metadata.uid == vm.metadata.uid)
+                    .unwrap_or_else(|| VmRecord::new(vm.clone()));
+                self.spawn(record)
+            }
+        };
+        let _ = sender.send(VmMessage::Desired(Box::new(vm))).await;
+    }
+
+    async fn remove(&mut self, key: &ObjectKey) {
+        if let Some((_, sender)) = self.workers.remove(key) {
+            let _ = sender.send(VmMessage::Remove).await;
+        }
+    }
+
+    /// Probes KVM, restores the VMs in local state, then follows the API's
+    /// VirtualMachines until cancelled.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let data_dir = self.ctx.data_dir.clone();
+        let verdict = tokio::task::spawn_blocking(move || probe_accel(&data_dir))
+            .await
+            .unwrap_or_else(|error| KvmProbe::Unusable(format!("the probe task failed: {error}")));
+        crate::node::set_kvm_feature(verdict.feature());
+        let _ = self.ctx.accel.set(verdict.accel());
+        tracing::info!(accel = %verdict.accel(), kvm = %verdict.feature(), "VM accelerator chosen");
+        match self.restore() {
+            Ok(restored) => tracing::info!(restored, "VMs restored from local state"),
+            Err(error) => tracing::error!(error = %crate::chain(&error), "cannot restore VMs"),
+        }
+        let Some(client) = self.ctx.agent.client.clone() else {
+            shutdown.cancelled().await;
+            return;
+        };
+        while !shutdown.is_cancelled() {
+            let list = tokio::select! {
+                list = client.list(Kind::VirtualMachine, None, None) => list,
+                () = shutdown.cancelled() => return,
+            };
+            let list = match list {
+                Ok(list) => list,
+                Err(error) => {
+                    tracing::debug!(error = %crate::chain(&error), "cannot list VMs; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY) => continue,
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            };
+            let listed: Vec<ObjectKey> = list.items.iter().map(Object::key).collect();
+            let gone: Vec<ObjectKey> = self
+                .workers
+                .keys()
+                .filter(|key| !listed.contains(key))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.remove(&key).await;
+            }
+            for vm in list.items {
+                self.route(vm).await;
+            }
+            let events = match client
+                .watch(Kind::VirtualMachine, None, None, list.resource_version)
+                .await
+            {
+                Ok(events) => events,
+                Err(error) => {
+                    tracing::debug!(error = %crate::chain(&error), "cannot watch VMs; listing again");
+                    continue;
+                }
+            };
+            futures::pin_mut!(events);
+            loop {
+                let event = tokio::select! {
+                    event = events.next() => event,
+                    () = shutdown.cancelled() => return,
+                };
+                match event {
+                    Some(Ok(event)) => match event.event_type {
+                        EventType::Deleted => self.remove(&event.object.key()).await,
+                        EventType::Added | EventType::Modified => self.route(event.object).await,
+                    },
+                    Some(Err(error)) => {
+                        tracing::debug!(error = %crate::chain(&error), "VM watch broke; listing again");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! What the agent remembers of each VM it runs: one JSON file per VM under
+//! `DATA/agent/vms/`, written atomically (temporary file, fsync, rename).
+
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use corral_api::{Object, ObjectKey};
+use serde::{Deserialize, Serialize};
+
+use crate::state::StateError;
+
+/// One VM as this node runs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmRecord {
+    /// The VM as last admitted (its spec is the one QEMU runs).
+    pub vm: Object,
+    /// The revision QEMU runs; 0 before the first start.
+    #[serde(default)]
+    pub admitted_revision: u64,
+    /// QEMU's pid while it runs.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    /// The console log's length when QEMU last started: the boot marker
+    /// is looked for after it.
+    #[serde(default)]
+    pub console_offset: u64,
+    /// Whether the guest printed its boot marker since it last started.
+    #[serde(default)]
+    pub booted: bool,
+    /// QEMU exits after which the agent started it again.
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default)]
+    pub last_exit: Option<i32>,
+    /// The VM's own network namespace, once created.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
+}
+
+impl VmRecord {
+    pub fn new(vm: Object) -> Self {
+        VmRecord {
+            vm,
+            admitted_revision: 0,
+            pid: None,
+            started_at: None,
+            console_offset: 0,
+            booted: false,
+            restarts: 0,
+            last_exit: None,
+            netns: None,
+        }
+    }
+}
+
+/// The VM records on disk.
+#[derive(Debug, Clone)]
+pub struct VmState {
+    dir: PathBuf,
+}
+
+fn file_name(key: &ObjectKey) -> String {
+    format!("{}_{}.json", key.namespace, key.name)
+}
+
+impl VmState {
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| StateError::Io {
+            action: "create",
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(VmState { dir })
+    }
+
+    pub fn load_all(&self) -> Result<Vec<VmRecord>, StateError> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| StateError::Io {
+            action: "list",
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("json") {
+                continue;
+            }
+            let bytes = fs::read(&path).map_err(|source| StateError::Io {
+                action: "read",
+                path: path.clone(),
+                source,
+            })?;
+            let record = serde_json::from_slice(&bytes)
+                .map_err(|source| StateError::Corrupt { path, source })?;
+            records.push(record);
+        }
+        Ok(records)
+    }
+
+    pub fn save(&self, record: &VmRecord) -> Result<(), StateError> {
+        let path = self.dir.join(file_name(&record.vm.key()));
+        let partial = path.with_extension("partial");
+        let io = |action, source| StateError::Io {
+            action,
+            path: path.clone(),
+            source,
+        };
+        let bytes = serde_json::to_vec_pretty(record).unwrap_or_default();
+        let mut file = fs::File::create(&partial).map_err(|e| io("create", e))?;
+        file.write_all(&bytes).map_err(|e| io("write", e))?;
+        file.sync_all().map_err(|e| io("sync", e))?;
+        fs::rename(&partial, &path).map_err(|e| io("rename", e))?;
+        if let Ok(dir) = fs::File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+
+    pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
+        let path = self.dir.join(file_name(key));
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(StateError::Io {
+                action: "remove",
+                path,
+                source,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_api::Kind;
+
+    #[test]
+    fn records_survive_reopening_and_removal_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = VmState::open(dir.path()).unwrap();
+        let mut record = VmRecord::new(Object::new(
+            Kind::VirtualMachine,
+            Some("default"),
+            "builder",
+            serde_json::json!({}),
+        ));
+        record.pid = Some(42);
+        state.save(&record).unwrap();
+        let again = VmState::open(dir.path()).unwrap().load_all().unwrap();
+        assert_eq!(again, vec![record.clone()]);
+        state.remove(&record.vm.key()).unwrap();
+        state.remove(&record.vm.key()).unwrap();
+        assert!(state.load_all().unwrap().is_empty());
+    }
+}

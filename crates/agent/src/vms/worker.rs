@@ -1,0 +1,544 @@
+//! One task per VM: runs the VM's node-owned workflow steps (tap, boot
+//! artifacts, disk, QEMU, boot marker), restarts QEMU in place when the
+//! spec changes (same disk, same namespace and tap, so the same address)
+//! or when it exits, and reports the node-owned status fields.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use corral_api::kinds::VirtualMachineSpec;
+use corral_api::workflow::{StepActionKind, WorkflowInstance};
+use corral_api::{Object, ObjectKey};
+use corral_runtime::vm::{self, VmConfig, process};
+use tokio::sync::mpsc;
+
+use super::VmContext;
+use super::boot::{self, DISK_PATH, INITRD_PATH, KERNEL_PATH};
+use super::state::VmRecord;
+use crate::steps::{instance_for, is_running, node_steps, request};
+
+/// How often a worker looks at its VM without being told to.
+pub const TICK: Duration = Duration::from_millis(500);
+/// How long QEMU gets to exit after SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// A disk the node creates is this big unless the spec says otherwise.
+pub const DEFAULT_DISK_BYTES: u64 = 1 << 30;
+/// The tap device in every VM's namespace.
+pub const TAP: &str = "tap0";
+/// The wait before QEMU is started again after it exited.
+const RESTART_DELAY: Duration = Duration::from_secs(2);
+
+/// What the manager tells a worker.
+#[derive(Debug)]
+pub enum VmMessage {
+    Desired(Box<Object>),
+    Remove,
+}
+
+#[derive(Debug)]
+pub struct VmWorker {
+    ctx: Arc<VmContext>,
+    record: VmRecord,
+    desired: Object,
+    reported: Option<serde_json::Value>,
+    restart_at: Option<Instant>,
+}
+
+enum StepOutcome {
+    Done(Option<String>),
+    Failed(String),
+    NotYet,
+}
+
+fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
+    object.typed_spec().ok()
+}
+
+fn short(uid: &str) -> String {
+    uid.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect()
+}
+
+impl VmWorker {
+    pub fn new(ctx: Arc<VmContext>, mut record: VmRecord) -> Self {
+        // A pid from before a reboot may now be anyone's.
+        if let Some(pid) = record.pid
+            && !process::is_vm_process(pid, &qemu_name(&record.vm.metadata.uid))
+        {
+            record.pid = None;
+        }
+        let desired = record.vm.clone();
+        VmWorker {
+            ctx,
+            record,
+            desired,
+            reported: None,
+            restart_at: None,
+        }
+    }
+
+    fn key(&self) -> ObjectKey {
+        self.record.vm.key()
+    }
+
+    fn uid(&self) -> String {
+        self.record.vm.metadata.uid.clone()
+    }
+
+    pub async fn run(mut self, mut messages: mpsc::Receiver<VmMessage>) {
+        loop {
+            self.reconcile().await;
+            let message = tokio::select! {
+                message = messages.recv() => message,
+                () = tokio::time::sleep(TICK) => continue,
+            };
+            match message {
+                Some(VmMessage::Desired(object)) => self.desired = *object,
+                Some(VmMessage::Remove) => {
+                    self.remove().await;
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    async fn reconcile(&mut self) {
+        self.admit().await;
+        self.supervise().await;
+        self.report().await;
+    }
+
+    fn save(&self) {
+        if let Err(error) = self.ctx.state.save(&self.record) {
+            tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot save local VM state");
+        }
+    }
+
+    /// Runs the ready node steps of the desired revision's workflow (`start`,
+    /// or `update`, which restarts QEMU in place); a revision without one
+    /// (written before workflows existed) is admitted by restarting QEMU.
+    async fn admit(&mut self) {
+        let revision = self.desired.metadata.revision;
+        let Some(mut instance) = instance_for(&self.desired, revision) else {
+            if revision > self.record.admitted_revision
+                && self.record.admitted_revision > 0
+                && let Err(error) = self.restart_in_place().await
+            {
+                tracing::warn!(vm = %self.key(), %error, "in-place restart failed; retrying");
+            }
+            return;
+        };
+        let mut attempted = std::collections::BTreeSet::new();
+        while is_running(&instance) {
+            let running = node_steps(&instance, "running");
+            let Some(step) = running
+                .iter()
+                .chain(node_steps(&instance, "ready").iter())
+                .find(|step| !attempted.contains(*step))
+                .cloned()
+            else {
+                return;
+            };
+            attempted.insert(step.clone());
+            if !running.contains(&step) {
+                let claim = request(StepActionKind::Claim, &step, &instance.id);
+                match self.ctx.agent.steps.act(&self.key(), &claim).await {
+                    Ok(fresh) => instance = self.remember(fresh),
+                    Err(error) => {
+                        tracing::debug!(vm = %self.key(), %step, %error, "claim refused");
+                        return;
+                    }
+                }
+            }
+            let action = match self.run_step(&step).await {
+                StepOutcome::Done(note) => {
+                    let mut done = request(StepActionKind::Complete, &step, &instance.id);
+                    done.note = note;
+                    done
+                }
+                StepOutcome::Failed(error) => {
+                    let mut failed = request(StepActionKind::Fail, &step, &instance.id);
+                    failed.error = Some(error);
+                    failed
+                }
+                StepOutcome::NotYet => continue,
+            };
+            match self.ctx.agent.steps.act(&self.key(), &action).await {
+                Ok(fresh) => instance = self.remember(fresh),
+                Err(error) => {
+                    tracing::debug!(vm = %self.key(), %step, %error, "cannot report step");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn remember(&mut self, fresh: WorkflowInstance) -> WorkflowInstance {
+        if let Some(instances) = self
+            .desired
+            .status
+            .pointer_mut("/workflow/instances")
+            .and_then(|v| v.as_array_mut())
+        {
+            for slot in instances.iter_mut() {
+                if slot.get("id").and_then(|id| id.as_str()) == Some(fresh.id.as_str()) {
+                    *slot = serde_json::to_value(&fresh).unwrap_or_default();
+                }
+            }
+        }
+        fresh
+    }
+
+    async fn run_step(&mut self, step: &str) -> StepOutcome {
+        let result = match step {
+            "node/create-tap" => self.ensure_network().await.map(Some),
+            "node/fetch-kernel" => self.config().await.map(|c| {
+                c.kernel
+                    .map(|k| format!("kernel {}", k.display()))
+                    .or(Some("boot from disk".into()))
+            }),
+            "node/prepare-disk" => self.ensure_disk().await,
+            "node/start-vm" | "node/restart-vm" => self.start().await.map(Some),
+            "node/await-boot" => return self.await_boot(),
+            other => Err(format!("this node does not know step {other}")),
+        };
+        match result {
+            Ok(note) => StepOutcome::Done(note),
+            Err(error) => StepOutcome::Failed(error),
+        }
+    }
+
+    /// The VM's namespace and its tap device; returns the namespace path.
+    async fn ensure_network(&mut self) -> Result<String, String> {
+        let netns = self.ctx.agent.netns.clone();
+        let name = format!("vm-{}", short(&self.uid()));
+        let path = tokio::task::spawn_blocking(move || {
+            let path = netns.create(&name).map_err(|e| crate::chain(&e))?;
+            process::create_tap(&path, TAP).map_err(|e| crate::chain(&e))?;
+            Ok::<_, String>(path)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let note = format!("{} in {}", TAP, path.display());
+        self.record.netns = Some(path);
+        self.save();
+        Ok(note)
+    }
+
+    /// The disk's host path and, for an image disk, its backing file.
+    async fn disk(
+        &self,
+        spec: &VirtualMachineSpec,
+    ) -> Result<Option<(std::path::PathBuf, Option<std::path::PathBuf>)>, String> {
+        let Some(disk) = &spec.disk else {
+            return Ok(None);
+        };
+        if let Some(volume) = &disk.volume {
+            return Ok(Some((
+                self.ctx.volumes_dir.join(volume).join("disk.qcow2"),
+                None,
+            )));
+        }
+        let Some(image) = disk.image.clone() else {
+            return Err("spec.disk sets neither volume nor image".into());
+        };
+        let runner = self.ctx.agent.runner.clone();
+        let backing =
+            tokio::task::spawn_blocking(move || boot::artifact(&runner, &image, DISK_PATH))
+                .await
+                .map_err(|e| e.to_string())??;
+        Ok(Some((
+            self.ctx.vm_dir(&self.uid()).join("disk.qcow2"),
+            Some(backing),
+        )))
+    }
+
+    /// Creates the VM's disk unless it exists (it is kept across restarts).
+    async fn ensure_disk(&mut self) -> Result<Option<String>, String> {
+        let spec = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
+        let Some((path, backing)) = self.disk(&spec).await? else {
+            return Ok(Some("no disk".into()));
+        };
+        let size = spec
+            .disk
+            .as_ref()
+            .and_then(|d| d.size)
+            .map_or(DEFAULT_DISK_BYTES, |m| m.bytes);
+        let shown = path.display().to_string();
+        let created = tokio::task::spawn_blocking(move || {
+            process::create_disk(&path, size, backing.as_deref())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| crate::chain(&e))?;
+        Ok(Some(format!(
+            "{} {shown}",
+            if created { "created" } else { "kept" }
+        )))
+    }
+
+    /// QEMU's configuration for the desired revision.
+    async fn config(&self) -> Result<VmConfig, String> {
+        let spec = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
+        let runner = self.ctx.agent.runner.clone();
+        let (kernel, initrd) = (spec.boot.kernel.clone(), spec.boot.initrd.clone());
+        let (kernel, initrd) = tokio::task::spawn_blocking(move || {
+            let kernel = kernel
+                .map(|r| boot::artifact(&runner, &r, KERNEL_PATH))
+                .transpose()?;
+            let initrd = initrd
+                .map(|r| boot::artifact(&runner, &r, INITRD_PATH))
+                .transpose()?;
+            Ok::<_, String>((kernel, initrd))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let disk = self.disk(&spec).await?.map(|(path, _)| path);
+        let dir = self.ctx.vm_dir(&self.uid());
+        let mut cmdline = spec
+            .boot
+            .cmdline
+            .clone()
+            .unwrap_or_else(|| "console=ttyS0".to_string());
+        // The guest learns its address from the kernel command line.
+        if let Some(address) = self.desired.status.get("address").and_then(|a| a.as_str()) {
+            cmdline.push_str(&format!(" corral.addr={address}/64"));
+        }
+        Ok(VmConfig {
+            name: qemu_name(&self.uid()),
+            cpus: spec.cpus,
+            memory_bytes: spec.memory.bytes,
+            accel: self.ctx.accel(),
+            kernel,
+            initrd,
+            cmdline: Some(cmdline),
+            disk,
+            tap: self.record.netns.as_ref().map(|_| TAP.to_string()),
+            mac: vm::mac_for(&self.uid()),
+            console_socket: dir.join("console.sock"),
+            console_log: dir.join("console.log"),
+            qmp_socket: dir.join("qmp.sock"),
+        })
+    }
+
+    /// Stops QEMU if it runs.
+    async fn stop(&mut self) -> Result<(), String> {
+        if let Some(pid) = self.record.pid {
+            tokio::task::spawn_blocking(move || process::stop(pid, STOP_GRACE))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+            self.record.pid = None;
+            self.save();
+        }
+        Ok(())
+    }
+
+    /// (Re)starts QEMU with the desired revision; that revision is then
+    /// the admitted one.
+    async fn start(&mut self) -> Result<String, String> {
+        let config = self.config().await?;
+        self.stop().await?;
+        let output = self.ctx.vm_dir(&self.uid()).join("qemu.log");
+        let netns = self.record.netns.clone();
+        let offset = std::fs::metadata(&config.console_log).map_or(0, |m| m.len());
+        let accel = config.accel;
+        let pid = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(output.parent().unwrap_or(&output))
+                .map_err(|e| e.to_string())?;
+            process::start(
+                std::path::Path::new(super::QEMU),
+                &config,
+                netns.as_deref(),
+                &output,
+            )
+            .map_err(|e| crate::chain(&e))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        self.record.pid = Some(pid);
+        self.record.started_at = Some(Utc::now());
+        self.record.console_offset = offset;
+        self.record.booted = false;
+        self.record.vm = self.desired.clone();
+        self.record.admitted_revision = self.desired.metadata.revision;
+        self.save();
+        tracing::info!(vm = %self.key(), pid, %accel, revision = self.record.admitted_revision, "QEMU started");
+        Ok(format!("qemu pid {pid} under {accel}"))
+    }
+
+    /// An edit: the same disk, namespace and tap, a new QEMU.
+    async fn restart_in_place(&mut self) -> Result<(), String> {
+        self.ensure_disk().await?;
+        self.start().await.map(|_| ())
+    }
+
+    /// Whether the guest printed its marker since QEMU last started.
+    fn check_booted(&mut self) -> bool {
+        if self.record.booted {
+            return true;
+        }
+        let Some(spec) = typed_spec(&self.record.vm) else {
+            return false;
+        };
+        let booted = match &spec.boot.marker {
+            None => self.record.pid.is_some(),
+            Some(marker) => {
+                let log = self.ctx.vm_dir(&self.uid()).join("console.log");
+                console_since(&log, self.record.console_offset).contains(marker.as_str())
+            }
+        };
+        if booted {
+            self.record.booted = true;
+            self.save();
+        }
+        booted
+    }
+
+    fn await_boot(&mut self) -> StepOutcome {
+        if self.record.admitted_revision != self.desired.metadata.revision {
+            return StepOutcome::NotYet;
+        }
+        if self.check_booted() {
+            return StepOutcome::Done(None);
+        }
+        if self.record.pid.is_none() {
+            let output = std::fs::read_to_string(self.ctx.vm_dir(&self.uid()).join("qemu.log"))
+                .unwrap_or_default();
+            let last = output.lines().last().unwrap_or("no output").to_string();
+            return StepOutcome::Failed(format!(
+                "QEMU exited (code {:?}) before the guest booted: {last}",
+                self.record.last_exit
+            ));
+        }
+        StepOutcome::NotYet
+    }
+
+    /// Notices an exited QEMU and starts it again after a short delay.
+    async fn supervise(&mut self) {
+        if let Some(pid) = self.record.pid {
+            if let Some(code) = process::exit_status(pid) {
+                tracing::info!(vm = %self.key(), pid, ?code, "QEMU exited");
+                self.record.pid = None;
+                self.record.last_exit = code;
+                self.record.booted = false;
+                self.save();
+                self.restart_at = Some(Instant::now() + RESTART_DELAY);
+            } else {
+                self.check_booted();
+            }
+            return;
+        }
+        if self.record.admitted_revision == 0 {
+            return;
+        }
+        if self.restart_at.is_none_or(|at| Instant::now() >= at) {
+            self.restart_at = Some(Instant::now() + RESTART_DELAY * 5);
+            let desired = std::mem::replace(&mut self.desired, self.record.vm.clone());
+            let result = self.start().await;
+            self.desired = desired;
+            match result {
+                Ok(_) => {
+                    self.record.restarts += 1;
+                    self.save();
+                }
+                Err(error) => tracing::warn!(vm = %self.key(), %error, "QEMU restart failed"),
+            }
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let phase = match (self.record.pid, self.record.booted) {
+            (Some(_), true) => "Running",
+            _ => "Pending",
+        };
+        let message = match self.record.pid {
+            Some(pid) => format!(
+                "qemu pid {pid} under {}; {}; restarts {}",
+                self.ctx.accel(),
+                if self.record.booted {
+                    "booted"
+                } else {
+                    "booting"
+                },
+                self.record.restarts
+            ),
+            None => format!("qemu not running (last exit {:?})", self.record.last_exit),
+        };
+        let mut status = serde_json::json!({"phase": phase, "message": message});
+        if self.record.admitted_revision > 0 {
+            status["observedRevision"] = self.record.admitted_revision.into();
+        }
+        status
+    }
+
+    async fn report(&mut self) {
+        let Some(client) = &self.ctx.agent.client else {
+            return;
+        };
+        let value = self.status();
+        if self.reported.as_ref() == Some(&value) {
+            return;
+        }
+        let key = self.key();
+        let result: Result<(), corral_client::ClientError> = async {
+            let mut current = client.get(&key).await?;
+            let mut merged = current.status.as_object().cloned().unwrap_or_default();
+            for field in ["phase", "observedRevision", "message"] {
+                match value.get(field) {
+                    Some(v) if !v.is_null() => merged.insert(field.to_string(), v.clone()),
+                    _ => merged.remove(field),
+                };
+            }
+            current.status = serde_json::Value::Object(merged);
+            client.put_status(&current).await?;
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => self.reported = Some(value),
+            Err(error) => {
+                tracing::debug!(vm = %key, error = %crate::chain(&error), "VM status not reported; will retry")
+            }
+        }
+    }
+
+    /// Stops QEMU, removes the namespace and the VM's directory and forgets
+    /// the VM. A `local` volume's disk stays: it outlives the VM.
+    async fn remove(&mut self) {
+        if let Err(error) = self.stop().await {
+            tracing::warn!(vm = %self.key(), %error, "cannot stop QEMU");
+        }
+        let netns = self.ctx.agent.netns.clone();
+        let name = format!("vm-{}", short(&self.uid()));
+        let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;
+        let _ = std::fs::remove_dir_all(self.ctx.vm_dir(&self.uid()));
+        if let Err(error) = self.ctx.state.remove(&self.key()) {
+            tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot forget the VM");
+        }
+        tracing::info!(vm = %self.key(), "VM removed from this node");
+    }
+}
+
+/// QEMU's `-name` for the VM with `uid`.
+pub fn qemu_name(uid: &str) -> String {
+    format!("corral-{}", short(uid))
+}
+
+/// The console output after byte `offset` (lossy UTF-8).
+fn console_since(log: &std::path::Path, offset: u64) -> String {
+    let Ok(mut file) = std::fs::File::open(log) else {
+        return String::new();
+    };
+    if file.seek(SeekFrom::Start(offset)).is_err() {
+        return String::new();
+    }
+    let mut bytes = Vec::new();
+    let _ = file.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}

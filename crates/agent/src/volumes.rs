@@ -1,0 +1,258 @@
+//! Pod volumes on this node: where each lives on the host, creating and
+//! releasing them (`node/prepare-volumes`, and removal with the pod), and
+//! the bind mounts a container gets for its `mounts`.
+//!
+//! - `emptyDir`: `DATA/pods/UID/volumes/NAME`, a directory, or a tmpfs with
+//!   `medium: Memory`; removed with the pod.
+//! - `local`: `DATA/volumes/NAME/data`, a named node-local volume that
+//!   outlives every pod using it (a VM's `disk.volume` lives beside it as
+//!   `DATA/volumes/NAME/disk.qcow2`).
+//!
+//! Directories are created by root; [`VolumeOwner`] is the hook that gives
+//! them to the pod's uid once pods run in their own user namespace.
+
+use std::path::{Path, PathBuf};
+
+use corral_api::kinds::{Container, PodSpec, Volume};
+use corral_runtime::bundle::BindMount;
+
+/// Why a volume could not be prepared or released.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("cannot prepare volume {volume} at {path}")]
+    Io {
+        volume: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot mount a tmpfs for volume {volume} at {path}")]
+    Mount {
+        volume: String,
+        path: PathBuf,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("volume {0} is a plugin volume; plugins are not supported on this node yet")]
+    Plugin(String),
+    #[error("volume {0} sets no source (emptyDir, local or plugin)")]
+    NoSource(String),
+}
+
+/// Gives a volume directory to whoever the pod's processes run as.
+pub trait VolumeOwner: Send + Sync {
+    fn adopt(&self, path: &Path) -> std::io::Result<()>;
+}
+
+/// Pods run as root on the host's uid map: nothing to change.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HostRoot;
+
+impl VolumeOwner for HostRoot {
+    fn adopt(&self, _path: &Path) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where one volume is on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumePath {
+    pub name: String,
+    pub path: PathBuf,
+    /// A tmpfs is mounted there.
+    pub memory: bool,
+}
+
+/// `DATA/volumes`, from `DATA/pods`.
+pub fn local_volumes_dir(pods_dir: &Path) -> PathBuf {
+    pods_dir.with_file_name("volumes")
+}
+
+/// Where `volume` of pod `uid` lives (pure).
+pub fn volume_path(pods_dir: &Path, uid: &str, volume: &Volume) -> Result<VolumePath, VolumeError> {
+    if let Some(empty) = &volume.empty_dir {
+        return Ok(VolumePath {
+            name: volume.name.clone(),
+            path: crate::containers::pod_dir(pods_dir, uid)
+                .join("volumes")
+                .join(&volume.name),
+            memory: empty.medium.as_deref() == Some("Memory"),
+        });
+    }
+    if let Some(local) = &volume.local {
+        return Ok(VolumePath {
+            name: volume.name.clone(),
+            path: local_volumes_dir(pods_dir).join(&local.name).join("data"),
+            memory: false,
+        });
+    }
+    if volume.plugin.is_some() {
+        return Err(VolumeError::Plugin(volume.name.clone()));
+    }
+    Err(VolumeError::NoSource(volume.name.clone()))
+}
+
+/// Creates every volume of the pod (idempotent); returns a note for the
+/// step's log.
+pub fn prepare(
+    pods_dir: &Path,
+    uid: &str,
+    spec: &PodSpec,
+    owner: &dyn VolumeOwner,
+) -> Result<String, VolumeError> {
+    let mut notes = Vec::new();
+    for volume in &spec.volumes {
+        let place = volume_path(pods_dir, uid, volume)?;
+        let io = |source| VolumeError::Io {
+            volume: volume.name.clone(),
+            path: place.path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&place.path).map_err(io)?;
+        if place.memory && !is_mount_point(&place.path) {
+            nix::mount::mount(
+                Some("tmpfs"),
+                &place.path,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("mode=0777"),
+            )
+            .map_err(|source| VolumeError::Mount {
+                volume: volume.name.clone(),
+                path: place.path.clone(),
+                source,
+            })?;
+        }
+        owner.adopt(&place.path).map_err(io)?;
+        notes.push(format!("{} at {}", volume.name, place.path.display()));
+    }
+    Ok(notes.join(", "))
+}
+
+/// Unmounts the pod's memory-backed emptyDirs; the directories go with the
+/// pod's directory. `local` volumes are left alone: they outlive the pod.
+pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) {
+    for volume in &spec.volumes {
+        if let Ok(place) = volume_path(pods_dir, uid, volume)
+            && place.memory
+            && is_mount_point(&place.path)
+        {
+            let _ = nix::mount::umount2(&place.path, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// The bind mounts of `container`'s `mounts`.
+pub fn container_mounts(
+    pods_dir: &Path,
+    uid: &str,
+    spec: &PodSpec,
+    container: &Container,
+) -> Result<Vec<BindMount>, VolumeError> {
+    container
+        .mounts
+        .iter()
+        .filter_map(|mount| {
+            let volume = spec.volumes.iter().find(|v| v.name == mount.volume)?;
+            Some(volume_path(pods_dir, uid, volume).map(|place| BindMount {
+                source: place.path,
+                destination: mount.path.clone(),
+                read_only: mount.read_only,
+            }))
+        })
+        .collect()
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    let target = path.to_string_lossy();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .any(|mounted| mounted == target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PodSpec {
+        serde_json::from_value(serde_json::json!({
+            "volumes": [
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "fast", "emptyDir": {"medium": "Memory"}},
+                {"name": "data", "local": {"name": "web-data"}},
+                {"name": "nfs", "plugin": {"driver": "acme-nfs"}}
+            ],
+            "containers": [{
+                "name": "web", "image": "local/busybox:1",
+                "mounts": [
+                    {"volume": "data", "path": "/data"},
+                    {"volume": "scratch", "path": "/scratch", "readOnly": true}
+                ]
+            }]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn paths_per_kind_of_volume() {
+        let pods = Path::new("/d/pods");
+        let spec = spec();
+        let scratch = volume_path(pods, "u1", &spec.volumes[0]).unwrap();
+        assert!(scratch.path.ends_with("volumes/scratch"));
+        assert!(scratch.path.starts_with("/d/pods"));
+        assert!(!scratch.memory);
+        assert!(volume_path(pods, "u1", &spec.volumes[1]).unwrap().memory);
+        assert_eq!(
+            volume_path(pods, "u1", &spec.volumes[2]).unwrap().path,
+            Path::new("/d/volumes/web-data/data")
+        );
+        assert!(matches!(
+            volume_path(pods, "u1", &spec.volumes[3]),
+            Err(VolumeError::Plugin(_))
+        ));
+    }
+
+    #[test]
+    fn local_volumes_do_not_depend_on_the_pod() {
+        let spec = spec();
+        let pods = Path::new("/d/pods");
+        assert_eq!(
+            volume_path(pods, "u1", &spec.volumes[2]).unwrap(),
+            volume_path(pods, "u2", &spec.volumes[2]).unwrap()
+        );
+    }
+
+    #[test]
+    fn container_mounts_follow_the_mount_list() {
+        let spec = spec();
+        let mounts =
+            container_mounts(Path::new("/d/pods"), "u1", &spec, &spec.containers[0]).unwrap();
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[0].destination, "/data");
+        assert_eq!(mounts[0].source, Path::new("/d/volumes/web-data/data"));
+        assert!(mounts[1].read_only);
+    }
+
+    #[test]
+    fn prepare_creates_directories_and_adopts_them() {
+        struct Count(std::sync::Mutex<Vec<PathBuf>>);
+        impl VolumeOwner for Count {
+            fn adopt(&self, path: &Path) -> std::io::Result<()> {
+                self.0.lock().unwrap().push(path.to_path_buf());
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pods = dir.path().join("pods");
+        let mut spec = spec();
+        spec.volumes
+            .retain(|v| v.name == "scratch" || v.name == "data");
+        let owner = Count(Default::default());
+        prepare(&pods, "u1", &spec, &owner).unwrap();
+        prepare(&pods, "u1", &spec, &owner).unwrap();
+        assert!(dir.path().join("volumes/web-data/data").is_dir());
+        assert_eq!(owner.0.lock().unwrap().len(), 4);
+    }
+}
