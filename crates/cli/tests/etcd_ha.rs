@@ -220,6 +220,7 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
     let third = corral_client::Client::new(&corral_client::ClientConfig {
         server: server_url(&servers[2]),
         token: config["token"].as_str().expect("token").to_string(),
+        ca: config["ca"].as_str().map(str::to_string),
     })
     .expect("client of the third server");
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");

@@ -44,6 +44,7 @@ async fn an_unreachable_server_fails_over_to_the_next() {
     let client = Client::new(&ClientConfig {
         server: format!("http://{dead}, http://{live}/"),
         token: "t".into(),
+        ca: None,
     })
     .expect("client");
     assert_eq!(client.servers().len(), 2);
@@ -66,6 +67,7 @@ async fn one_unreachable_server_is_a_transport_error() {
     let client = Client::new(&ClientConfig {
         server: format!("http://{dead}"),
         token: "t".into(),
+        ca: None,
     })
     .expect("client");
     assert!(matches!(

@@ -41,7 +41,11 @@ pub struct ChangeFeed {
 impl ChangeFeed {
     /// Follows pods, VMs and nodes through `client` until cancelled.
     pub fn follow(client: Client, shutdown: CancellationToken) -> ChangeFeed {
-        Self::follow_kinds(client, &[Kind::Pod, Kind::VirtualMachine, Kind::Node], shutdown)
+        Self::follow_kinds(
+            client,
+            &[Kind::Pod, Kind::VirtualMachine, Kind::Node],
+            shutdown,
+        )
     }
 
     /// Follows the given kinds through `client` until cancelled.

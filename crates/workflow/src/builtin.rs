@@ -16,7 +16,7 @@ use corral_api::workflow::{RetryPolicy, StepDefinition, StepKind};
 use crate::definition::{ENGINE_OWNER, WorkflowDefinition};
 
 /// Every (kind, workflow) pair with a built-in definition.
-pub const BUILTIN_WORKFLOWS: [(Kind, &str); 7] = [
+pub const BUILTIN_WORKFLOWS: [(Kind, &str); 8] = [
     (Kind::Pod, "start"),
     (Kind::Pod, "update"),
     (Kind::Pod, "move"),

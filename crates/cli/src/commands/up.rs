@@ -315,19 +315,16 @@ fn agent_secret(data_dir: &Path) -> anyhow::Result<String> {
 /// SQLite, and on etcd whenever this server wins the leadership (stopping
 /// them when it loses it).
 fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyhow::Result<()> {
-    let Some(leadership) = &plane.leadership else {
-        spawn_builtin_controllers(plane, shutdown)?;
-        tokio::spawn(corral_server::workflows::drive(
-            plane.server.clone(),
-            shutdown.clone(),
-        ));
-        return Ok(());
-    };
     let clients = BuiltinClients {
         url: plane.url.clone(),
+        ca: plane.ca.clone(),
         tokens: plane.controller_tokens.clone(),
         prefix: plane.prefix,
+        timing: plane.timing,
         server: plane.server.clone(),
+    };
+    let Some(leadership) = &plane.leadership else {
+        return clients.spawn(shutdown);
     };
     tokio::spawn(
         leadership
@@ -340,12 +337,16 @@ fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyh
 /// What the leader needs to start the built-in controllers.
 struct BuiltinClients {
     url: String,
+    ca: String,
     tokens: corral_server::ownership::BuiltinTokens,
     prefix: ClusterPrefix,
+    timing: corral_controllers::lifecycle::Timing,
     server: SharedServer,
 }
 
 impl BuiltinClients {
+    /// Starts every built-in controller, each with its own token, and the
+    /// workflow driver, until `term` is cancelled.
     fn spawn(&self, term: &CancellationToken) -> anyhow::Result<()> {
         let client = |name: &str| -> anyhow::Result<Client> {
             let token = self
@@ -355,49 +356,24 @@ impl BuiltinClients {
             Ok(Client::new(&ClientConfig {
                 server: self.url.clone(),
                 token: token.clone(),
+                ca: Some(self.ca.clone()),
             })?)
         };
-        corral_controllers::spawn_all(
+        corral_controllers::spawn_all_timed(
             client("scheduler")?,
             client("ipam")?,
             client("node-lifecycle")?,
             self.prefix,
+            self.timing,
             term.clone(),
         );
+        corral_controllers::spawn_pinned(client(corral_controllers::pinned::NAME)?, term.clone());
         tokio::spawn(corral_server::workflows::drive(
             self.server.clone(),
             term.clone(),
         ));
         Ok(())
     }
-}
-
-/// Spawns the built-in controllers, each with its own token.
-fn spawn_builtin_controllers(
-    plane: &ControlPlane,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let client = |name: &str| -> anyhow::Result<Client> {
-        let token = plane
-            .controller_tokens
-            .get(name)
-            .with_context(|| format!("the built-in controller {name} has no token"))?;
-        Ok(Client::new(&ClientConfig {
-            server: plane.url.clone(),
-            token: token.clone(),
-            ca: Some(plane.ca.clone()),
-        })?)
-    };
-    corral_controllers::spawn_all_timed(
-        client("scheduler")?,
-        client("ipam")?,
-        client("node-lifecycle")?,
-        plane.prefix,
-        plane.timing,
-        shutdown.clone(),
-    );
-    corral_controllers::spawn_pinned(client(corral_controllers::pinned::NAME)?, shutdown.clone());
-    Ok(())
 }
 
 async fn serve(plane: ControlPlane, shutdown: CancellationToken) -> anyhow::Result<()> {
