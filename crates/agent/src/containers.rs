@@ -199,6 +199,12 @@ impl ContainerRunner {
             crate::volumes::container_mounts(&self.pods_dir, uid, spec, container)
                 .map_err(|e| config_error(crate::chain(&e)))?,
         );
+        // In a user namespace runc cannot create a missing mount point in
+        // the image's root-owned tree: make them now, as root.
+        for mount in &config.mounts {
+            prepare_mount_point(&mounted.rootfs, &mount.destination, mount.source.is_dir())
+                .map_err(config_error)?;
+        }
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
             config.memory_limit_bytes = Some(bytes);
@@ -292,6 +298,38 @@ impl ContainerRunner {
     }
 }
 
+/// Creates `destination` (a directory, or an empty file) inside `rootfs`
+/// if it is missing. Refuses to follow a symbolic link on the way: the
+/// image controls its tree, and this runs as the host's root.
+fn prepare_mount_point(rootfs: &Path, destination: &str, directory: bool) -> Result<(), String> {
+    let refuse = |what: &str| format!("mount point {destination}: {what}");
+    let mut path = rootfs.to_path_buf();
+    let parts: Vec<&str> = destination.split('/').filter(|p| !p.is_empty()).collect();
+    for (index, part) in parts.iter().enumerate() {
+        if *part == ".." || *part == "." {
+            return Err(refuse("must not contain . or .."));
+        }
+        path.push(part);
+        let last = index + 1 == parts.len();
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(refuse("the image has a symbolic link on the way"));
+            }
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                let created = if last && !directory {
+                    std::fs::File::create(&path).map(|_| ())
+                } else {
+                    std::fs::create_dir(&path)
+                };
+                created.map_err(|e| refuse(&format!("cannot create it: {e}")))?;
+            }
+            Err(error) => return Err(refuse(&error.to_string())),
+        }
+    }
+    Ok(())
+}
+
 /// `c<uid prefix>-<container>-<generation>`: unique per start, readable in
 /// `runc list`.
 pub fn runtime_id(uid: &str, container: &str, generation: u64) -> String {
@@ -318,5 +356,24 @@ pub fn remove_pod_cgroups(uid: &str) {
             }
         }
         let _ = std::fs::remove_dir(&pod);
+    }
+}
+
+#[cfg(test)]
+mod mount_point_tests {
+    use super::prepare_mount_point;
+
+    #[test]
+    fn missing_mount_points_are_made_and_symlinks_refused() {
+        let rootfs = tempfile::tempdir().expect("temp dir");
+        prepare_mount_point(rootfs.path(), "/etc/resolv.conf", false).expect("file");
+        assert!(rootfs.path().join("etc/resolv.conf").is_file());
+        prepare_mount_point(rootfs.path(), "/data/inner", true).expect("dir");
+        assert!(rootfs.path().join("data/inner").is_dir());
+        prepare_mount_point(rootfs.path(), "/etc/resolv.conf", false).expect("again");
+        std::os::unix::fs::symlink("/", rootfs.path().join("escape")).expect("symlink");
+        let error = prepare_mount_point(rootfs.path(), "/escape/x", false).expect_err("refused");
+        assert!(error.contains("symbolic link"), "{error}");
+        assert!(prepare_mount_point(rootfs.path(), "/a/../b", true).is_err());
     }
 }
