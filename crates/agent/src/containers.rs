@@ -226,10 +226,20 @@ impl ContainerRunner {
         };
         // A container left over from a crashed start would block the id.
         runtime.delete(&runtime_id, true).map_err(runtime_error)?;
-        let pid = runtime
+        let started = runtime
             .create(&runtime_id, &bundle, &ContainerIo::combined(&log))
-            .map_err(runtime_error)?;
-        runtime.start(&runtime_id).map_err(runtime_error)?;
+            .and_then(|pid| runtime.start(&runtime_id).map(|()| pid));
+        let pid = match started {
+            Ok(pid) => pid,
+            Err(error) => {
+                // A failed start leaves nothing behind: no created container
+                // (runsc keeps a sandbox process for it), no rootfs mount.
+                let _ = runtime.delete(&runtime_id, true);
+                let _ = corral_runtime::image::unmount_rootfs(&dir);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(runtime_error(error));
+            }
+        };
         Ok(ContainerRecord {
             runtime_id,
             config_hash: config_hash(spec, container),
