@@ -69,6 +69,8 @@ impl Split {
                 "--ca",
             ])
             .arg(self.server_dir().join("tls").join("ca.pem"))
+            // In the host's own namespace: never turn on its forwarding.
+            .args(["--forwarding", "pod-links"])
             .args([
                 "--token",
                 &self.node_token,

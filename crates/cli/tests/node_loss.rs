@@ -67,7 +67,11 @@ impl TwoNodes {
                 "--ca",
             ])
             .arg(self.path("server").join("tls").join("ca.pem"))
-            .args(["--token", token.trim(), "--name", name, "--data-dir"])
+            .args(["--token", token.trim(), "--name", name])
+            // Two agents share this host's network namespace: no pod
+            // network (routes, DNS, forwarding) for either.
+            .arg("--no-pod-network")
+            .arg("--data-dir")
             .arg(&dir)
             .env("CORRAL_LOG", "warn")
             .spawn()
@@ -176,13 +180,13 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
             &format!("{name} to be Ready"),
             Duration::from_secs(60),
             || {
-                let node: Value = serde_json::from_str(&nodes.corral(&[
-                    "get",
-                    &format!("node/{name}"),
-                    "-o",
-                    "json",
-                ]))
-                .ok()?;
+                // Not found until the agent registers: keep waiting.
+                let output = Command::new(CORRAL)
+                    .args(["get", &format!("node/{name}"), "-o", "json"])
+                    .env("CORRAL_CONFIG", nodes.path("server").join("admin.json"))
+                    .output()
+                    .ok()?;
+                let node: Value = serde_json::from_slice(&output.stdout).ok()?;
                 (node["status"]["phase"] == "Ready").then_some(())
             },
         );

@@ -308,6 +308,8 @@ fn vm_start() -> Vec<StepDefinition> {
             "choose a node with room for the VM and bind it",
         )
         .wanted_by("scheduled")
+        .timeout_secs(60)
+        .attempts(UNSCHEDULABLE_RETRIES)
         .build(),
         target("scheduled", "the VM is bound to a node", &[]),
         step(

@@ -222,11 +222,14 @@ pub fn cleanup_node(data_dir: &Path) {
         }
     }
     let prefix = data_dir.to_string_lossy().into_owned();
-    // QEMU processes of the node's VMs (their sockets are under the data dir).
+    // QEMU processes of the node's VMs (their sockets are under the data
+    // dir), and any gVisor sandbox or gofer runsc left behind.
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);
-        if cmdline.starts_with("qemu-system") && cmdline.contains(&prefix) {
+        if (cmdline.starts_with("qemu-system") || cmdline.starts_with("runsc"))
+            && cmdline.contains(&prefix)
+        {
             let _ = Command::new("kill")
                 .arg("-9")
                 .arg(entry.file_name())
