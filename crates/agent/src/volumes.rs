@@ -8,8 +8,10 @@
 //!   outlives every pod using it (a VM's `disk.volume` lives beside it as
 //!   `DATA/volumes/NAME/disk.qcow2`).
 //!
-//! Directories are created by root; [`VolumeOwner`] is the hook that gives
-//! them to the pod's uid once pods run in their own user namespace.
+//! Directories are created by root; [`VolumeOwner`] gives them to the pod:
+//! [`PodRange`] hands a volume to the pod's user-namespace range (shifting
+//! the owners of what an earlier pod left in a `local` volume into the new
+//! pod's range) and makes its top directory writable by every user inside.
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +54,57 @@ impl VolumeOwner for HostRoot {
     fn adopt(&self, _path: &Path) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// Gives volumes to a pod's id range: `host_base` is the host id of the
+/// pod's root (`None`: the pod shares the host's ids).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodRange {
+    pub host_base: Option<u32>,
+}
+
+impl VolumeOwner for PodRange {
+    fn adopt(&self, path: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if let Some(base) = self.host_base {
+            let owner = std::fs::symlink_metadata(path)?.uid();
+            let size = crate::sandbox::IDS_PER_POD;
+            // Ids an earlier pod's range owned move into this pod's range
+            // at the same offset; host ids (root's files) stay.
+            let from = (owner >= crate::idranges::FIRST_HOST_ID && owner != base).then_some(owner);
+            shift_owners(path, from, base, size)?;
+        }
+        // Every user inside may create files; each keeps its own (sticky).
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777))
+    }
+}
+
+/// Re-owns `path` (not following links): ids in `from..from+size` move to
+/// `to..to+size`; the top directory becomes the range's root.
+fn shift_owners(path: &Path, from: Option<u32>, to: u32, size: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let shift = |id: u32| match from {
+        Some(from) if (from..from.saturating_add(size)).contains(&id) => to + (id - from),
+        _ => id,
+    };
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&current)?;
+        let (uid, gid) = if current == path {
+            (to, to)
+        } else {
+            (shift(meta.uid()), shift(meta.gid()))
+        };
+        if (uid, gid) != (meta.uid(), meta.gid()) {
+            std::os::unix::fs::lchown(&current, Some(uid), Some(gid))?;
+        }
+        if meta.is_dir() && from.is_some() {
+            for entry in std::fs::read_dir(&current)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where one volume is on the host.

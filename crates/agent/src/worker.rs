@@ -336,13 +336,25 @@ impl PodWorker {
             }
             "node/prepare-volumes" => {
                 let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
+                let ranges = self.ctx.id_ranges.clone();
                 let prepared = tokio::task::spawn_blocking(move || {
-                    crate::volumes::prepare(&pods_dir, &uid, &spec, &crate::volumes::HostRoot)
+                    // Volumes belong to the pod's id range (allocated here
+                    // if the sandbox is not made yet; allocation is idempotent).
+                    let relax = sandbox::relaxations(&spec).map_err(|e| e.to_string())?;
+                    let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+                    let host_base = if sandbox::wants_user_namespace(&relax, runtime) {
+                        Some(ranges.allocate(&uid)?)
+                    } else {
+                        None
+                    };
+                    let owner = crate::volumes::PodRange { host_base };
+                    crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
+                        .map_err(|e| crate::chain(&e))
                 })
                 .await;
                 match prepared {
                     Ok(Ok(note)) => StepOutcome::Done(Some(note).filter(|n| !n.is_empty())),
-                    Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
+                    Ok(Err(error)) => StepOutcome::Failed(error),
                     Err(error) => StepOutcome::Failed(error.to_string()),
                 }
             }

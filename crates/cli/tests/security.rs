@@ -242,8 +242,10 @@ spec:
 #[test]
 fn gvisor_pods_run_under_runsc() {
     let cluster = &common::start_node();
-    let node = cluster.ok(&["get", "node", "-o", "json"]);
-    assert!(node.contains("gvisor"), "the node reports gVisor: {node}");
+    wait_for("the node to report gVisor", Duration::from_secs(30), || {
+        let node = cluster.ok(&["get", "node", "-o", "json"]);
+        node.contains("\"gvisor\"").then_some(())
+    });
     cluster.ok(&[
         "apply",
         "-f",
