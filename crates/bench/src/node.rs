@@ -18,6 +18,7 @@ pub fn cleanup(data_dir: &Path, extra_uids: &[String]) {
             delete_all_containers(binary, &root);
         }
     }
+    kill_runsc_below(data_dir);
     unmount_below(data_dir);
     let mut uids: Vec<String> = std::fs::read_dir(data_dir.join("pods"))
         .into_iter()
@@ -30,6 +31,23 @@ pub fn cleanup(data_dir: &Path, extra_uids: &[String]) {
     uids.dedup();
     for uid in uids {
         remove_cgroup(&Path::new("corral").join(uid));
+    }
+}
+
+/// Kills gVisor sandbox and gofer processes of containers under
+/// `data_dir` that `runsc delete --force` left (pods still being torn down
+/// when corral stopped).
+fn kill_runsc_below(data_dir: &Path) {
+    let prefix = data_dir.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.starts_with("runsc") && cmdline.contains(&prefix) {
+            let _ = Command::new("kill")
+                .arg("-9")
+                .arg(entry.file_name())
+                .status();
+        }
     }
 }
 
