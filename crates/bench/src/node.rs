@@ -36,13 +36,15 @@ pub fn cleanup(data_dir: &Path, extra_uids: &[String]) {
 
 /// Kills gVisor sandbox and gofer processes of containers under
 /// `data_dir` that `runsc delete --force` left (pods still being torn down
-/// when corral stopped).
+/// when corral stopped), and a KVM probe's QEMU the agent had running.
 fn kill_runsc_below(data_dir: &Path) {
     let prefix = data_dir.to_string_lossy().into_owned();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);
-        if cmdline.starts_with("runsc") && cmdline.contains(&prefix) {
+        if (cmdline.starts_with("runsc") || cmdline.starts_with("qemu-system"))
+            && cmdline.contains(&prefix)
+        {
             let _ = Command::new("kill")
                 .arg("-9")
                 .arg(entry.file_name())
