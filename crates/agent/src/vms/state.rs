@@ -2,7 +2,6 @@
 //! `DATA/agent/vms/`, written atomically (temporary file, fsync, rename).
 
 use std::fs;
-use std::io::Write;
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
@@ -103,23 +102,14 @@ impl VmState {
         Ok(records)
     }
 
+    /// Writes a record durably before returning (as pod records are).
     pub fn save(&self, record: &VmRecord) -> Result<(), StateError> {
         let path = self.dir.join(file_name(&record.vm.key()));
-        let partial = path.with_extension("partial");
-        let io = |action, source| StateError::Io {
-            action,
+        let bytes = serde_json::to_vec_pretty(record).map_err(|source| StateError::Corrupt {
             path: path.clone(),
             source,
-        };
-        let bytes = serde_json::to_vec_pretty(record).unwrap_or_default();
-        let mut file = fs::File::create(&partial).map_err(|e| io("create", e))?;
-        file.write_all(&bytes).map_err(|e| io("write", e))?;
-        file.sync_all().map_err(|e| io("sync", e))?;
-        fs::rename(&partial, &path).map_err(|e| io("rename", e))?;
-        if let Ok(dir) = fs::File::open(&self.dir) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
+        })?;
+        crate::state::write_atomically(&path, &bytes)
     }
 
     pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
