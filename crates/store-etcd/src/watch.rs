@@ -39,7 +39,7 @@ pub(crate) async fn watch(
     filter: WatchFilter,
     after: u64,
 ) -> Result<WatchStream, StoreError> {
-    let stream = open(store, &filter, after).await?;
+    let stream = open_retrying(store, &filter, after).await?;
     let state = WatchState {
         store: store.clone(),
         filter,
@@ -155,16 +155,25 @@ fn take_events(state: &mut WatchState, response: &WatchResponse) -> Result<(), S
     Ok(())
 }
 
-/// Opens the watch again after the last revision seen, retrying until
-/// [`RESUME_TIMEOUT`].
+/// Opens the watch again after the last revision seen.
 async fn reopen(state: &WatchState) -> Result<etcd_client::WatchStream, StoreError> {
+    open_retrying(&state.store, &state.filter, state.cursor).await
+}
+
+/// Opens the watch, retrying until [`RESUME_TIMEOUT`]: the client's
+/// balancer may first hand the request to a member that just died.
+async fn open_retrying(
+    store: &EtcdStore,
+    filter: &WatchFilter,
+    after: u64,
+) -> Result<etcd_client::WatchStream, StoreError> {
     let deadline = Instant::now() + RESUME_TIMEOUT;
     loop {
-        match open(&state.store, &state.filter, state.cursor).await {
+        match open(store, filter, after).await {
             Ok(stream) => return Ok(stream),
             Err(error) if Instant::now() >= deadline => return Err(error),
             Err(error) => {
-                tracing::warn!(%error, cursor = state.cursor, "reopening an etcd watch");
+                tracing::warn!(%error, cursor = after, "opening an etcd watch");
                 tokio::time::sleep(RESUME_PAUSE).await;
             }
         }
