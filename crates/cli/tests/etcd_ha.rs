@@ -8,10 +8,15 @@
 //!   the others;
 //! - under a stream of applies through a client that knows every server,
 //!   one etcd member and one corral server are killed: every acknowledged
-//!   revision is in history afterwards (checked against the client's log).
+//!   revision is in history afterwards (checked against the client's log),
+//!   and a sampler reading every live server's `/metrics` all along never
+//!   sees two servers running the built-in controllers (the scheduler among
+//!   them) at once.
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Cluster, wait_for};
@@ -99,6 +104,141 @@ fn server_url(cluster: &Cluster) -> String {
         .to_string()
 }
 
+/// Since when (unix ms) the server at `url` runs the built-in controllers
+/// (`corral_controllers_leading_since_seconds`): `Some(None)` when it does
+/// not lead, `None` when it does not answer.
+fn leading_since(url: &str, ca: &std::path::Path) -> Option<Option<u64>> {
+    let output = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "2", "--cacert"])
+        .arg(ca)
+        .arg(format!("{url}/metrics"))
+        .output()
+        .expect("run curl (installed by scripts/setup)");
+    if !output.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let value: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("corral_controllers_leading_since_seconds "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let millis = (value * 1000.0).round() as u64;
+    Some((millis > 0).then_some(millis))
+}
+
+fn leads(url: &str, ca: &std::path::Path) -> bool {
+    matches!(leading_since(url, ca), Some(Some(_)))
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// One server seen leading: asked at `asked`, answered at `answered`,
+/// leading since `since` (all unix ms, one machine's clock).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    server: usize,
+    asked: u64,
+    answered: u64,
+    since: u64,
+}
+
+/// Two servers proven to run the controllers at the same moment: `b` led
+/// from `b.since` without a break until it was seen (the same term), so if
+/// that began before `a` was asked and `b` was seen after `a` answered, `b`
+/// led at the moment `a` said it led.
+fn overlap(a: &Seen, b: &Seen) -> bool {
+    a.server != b.server && b.since < a.asked && b.asked > a.answered
+}
+
+#[test]
+fn the_overlap_check_finds_only_proven_overlaps() {
+    let seen = |server, asked, since| Seen {
+        server,
+        asked,
+        answered: asked + 10,
+        since,
+    };
+    // B led since 100 and was still leading at 300: A, seen leading at 200, overlapped.
+    assert!(overlap(&seen(0, 200, 50), &seen(1, 300, 100)));
+    // B's term began after A was asked: a clean handover between the two reads.
+    assert!(!overlap(&seen(0, 200, 50), &seen(1, 300, 205)));
+    // B seen before A answered: nothing proven.
+    assert!(!overlap(&seen(0, 200, 50), &seen(1, 205, 100)));
+    // One server never overlaps itself.
+    assert!(!overlap(&seen(0, 200, 50), &seen(0, 300, 50)));
+}
+
+/// Samples every server's leadership until stopped.
+struct LeaderSampler {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    rounds: Arc<Mutex<Vec<Vec<usize>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LeaderSampler {
+    fn start(urls: Vec<String>, ca: std::path::PathBuf) -> LeaderSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let rounds = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, seen, rounds) = (stop.clone(), seen.clone(), rounds.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let mut round = Vec::new();
+                    for (server, url) in urls.iter().enumerate() {
+                        let asked = now_ms();
+                        let answer = leading_since(url, &ca);
+                        let answered = now_ms();
+                        if let Some(Some(since)) = answer {
+                            round.push(server);
+                            seen.lock().expect("seen").push(Seen {
+                                server,
+                                asked,
+                                answered,
+                                since,
+                            });
+                        }
+                    }
+                    rounds.lock().expect("rounds").push(round);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        LeaderSampler {
+            stop,
+            seen,
+            rounds,
+            thread: Some(thread),
+        }
+    }
+
+    /// Every sighting, and per round the servers seen leading.
+    fn finish(mut self) -> (Vec<Seen>, Vec<Vec<usize>>) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the sampler thread");
+        }
+        (
+            std::mem::take(&mut *self.seen.lock().expect("seen")),
+            std::mem::take(&mut *self.rounds.lock().expect("rounds")),
+        )
+    }
+}
+
+impl Drop for LeaderSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
 #[test]
 fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
     let mut etcd = EtcdCluster::start(3);
@@ -174,29 +314,85 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
     // The client-side log of acknowledged (revision, message) pairs.
     let mut acknowledged: Vec<(u64, String)> = Vec::new();
     let mut failures = 0;
+    let ca_path = servers[0].data_dir.path().join("ha-ca.pem");
+    std::fs::write(&ca_path, config["ca"].as_str().expect("ca in the config")).expect("write ca");
+    // Exactly one server leads once the election settled.
+    wait_for(
+        "one server to lead the controllers",
+        Duration::from_secs(20),
+        || {
+            let leaders = urls.iter().filter(|url| leads(url, &ca_path)).count();
+            (leaders == 1).then_some(())
+        },
+    );
+    let sampler = LeaderSampler::start(urls.clone(), ca_path.clone());
     let started = Instant::now();
-    let (mut etcd_killed, mut server_killed) = (false, false);
+    let (mut etcd_killed, mut killed) = (false, None);
     for index in 0..40 {
         if index == 10 {
             etcd.kill_member(2);
             etcd_killed = true;
         }
         if index == 20 {
-            servers[0].kill9();
-            server_killed = true;
+            // The leading server, so the controllers must change hands.
+            let leader = urls
+                .iter()
+                .position(|url| leads(url, &ca_path))
+                .expect("a server leads");
+            servers[leader].kill9();
+            killed = Some(leader);
         }
         match apply(index) {
             Some(revision) => acknowledged.push((revision, format!("stream {index}"))),
             None => failures += 1,
         }
     }
-    assert!(etcd_killed && server_killed);
+    assert!(etcd_killed);
+    let killed = killed.expect("a server was killed");
+    let live: Vec<usize> = (0..servers.len()).filter(|&i| i != killed).collect();
+    // Leadership settles on a live server, and at no sample did two lead.
+    wait_for(
+        "a live server to lead the controllers",
+        Duration::from_secs(30),
+        || {
+            let leaders = live.iter().filter(|&&i| leads(&urls[i], &ca_path)).count();
+            (leaders == 1).then_some(())
+        },
+    );
+    let (seen, samples) = sampler.finish();
+    assert!(samples.len() > 20, "the sampler ran: {samples:?}");
+    let overlapping: Vec<(&Seen, &Seen)> = seen
+        .iter()
+        .flat_map(|a| seen.iter().map(move |b| (a, b)))
+        .filter(|(a, b)| overlap(a, b))
+        .collect();
+    assert!(
+        overlapping.is_empty(),
+        "two servers ran the controllers at once: {overlapping:?}"
+    );
+    let mut handovers: Vec<&Vec<usize>> = Vec::new();
+    for sample in &samples {
+        if handovers.last() != Some(&sample) {
+            handovers.push(sample);
+        }
+    }
+    println!(
+        "leaders over {} samples (server {killed} killed): {handovers:?}",
+        samples.len()
+    );
+    assert!(
+        handovers
+            .iter()
+            .any(|leaders| leaders.iter().any(|&i| i != killed)),
+        "the controllers changed hands: {handovers:?}"
+    );
     assert!(
         failures <= 2,
         "clients fail over: {failures} of 40 applies failed"
     );
     let history: Vec<Value> =
-        serde_json::from_str(&servers[1].ok(&["history", "pod/web", "-o", "json"])).expect("json");
+        serde_json::from_str(&servers[live[0]].ok(&["history", "pod/web", "-o", "json"]))
+            .expect("json");
     for (revision, message) in &acknowledged {
         let kept = history.iter().any(|record| {
             record["revision"].as_u64() == Some(*revision) && record["message"] == *message
@@ -212,24 +408,24 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
         started.elapsed()
     );
     // Watches resume on any server: a watch from the version the first
-    // (now dead) server returned, opened on the third, replays what was
-    // written since, in order.
+    // server returned before the kills, opened on a surviving server,
+    // replays what was written since, in order.
     let version = through_first["metadata"]["resourceVersion"]
         .as_u64()
         .expect("version");
     let third = corral_client::Client::new(&corral_client::ClientConfig {
-        server: server_url(&servers[2]),
+        server: server_url(&servers[live[1]]),
         token: config["token"].as_str().expect("token").to_string(),
         ca: config["ca"].as_str().map(str::to_string),
     })
-    .expect("client of the third server");
+    .expect("client of a surviving server");
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     runtime.block_on(async {
         use futures::StreamExt;
         let stream = third
             .watch(corral_api::Kind::Pod, Some("default"), Some("web"), version)
             .await
-            .expect("watch on the third server");
+            .expect("watch on a surviving server");
         let mut stream = std::pin::pin!(stream);
         let mut last = version;
         for _ in 0..3 {
@@ -246,7 +442,7 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
         "the third server to answer",
         Duration::from_secs(10),
         || {
-            servers[2]
+            servers[live[1]]
                 .corral(&["get", "pod/web"])
                 .status
                 .success()

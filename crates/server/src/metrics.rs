@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -22,9 +22,30 @@ type RequestTotals = (u64, f64);
 pub struct Metrics {
     requests: Mutex<BTreeMap<RequestLabels, RequestTotals>>,
     watches: AtomicI64,
+    /// Unix milliseconds since which this server runs the built-in
+    /// controllers (it leads), 0 while it does not.
+    leading_since: AtomicU64,
+    /// How many times this server started leading.
+    terms: AtomicU64,
 }
 
 impl Metrics {
+    /// Records that this server started (`true`) or stopped running the
+    /// built-in controllers: always on SQLite, while it leads on etcd.
+    pub fn set_leading(&self, leading: bool) {
+        let since = if leading {
+            u64::try_from(chrono::Utc::now().timestamp_millis())
+                .unwrap_or(1)
+                .max(1)
+        } else {
+            0
+        };
+        let was = self.leading_since.swap(since, Ordering::SeqCst);
+        if leading && was == 0 {
+            self.terms.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub fn watch_started(&self) {
         self.watches.fetch_add(1, Ordering::Relaxed);
     }
@@ -66,6 +87,32 @@ impl Metrics {
         out.push_str(&format!(
             "corral_watch_streams {}\n",
             self.watches.load(Ordering::Relaxed)
+        ));
+        out.push_str(
+            "# HELP corral_controllers_leading 1 while this server runs the built-in controllers (it leads).\n",
+        );
+        out.push_str("# TYPE corral_controllers_leading gauge\n");
+        let since = self.leading_since.load(Ordering::SeqCst);
+        out.push_str(&format!(
+            "corral_controllers_leading {}\n",
+            u8::from(since > 0)
+        ));
+        out.push_str(
+            "# HELP corral_controllers_leading_since_seconds Unix time this server's current leadership began (0: not leading).\n",
+        );
+        out.push_str("# TYPE corral_controllers_leading_since_seconds gauge\n");
+        out.push_str(&format!(
+            "corral_controllers_leading_since_seconds {}.{:03}\n",
+            since / 1000,
+            since % 1000
+        ));
+        out.push_str(
+            "# HELP corral_controller_leadership_terms_total Times this server began leading.\n",
+        );
+        out.push_str("# TYPE corral_controller_leadership_terms_total counter\n");
+        out.push_str(&format!(
+            "corral_controller_leadership_terms_total {}\n",
+            self.terms.load(Ordering::Relaxed)
         ));
         out.push_str("# HELP corral_store_revision The newest store revision.\n");
         out.push_str("# TYPE corral_store_revision gauge\n");

@@ -372,6 +372,12 @@ impl BuiltinClients {
             self.server.clone(),
             term.clone(),
         ));
+        self.server.metrics.set_leading(true);
+        let (server, term) = (self.server.clone(), term.clone());
+        tokio::spawn(async move {
+            term.cancelled().await;
+            server.metrics.set_leading(false);
+        });
         Ok(())
     }
 }
