@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    apply, controllers, exec, get, history, image, lab, node, rollout, security, token, up,
-    workflow,
+    apply, controllers, datastore, exec, get, history, image, lab, node, rollout, security, token,
+    up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -59,6 +59,9 @@ enum Command {
     /// A multi-node cluster on this machine, each node a network namespace
     /// (up, down, exec, stop-agent, start-agent).
     Lab(lab::LabArgs),
+    /// Copy a cluster's whole store — objects, every revision with its
+    /// author and message, tokens, step logs — from SQLite to etcd.
+    Migrate(datastore::MigrateArgs),
     /// Import, list and prune the images on this node.
     Image(image::ImageArgs),
     /// Create or update the objects in a manifest (YAML or JSON, several
@@ -139,6 +142,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => up::agent(args).await,
         Command::Image(args) => image::run(args).await,
         Command::Lab(args) => lab::run(args).await,
+        Command::Migrate(args) => datastore::migrate(args).await,
         Command::Apply(args) => apply::apply(config, args).await,
         Command::Get(args) => get::get(config, args).await,
         Command::Describe(args) => get::describe(config, args).await,

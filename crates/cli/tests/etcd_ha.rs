@@ -11,7 +11,8 @@
 //!   revision is in history afterwards (checked against the client's log),
 //!   and a sampler reading every live server's `/metrics` all along never
 //!   sees two servers running the built-in controllers (the scheduler among
-//!   them) at once.
+//!   them) at once;
+//! - `corral migrate` copies a SQLite cluster to etcd with its whole history.
 
 mod common;
 
@@ -448,5 +449,147 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
                 .success()
                 .then_some(())
         },
+    );
+}
+
+/// `corral migrate` moves a SQLite cluster to etcd: a server started on
+/// the etcd store answers `history` exactly as the SQLite one did (every
+/// revision, author and message), serves the same objects, honours the old
+/// tokens; bad input and a second migration are refused without writing.
+#[test]
+fn migrate_moves_a_sqlite_cluster_to_etcd_with_its_history() {
+    let mut old = Cluster::start_with(&["server"]);
+    old.ok(&[
+        "apply",
+        "-f",
+        &old.manifest("v1.yaml", &pod("httpd, -f")),
+        "-m",
+        "first",
+    ]);
+    for (index, flag) in ["-v", "-vv", "-vvv"].iter().enumerate() {
+        old.ok(&[
+            "apply",
+            "-f",
+            &old.manifest(
+                &format!("v{}.yaml", index + 2),
+                &pod(&format!("httpd, -f, {flag}")),
+            ),
+            "-m",
+            &format!("louder {index}"),
+        ]);
+    }
+    old.ok(&["rollback", "pod/web", "--to", "2", "-m", "too loud"]);
+    old.ok(&[
+        "token",
+        "create",
+        "--user",
+        "alice",
+        "--namespace",
+        "team-a",
+    ]);
+    let history_before = old.ok(&["history", "pod/web", "-o", "json"]);
+    let cluster_before = old.ok(&["history", "--since", "1h", "-o", "json"]);
+    let web_before = old.get_json("pod/web");
+    old.kill9();
+
+    let etcd = EtcdCluster::start(1);
+    let url = etcd.datastore_url();
+    let store = old.data_dir.path().join("store.db");
+    let from = format!("sqlite:{}", store.display());
+    let migrate = |from: &str| {
+        std::process::Command::new(common::CORRAL)
+            .args(["migrate", "--from", from, "--to", &url])
+            .output()
+            .expect("run corral migrate")
+    };
+
+    // A missing source is refused, and nothing is created.
+    let missing = old.data_dir.path().join("nothing-here.db");
+    let output = migrate(&format!("sqlite:{}", missing.display()));
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no SQLite store at"), "{stderr}");
+    assert!(!missing.exists(), "a refused migration creates no file");
+
+    let output = migrate(&from);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "migrate: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.starts_with("migrated "), "{stdout}");
+
+    // A second migration into the same prefix is refused.
+    let output = migrate(&from);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("migrate only into an empty prefix"),
+        "{stderr}"
+    );
+
+    let tls_dir = old.data_dir.path().join("tls");
+    let new = Cluster::start_with(&[
+        "server",
+        "--datastore",
+        &url,
+        "--tls-dir",
+        tls_dir.to_str().expect("utf-8 path"),
+    ]);
+    assert_eq!(
+        new.ok(&["history", "pod/web", "-o", "json"]),
+        history_before
+    );
+    let cluster_after = new.ok(&["history", "--since", "1h", "-o", "json"]);
+    let records = |text: &str| -> Vec<Value> {
+        serde_json::from_str::<Vec<Value>>(text)
+            .expect("json")
+            .into_iter()
+            // The new server's own start (its controllers registering) is
+            // history made after the migration.
+            .filter(|record| record["kind"] == "Pod")
+            .collect()
+    };
+    assert_eq!(records(&cluster_after), records(&cluster_before));
+    let history: Vec<Value> = serde_json::from_str(&history_before).expect("json");
+    let messages: Vec<&str> = history
+        .iter()
+        .filter_map(|record| record["message"].as_str())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "first",
+            "louder 0",
+            "louder 1",
+            "louder 2",
+            "rollback to revision 2: too loud"
+        ]
+    );
+    let web_after = new.get_json("pod/web");
+    for field in ["uid", "revision", "createdAt"] {
+        assert_eq!(
+            web_after["metadata"][field], web_before["metadata"][field],
+            "{field}"
+        );
+    }
+    assert_eq!(web_after["spec"], web_before["spec"]);
+
+    // The old admin token, issued by the SQLite server, works on etcd.
+    let mut config = old.client_config();
+    config["server"] = new.client_config()["server"].clone();
+    let config_path = new.data_dir.path().join("old-admin.json");
+    std::fs::write(&config_path, serde_json::to_vec(&config).expect("json")).expect("write config");
+    let output = std::process::Command::new(common::CORRAL)
+        .arg("whoami")
+        .env("CORRAL_CONFIG", &config_path)
+        .output()
+        .expect("run corral whoami");
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("admin"),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
     );
 }

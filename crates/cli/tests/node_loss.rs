@@ -229,6 +229,18 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
     );
     let why = nodes.corral(&["why", "pod/ha"]);
     assert!(why.contains("move"), "{why}");
+    // History shows the move as a system change, saying why.
+    let history: Vec<Value> =
+        serde_json::from_str(&nodes.corral(&["history", "pod/ha", "-o", "json"])).expect("json");
+    let last = history.last().expect("a history record");
+    assert_eq!(last["class"], "system", "{history:?}");
+    assert_eq!(last["author"], "scheduler", "{history:?}");
+    let message = last["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("moved off node-b: the node is silent since"),
+        "{history:?}"
+    );
+    assert_eq!(last["revision"], moved["metadata"]["revision"]);
     // The stale copy still runs on the frozen node.
     assert!(
         record.exists(),
@@ -262,9 +274,34 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
         let pod = nodes.json("pod/best");
         let here = pod["status"]["node"] == "node-a"
             && pod["status"]["phase"] == "Running"
-            && pod["status"]["observedRevision"] == 2;
+            && pod["status"]["observedRevision"] == 3;
         here.then_some(())
     });
+    // Revision 2 is the operator's pin, revision 3 the scheduler's move.
+    let history: Vec<Value> =
+        serde_json::from_str(&nodes.corral(&["history", "pod/best", "-o", "json"])).expect("json");
+    let summary: Vec<(&str, &str, &str)> = history
+        .iter()
+        .map(|record| {
+            (
+                record["author"].as_str().unwrap_or_default(),
+                record["class"].as_str().unwrap_or_default(),
+                record["message"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary[1..],
+        [
+            ("admin", "external", ""),
+            (
+                "scheduler",
+                "system",
+                "moved off node-b: spec.placement.node names node-a"
+            )
+        ],
+        "{history:?}"
+    );
     assert_eq!(nodes.json("pod/best")["metadata"]["uid"], best_uid);
     let best_record = nodes.path("node-b").join("agent/pods/default_best.json");
     wait_for(

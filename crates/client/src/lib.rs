@@ -285,9 +285,22 @@ impl Client {
     /// Replaces an object's status (compare-and-swap when it carries a
     /// `resourceVersion`).
     pub async fn put_status(&self, object: &Object) -> Result<Object, ClientError> {
+        self.put_status_with_message(object, None).await
+    }
+
+    /// [`Client::put_status`] with a message for the history record a
+    /// status change may make (a pod's move between nodes).
+    pub async fn put_status_with_message(
+        &self,
+        object: &Object,
+        message: Option<&str>,
+    ) -> Result<Object, ClientError> {
         let path = format!("{}/status", object_path(&object.key()));
-        self.call(self.request(Method::PUT, &path).json(object))
-            .await
+        let mut request = self.request(Method::PUT, &path).json(object);
+        if let Some(message) = message {
+            request = request.query(&[("message", message)]);
+        }
+        self.call(request).await
     }
 
     pub async fn delete(

@@ -36,6 +36,42 @@ pub enum Departure {
     NoLongerFits,
 }
 
+impl Departure {
+    /// The history message of the move: why the pod left `node`.
+    pub fn message(
+        self,
+        spec: &PodSpec,
+        node: &str,
+        state: Option<NodeState>,
+        timing: Timing,
+    ) -> String {
+        let why = match self {
+            Departure::SilentPastGrace => {
+                let since = state
+                    .and_then(|state| state.silent_since)
+                    .map(|since| format!(" since {}", since.format("%Y-%m-%dT%H:%M:%SZ")))
+                    .unwrap_or_default();
+                format!(
+                    "the node is silent{since}, past the {}s grace of an availability: ha pod",
+                    timing.ha_grace.num_seconds()
+                )
+            }
+            Departure::NodeLost => "the node is lost".to_string(),
+            Departure::Repinned => format!(
+                "spec.placement.node names {}",
+                spec.placement
+                    .as_ref()
+                    .and_then(|placement| placement.node.as_deref())
+                    .unwrap_or("another node")
+            ),
+            Departure::NoLongerFits => {
+                "its spec no longer fits there and another node can run it".to_string()
+            }
+        };
+        format!("moved off {node}: {why}")
+    }
+}
+
 /// Whether the pod leaves its node now. `None` for a node the cluster
 /// does not know: that is a Lost node too.
 pub fn departure(
@@ -68,6 +104,27 @@ pub fn departure(
 mod tests {
     use super::*;
     use chrono::Duration;
+
+    #[test]
+    fn a_move_message_says_where_from_and_why() {
+        let timing = Timing::default();
+        let silent = state(NodePhase::Silent, 0);
+        assert_eq!(
+            Departure::SilentPastGrace.message(&spec("ha", None), "node-1", silent, timing),
+            format!(
+                "moved off node-1: the node is silent since 2026-01-01T00:00:00Z, past the {}s grace of an availability: ha pod",
+                timing.ha_grace.num_seconds()
+            )
+        );
+        assert_eq!(
+            Departure::NodeLost.message(&spec("best-effort", None), "node-1", None, timing),
+            "moved off node-1: the node is lost"
+        );
+        assert_eq!(
+            Departure::Repinned.message(&spec("ha", Some("node-2")), "node-1", None, timing),
+            "moved off node-1: spec.placement.node names node-2"
+        );
+    }
 
     fn at(seconds: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(1_767_225_600 + seconds, 0).unwrap()

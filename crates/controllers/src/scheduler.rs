@@ -85,12 +85,25 @@ pub async fn evacuate(
             None => continue,
         };
         let key = pod.key();
-        match crate::steps::set_status_field(client, &key, "node", serde_json::Value::Null).await {
+        let message = why.message(&spec, &node, nodes.get(&node).copied(), timing);
+        match unbind(client, &pod, &message).await {
             Ok(_) => tracing::info!(pod = %key, %node, ?why, "unbound; moving"),
             Err(error) => tracing::debug!(pod = %key, %error, "not unbound; next round"),
         }
     }
     Ok(())
+}
+
+/// Clears the pod's `status.node` as read (compare-and-swap on its
+/// `resourceVersion`: a pod changed meanwhile is looked at again next
+/// round). The server starts its `move` workflow and records `message` in
+/// its history.
+async fn unbind(client: &Client, pod: &Object, message: &str) -> Result<Object, ClientError> {
+    let mut next = pod.clone();
+    if let Some(status) = next.status.as_object_mut() {
+        status.insert("node".to_string(), serde_json::Value::Null);
+    }
+    client.put_status_with_message(&next, Some(message)).await
 }
 
 fn action(kind: StepActionKind, workflow: &str) -> StepActionRequest {

@@ -186,6 +186,51 @@ async fn compare_and_swap_and_status_writes() {
     let (_, applied) = call(&server, "PUT", WEB, Some(&token), Some(pod("d"))).await;
     assert_eq!(applied["status"]["node"], "node-1");
     assert_eq!(applied["metadata"]["revision"], 3);
+
+    // Clearing status.node moves the pod: history records the move as a
+    // system change of the same spec, and its `move` instance serves it.
+    let (status, moved) = call(
+        &server,
+        "PUT",
+        &format!("{WEB}/status?message=moved%20off%20node-1%3A%20the%20node%20is%20lost"),
+        Some(&scheduler),
+        Some(json!({"status": {"node": null}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{moved}");
+    assert_eq!(moved["metadata"]["revision"], 4, "a move is recorded");
+    let (_, moved) = call(&server, "GET", WEB, Some(&token), None).await;
+    let instances = moved["status"]["workflow"]["instances"]
+        .as_array()
+        .expect("instances");
+    let latest = instances.last().expect("an instance");
+    assert_eq!(
+        (&latest["workflow"], &latest["revision"]),
+        (&json!("move"), &json!(4))
+    );
+    let (_, history) = call(
+        &server,
+        "GET",
+        &format!("{WEB}/history"),
+        Some(&token),
+        None,
+    )
+    .await;
+    let last = history.as_array().and_then(|h| h.last()).expect("a record");
+    assert_eq!(
+        (
+            &last["revision"],
+            &last["author"],
+            &last["class"],
+            &last["message"]
+        ),
+        (
+            &json!(4),
+            &json!("scheduler"),
+            &json!("system"),
+            &json!("moved off node-1: the node is lost")
+        )
+    );
 }
 
 #[tokio::test]

@@ -49,6 +49,7 @@ async fn put(server: &SharedServer, kind: Kind, name: &str, spec: Value, status:
         class: AuthorClass::External,
         message: String::new(),
         time: Utc::now(),
+        always_record: false,
     };
     server.store.create(object, &change).await.unwrap();
 }

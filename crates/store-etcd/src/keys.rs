@@ -32,6 +32,11 @@ impl Keys {
         }
     }
 
+    /// Every key of this store: the prefix and a slash.
+    pub fn root(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+
     pub fn object(&self, key: &ObjectKey) -> String {
         format!(
             "{}/objects/{}/{}/{}",

@@ -15,6 +15,7 @@
 
 mod config;
 mod history;
+mod import;
 mod keys;
 pub mod leader;
 mod objects;
@@ -40,6 +41,7 @@ use etcd_client::{Client, GetOptions, KeyValue};
 pub use config::{
     CONNECT_TIMEOUT, ConfigError, DEFAULT_PREFIX, Datastore, EtcdConfig, EtcdTls, REQUEST_TIMEOUT,
 };
+pub use import::ImportError;
 use keys::{Keys, etcd_revision, store_revision};
 
 /// Why connecting to etcd failed.
@@ -120,6 +122,12 @@ impl EtcdStore {
         retry::Kv {
             client: self.client.clone(),
         }
+    }
+
+    /// Loads another backend's whole store (see [`corral_store::dump`])
+    /// into this store's prefix, which must be empty: `corral migrate`.
+    pub async fn import(&self, dump: &corral_store::dump::Dump) -> Result<(), ImportError> {
+        import::import(self, dump).await
     }
 
     /// The underlying client, for leader election.

@@ -121,7 +121,7 @@ pub(crate) async fn update(
     object.metadata.revision = stored.metadata.revision;
     let object_key = store.keys.object(&key);
     let mut operations = Vec::new();
-    if object.spec != stored.spec {
+    if object.spec != stored.spec || change.always_record {
         object.metadata.revision += 1;
         operations = history::append_ops(
             store,
@@ -278,7 +278,7 @@ fn normalize_namespace(object: &mut Object, key: &ObjectKey) {
 
 /// The stored bytes: the object with `resourceVersion` 0, which readers
 /// replace with the key's `mod_revision`.
-fn body(object: &Object) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn body(object: &Object) -> Result<Vec<u8>, StoreError> {
     let mut stored = object.clone();
     stored.metadata.resource_version = 0;
     serde_json::to_vec(&stored).map_err(corrupt_json("object"))

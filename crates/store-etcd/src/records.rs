@@ -16,7 +16,7 @@ use etcd_client::{Txn, TxnOp};
 use crate::{EtcdStore, corrupt_json, unavailable};
 
 /// etcd refuses transactions of more than 128 operations by default.
-const MAX_TXN_OPS: usize = 128;
+pub(crate) const MAX_TXN_OPS: usize = 128;
 
 pub(crate) async fn put_token(store: &EtcdStore, token: TokenRecord) -> Result<(), StoreError> {
     let value = serde_json::to_vec(&token).map_err(corrupt_json("token"))?;

@@ -18,6 +18,7 @@ fn by(author: &str) -> ChangeMeta {
         class: AuthorClass::System,
         message: format!("written by {author}"),
         time: Utc::now(),
+        always_record: false,
     }
 }
 

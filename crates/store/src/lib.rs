@@ -15,6 +15,7 @@
 
 pub mod codec;
 pub mod conformance;
+pub mod dump;
 pub mod sqlite;
 
 use std::pin::Pin;
@@ -35,6 +36,10 @@ pub struct ChangeMeta {
     pub class: AuthorClass,
     pub message: String,
     pub time: DateTime<Utc>,
+    /// Record a revision even if the spec did not change: a system event in
+    /// the object's life that history must show (a pod moving to another
+    /// node). The revision carries the unchanged spec.
+    pub always_record: bool,
 }
 
 pub use corral_api::watch::{EventType, WatchEvent};
@@ -175,7 +180,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replaces an object if its current `resourceVersion` is `expected`.
     /// `uid`, `createdAt` and `revision` are kept from the stored object; a
-    /// changed spec bumps `revision` and appends a history record.
+    /// changed spec (or a change with `always_record`) bumps `revision` and
+    /// appends a history record.
     async fn update(
         &self,
         object: Object,

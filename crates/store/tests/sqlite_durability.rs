@@ -19,6 +19,7 @@ fn change(minute: i64) -> ChangeMeta {
             .single()
             .expect("time")
             + chrono::TimeDelta::minutes(minute),
+        always_record: false,
     }
 }
 

@@ -193,3 +193,75 @@ impl Leadership {
         }
     }
 }
+
+/// `corral migrate`: copy a cluster's store to another backend.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Stop the server before migrating: writes made after the copy are not moved.
+Then start every server on the new store with the same CA, so existing
+client configs and tokens keep working:
+
+  corral migrate --from sqlite:/var/lib/corral/store.db --to etcd://10.0.0.1:2379,10.0.0.2:2379
+  corral server --datastore etcd://10.0.0.1:2379,10.0.0.2:2379 \\
+      --tls-dir /var/lib/corral/tls --cluster-prefix <the cluster's prefix>")]
+pub struct MigrateArgs {
+    /// The store to copy: sqlite:PATH (a corral data dir's store.db).
+    #[arg(long, value_name = "URL")]
+    pub from: String,
+    /// Where to: etcd://HOST:PORT[,…] or etcds://… (`?prefix=/NAME` for a
+    /// prefix other than /corral). The prefix must be empty.
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// CA certificate (PEM) that signed the etcd members' certificates.
+    #[arg(long, value_name = "PATH")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd's client-certificate auth.
+    #[arg(long, value_name = "PATH", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "PATH", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    let Datastore::Sqlite(path) = Datastore::parse(&args.from).context("--from")? else {
+        anyhow::bail!(
+            "--from {}: only a sqlite:PATH store can be migrated from",
+            args.from
+        );
+    };
+    // Opening a missing file would create an empty store: refuse instead.
+    anyhow::ensure!(
+        path.is_file(),
+        "--from {}: no SQLite store at {}",
+        args.from,
+        path.display()
+    );
+    let Datastore::Etcd(config) = Datastore::parse(&args.to).context("--to")? else {
+        anyhow::bail!("--to {}: the target must be etcd://… or etcds://…", args.to);
+    };
+    let config = config.with_tls_files(args.etcd_ca, args.etcd_cert, args.etcd_key);
+    let source = {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || SqliteStore::open(&path))
+            .await?
+            .with_context(|| format!("cannot open the SQLite store {}", args.from))?
+    };
+    let dump = source
+        .export()
+        .await
+        .with_context(|| format!("cannot read the SQLite store {}", path.display()))?;
+    let target = connect(&config).await?;
+    target
+        .import(&dump)
+        .await
+        .with_context(|| format!("cannot write to etcd at {}", config.endpoints.join(",")))?;
+    println!(
+        "migrated {} from {} to {}{}",
+        dump.summary(),
+        path.display(),
+        config.endpoints.join(","),
+        config.prefix
+    );
+    Ok(())
+}

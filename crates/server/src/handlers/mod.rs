@@ -71,6 +71,7 @@ pub fn change(server: &Server, caller: &Identity, message: Option<&str>) -> Chan
         class: caller.class(),
         message: message.unwrap_or_default().to_string(),
         time: server.clock.now(),
+        always_record: false,
     }
 }
 

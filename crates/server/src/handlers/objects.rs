@@ -124,7 +124,9 @@ pub async fn apply(
     )))
 }
 
-/// `PUT …/status`: replaces the status only. Never creates a revision.
+/// `PUT …/status`: replaces the status only. Creates no revision, except
+/// the record of a pod's move when it clears `status.node` (see
+/// [`crate::workflows::update`]).
 pub async fn put_status(
     State(server): State<SharedServer>,
     Caller(caller): Caller,

@@ -93,6 +93,7 @@ async fn tick_object(
         class: AuthorClass::System,
         message: String::new(),
         time: now,
+        always_record: false,
     };
     match server.store.update(object, expected, &change).await {
         Ok(_) => {}

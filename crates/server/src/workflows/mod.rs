@@ -8,7 +8,8 @@
 //!   Node a `join` instance, a spec change (a new revision) an `update`
 //!   instance — written in the same store write as the object, so the object
 //!   is never without it. A pod the scheduler unbinds (`status.node`
-//!   cleared: its node went silent or was lost) gets a `move` instance. They also refuse a `Controller` whose registered
+//!   cleared: its node went silent or was lost) gets a `move` instance and a
+//!   history record of the move (the same spec, a new revision). They also refuse a `Controller` whose registered
 //!   steps would break a workflow (unknown reference, duplicate, cycle).
 //! - [`drive`] is the background loop; [`tick_all`] is one round of it.
 //! - [`act`] executes a step owner's claim / complete / fail / log.
@@ -90,17 +91,24 @@ pub async fn update(
     admit_controller(server, &next).await?;
     let unbound =
         next.kind == Kind::Pod && bound_node(current).is_some() && bound_node(&next).is_none();
+    let mut change = change.clone();
     let logs = if next.spec == current.spec && unbound {
         // The scheduler unbound it from a silent or lost node: place and
-        // start it again elsewhere.
-        begin(server, &mut next, "move", current.metadata.revision).await?
+        // start it again elsewhere. History records the move as a revision
+        // of the unchanged spec, by whoever unbound it.
+        change.always_record = true;
+        if change.message.is_empty() {
+            let node = bound_node(current).unwrap_or_default();
+            change.message = format!("moved off {node}");
+        }
+        begin(server, &mut next, "move", current.metadata.revision + 1).await?
     } else if next.spec == current.spec {
         Vec::new()
     } else {
         let revision = current.metadata.revision + 1;
         begin(server, &mut next, "update", revision).await?
     };
-    let updated = server.store.update(next, expected, change).await?;
+    let updated = server.store.update(next, expected, &change).await?;
     store_logs(server, &logs).await;
     Ok(updated)
 }

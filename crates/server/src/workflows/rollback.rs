@@ -77,6 +77,7 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
             revision - 1
         ),
         time: server.clock.now(),
+        always_record: false,
     };
     let mut next = pod.clone();
     next.spec = previous_spec;

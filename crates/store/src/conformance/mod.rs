@@ -97,6 +97,7 @@ fn change(author: &str, class: AuthorClass, minute: i64) -> ChangeMeta {
         class,
         message: format!("{author} at minute {minute}"),
         time: at_minute(minute),
+        always_record: false,
     }
 }
 

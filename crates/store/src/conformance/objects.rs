@@ -5,7 +5,7 @@ use corral_api::{AuthorClass, Kind};
 use serde_json::json;
 
 use super::{alice, at_minute, change, edit, key, new_object, pod, pod_spec};
-use crate::{Store, StoreError};
+use crate::{ChangeMeta, Store, StoreError};
 
 /// create/get/list: sorting, namespace filter, cluster-wide kinds,
 /// server-set metadata, AlreadyExists.
@@ -279,6 +279,24 @@ pub async fn check_spec_revisions(store: &dyn Store) {
     .await;
     assert_eq!(third.metadata.revision, 3);
 
+    let moved = edit(
+        store,
+        &web,
+        &ChangeMeta {
+            always_record: true,
+            message: "moved off node-1".into(),
+            ..change("scheduler", AuthorClass::System, 5)
+        },
+        |object| {
+            object.status = json!({"phase": "Pending", "node": null});
+        },
+    )
+    .await;
+    assert_eq!(
+        moved.metadata.revision, 4,
+        "a change marked always_record bumps revision with the spec unchanged"
+    );
+
     let history = store.history(&web).await.expect("history");
     let summary: Vec<(u64, &str, AuthorClass, bool)> = history
         .iter()
@@ -297,8 +315,9 @@ pub async fn check_spec_revisions(store: &dyn Store) {
             (1, "alice", AuthorClass::External, false),
             (2, "bob", AuthorClass::External, false),
             (3, "scheduler", AuthorClass::System, false),
+            (4, "scheduler", AuthorClass::System, false),
         ],
-        "history has one record per spec change, oldest first"
+        "history has one record per spec change (and per recorded system event), oldest first"
     );
     for record in &history {
         assert_eq!(
@@ -310,12 +329,17 @@ pub async fn check_spec_revisions(store: &dyn Store) {
     }
     assert_eq!(history[1].time, at_minute(1));
     assert_eq!(history[1].message, "bob at minute 1");
+    assert_eq!(history[3].message, "moved off node-1");
 
     for (revision, spec) in [
         (1, pod_spec("img:1")),
         (2, pod_spec("img:2")),
         (
             3,
+            json!({"containers": [], "placement": {"node": "node-1"}}),
+        ),
+        (
+            4,
             json!({"containers": [], "placement": {"node": "node-1"}}),
         ),
     ] {

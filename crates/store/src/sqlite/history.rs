@@ -16,7 +16,7 @@ use crate::codec;
 use crate::{ChangeMeta, CompactionReport, HistorySize, StoreError};
 
 /// The columns every record query selects, in [`record_from_row`]'s order.
-const RECORD_COLUMNS: &str =
+pub(super) const RECORD_COLUMNS: &str =
     "uid, revision, kind, namespace, name, time, author, class, message, deleted";
 
 /// One revision about to be appended.
@@ -360,7 +360,7 @@ pub(super) fn size(conn: &Connection) -> Result<HistorySize, StoreError> {
     )?)
 }
 
-fn record_from_row(row: &Row<'_>) -> Result<RevisionRecord, StoreError> {
+pub(super) fn record_from_row(row: &Row<'_>) -> Result<RevisionRecord, StoreError> {
     Ok(RevisionRecord {
         uid: row.get(0)?,
         revision: to_u64(row.get(1)?),

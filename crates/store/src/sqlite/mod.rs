@@ -9,6 +9,7 @@
 //! connection lock is still held, so the channel sees them in store-revision
 //! order.
 
+mod export;
 mod history;
 mod objects;
 mod schema;
@@ -114,6 +115,12 @@ impl SqliteStore {
     pub async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
         self.blocking(move |conn, _| objects::compact_events(conn, through))
             .await
+    }
+
+    /// The whole store, for moving it to another backend (see
+    /// [`crate::dump`]).
+    pub async fn export(&self) -> Result<crate::dump::Dump, StoreError> {
+        self.blocking(|conn, _| export::export(conn)).await
     }
 
     async fn blocking<T, F>(&self, work: F) -> Result<T, StoreError>

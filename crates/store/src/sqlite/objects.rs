@@ -97,7 +97,7 @@ pub(super) fn update(
     object.metadata.created_at = stored.metadata.created_at;
     object.metadata.revision = stored.metadata.revision;
     object.metadata.resource_version = resource_version;
-    if object.spec != stored.spec {
+    if object.spec != stored.spec || change.always_record {
         object.metadata.revision += 1;
         history::append(
             &tx,

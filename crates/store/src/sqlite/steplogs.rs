@@ -74,7 +74,7 @@ pub(super) fn read(
     Ok(entries)
 }
 
-fn level_from_text(text: &str) -> Result<LogLevel, StoreError> {
+pub(super) fn level_from_text(text: &str) -> Result<LogLevel, StoreError> {
     match text {
         "debug" => Ok(LogLevel::Debug),
         "info" => Ok(LogLevel::Info),

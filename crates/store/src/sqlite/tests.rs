@@ -20,6 +20,7 @@ fn change() -> ChangeMeta {
         class: AuthorClass::External,
         message: String::new(),
         time: chrono::DateTime::UNIX_EPOCH,
+        always_record: false,
     }
 }
 
