@@ -35,6 +35,9 @@ pub enum Role {
     Controller,
     /// A node agent: its own Node and the pods bound to it.
     Node,
+    /// A join token: may only exchange itself for a node's own identity
+    /// (`POST /v1/join`), until it expires.
+    Joiner,
 }
 
 impl Role {
@@ -42,7 +45,7 @@ impl Role {
     pub fn author_class(self) -> AuthorClass {
         match self {
             Role::Operator | Role::User => AuthorClass::External,
-            Role::Controller | Role::Node => AuthorClass::System,
+            Role::Controller | Role::Node | Role::Joiner => AuthorClass::System,
         }
     }
 }
@@ -56,6 +59,9 @@ pub struct Identity {
     /// with none may read only cluster-wide objects. Unused for others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// When the token stops working (join tokens); never when unset.
+    #[serde(default, rename = "expiresAt", skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Identity {
@@ -64,7 +70,14 @@ impl Identity {
             name: name.into(),
             role,
             namespaces: Vec::new(),
+            expires_at: None,
         }
+    }
+
+    /// The identity, valid until `expires_at`.
+    pub fn expiring(mut self, expires_at: chrono::DateTime<chrono::Utc>) -> Self {
+        self.expires_at = Some(expires_at);
+        self
     }
 
     /// The identity limited to (for users) `namespaces`.

@@ -30,7 +30,8 @@ fn pod(command: &str) -> String {
     )
 }
 
-/// Apply, edit, history, rollback: the same answers whatever the backend.
+/// Apply, edit, history, rollback, watch: the same answers whatever the
+/// backend.
 fn apply_history_rollback(cluster: &Cluster) {
     cluster.ok(&[
         "apply",
@@ -80,6 +81,51 @@ fn apply_history_rollback(cluster: &Cluster) {
     );
     let diff = cluster.ok(&["diff", "pod/web", "1", "2"]);
     assert!(diff.contains("-v"), "{diff}");
+
+    // A watch from the beginning replays the pod's three writes in order,
+    // then sees a live one.
+    let config = cluster.client_config();
+    let client = corral_client::Client::new(&corral_client::ClientConfig {
+        server: server_url(cluster),
+        token: config["token"].as_str().expect("token").to_string(),
+        ca: config["ca"].as_str().map(str::to_string),
+    })
+    .expect("a client");
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let revisions = runtime.block_on(async {
+        use futures::StreamExt;
+        let stream = client
+            .watch(corral_api::Kind::Pod, Some("default"), Some("web"), 0)
+            .await
+            .expect("watch");
+        let mut stream = std::pin::pin!(stream);
+        let mut revisions = Vec::new();
+        let mut last = 0;
+        let mut applied = false;
+        while revisions.last() != Some(&4) {
+            if revisions.len() == 3 && !applied {
+                applied = true;
+                cluster.ok(&[
+                    "apply",
+                    "-f",
+                    &cluster.manifest("v4.yaml", &pod("httpd, -f, -vv")),
+                ]);
+            }
+            let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .expect("an event within 10 s")
+                .expect("the watch goes on")
+                .expect("a watch event");
+            assert!(event.resource_version() > last, "events come in order");
+            last = event.resource_version();
+            let revision = event.object.metadata.revision;
+            if revisions.last() != Some(&revision) {
+                revisions.push(revision);
+            }
+        }
+        revisions
+    });
+    assert_eq!(revisions, [1, 2, 3, 4]);
 }
 
 #[test]
@@ -89,7 +135,7 @@ fn apply_history_and_rollback_on_sqlite() {
 
 #[test]
 fn apply_history_and_rollback_on_etcd() {
-    let etcd = EtcdCluster::start(1);
+    let etcd = EtcdCluster::start(3);
     apply_history_rollback(&Cluster::start_with(&[
         "server",
         "--datastore",
@@ -336,10 +382,10 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
         }
         if index == 20 {
             // The leading server, so the controllers must change hands.
-            let leader = urls
-                .iter()
-                .position(|url| leads(url, &ca_path))
-                .expect("a server leads");
+            // (The etcd kill may have just moved the lease: wait for it.)
+            let leader = wait_for("a server to lead", Duration::from_secs(20), || {
+                urls.iter().position(|url| leads(url, &ca_path))
+            });
             servers[leader].kill9();
             killed = Some(leader);
         }

@@ -2,7 +2,8 @@
 //! agent (SIGSTOP) and its `availability: ha` pod runs on the other node
 //! after the grace while its best-effort pod stays bound; thaw it
 //! (SIGCONT) and it stops the stale ha copy (fencing) before it reports
-//! Ready. Real runc, root; fails (never skips) without them.
+//! Ready. Both agents join with one join token and keep the identity they
+//! get. Real runc, root; fails (never skips) without them.
 
 #![allow(clippy::unwrap_used)]
 
@@ -49,8 +50,9 @@ impl TwoNodes {
         serde_json::from_str(&self.corral(&["get", target, "-o", "json"])).unwrap()
     }
 
-    fn start_agent(&mut self, name: &str, tar: &Path) {
-        let token = self.corral(&["token", "create", "--node", name]);
+    /// Starts node `name`'s agent with a join token, which it exchanges
+    /// for its own identity on first start.
+    fn start_agent(&mut self, name: &str, join: &str, tar: &Path) {
         let dir = self.path(name);
         self.corral(&[
             "image",
@@ -67,7 +69,7 @@ impl TwoNodes {
                 "--ca",
             ])
             .arg(self.path("server").join("tls").join("ca.pem"))
-            .args(["--token", token.trim(), "--name", name])
+            .args(["--join-token", join, "--name", name])
             // Two agents share this host's network namespace: no pod
             // network (routes, DNS, forwarding) for either.
             .arg("--no-pod-network")
@@ -173,8 +175,10 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
         .unwrap();
     nodes.server = Some(server);
     let tar = busybox_image_tar(nodes.dir.path(), ImageFormat::DockerArchive);
-    nodes.start_agent("node-a", &tar);
-    nodes.start_agent("node-b", &tar);
+    // One join token serves both nodes.
+    let join = nodes.corral(&["token", "create", "--join", "--ttl", "10m"]);
+    nodes.start_agent("node-a", join.trim(), &tar);
+    nodes.start_agent("node-b", join.trim(), &tar);
     for name in ["node-a", "node-b"] {
         wait_for(
             &format!("{name} to be Ready"),
@@ -190,6 +194,17 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
                 (node["status"]["phase"] == "Ready").then_some(())
             },
         );
+        // It holds its own identity now, kept private in its data dir.
+        let kept = nodes.path(name).join("node.json");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&kept).expect("node.json").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{}", kept.display());
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(&kept).expect("read node.json"))
+                .expect("json");
+        let token = config["token"].as_str().expect("a token");
+        assert_ne!(token, join.trim(), "the join token was exchanged");
     }
 
     // Both pods on node-b: cordon node-a while they are placed.

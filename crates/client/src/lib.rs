@@ -389,15 +389,27 @@ impl Client {
     }
 
     /// Mints a token for `name` as `role`; a user's names the namespaces
-    /// it may act in (`*` for all).
+    /// it may act in (`*` for all). It expires after `ttl_seconds` when
+    /// given (join tokens: after a day by default).
     pub async fn create_token(
         &self,
         name: &str,
         role: Role,
         namespaces: &[String],
+        ttl_seconds: Option<u64>,
     ) -> Result<TokenResponse, ClientError> {
-        let body = serde_json::json!({"name": name, "role": role, "namespaces": namespaces});
+        let mut body = serde_json::json!({"name": name, "role": role, "namespaces": namespaces});
+        if let Some(ttl) = ttl_seconds {
+            body["ttlSeconds"] = ttl.into();
+        }
         self.call(self.request(Method::POST, "/v1/tokens").json(&body))
+            .await
+    }
+
+    /// Exchanges this client's join token for node `node`'s own token.
+    pub async fn join(&self, node: &str) -> Result<TokenResponse, ClientError> {
+        let body = serde_json::json!({"node": node});
+        self.call(self.request(Method::POST, "/v1/join").json(&body))
             .await
     }
 

@@ -339,7 +339,7 @@ pub fn check_delete(writer: &Identity, key: &ObjectKey) -> Result<(), Refusal> {
     let allowed = match writer.role {
         Role::Operator => true,
         Role::User => !matches!(key.kind, Kind::Policy | Kind::Controller),
-        Role::Controller | Role::Node => false,
+        Role::Controller | Role::Node | Role::Joiner => false,
     };
     if allowed {
         Ok(())

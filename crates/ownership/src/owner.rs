@@ -121,6 +121,7 @@ impl fmt::Display for Writer<'_> {
             Role::User => "user",
             Role::Controller => "controller",
             Role::Node => "node",
+            Role::Joiner => "join token",
         };
         write!(f, "{} ({role})", self.0.name)
     }

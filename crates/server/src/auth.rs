@@ -113,6 +113,20 @@ impl FromRequestParts<SharedServer> for Caller {
             ApiError::Unauthenticated("Authorization header must be `Bearer TOKEN`".into())
         })?;
         match server.tokens.resolve(token.trim()).await? {
+            Some(identity)
+                if identity
+                    .expires_at
+                    .is_some_and(|at| at <= server.clock.now()) =>
+            {
+                Err(ApiError::Unauthenticated(format!(
+                    "token of {} expired at {}; ask an operator for a new one",
+                    identity.name,
+                    identity
+                        .expires_at
+                        .map(|at| at.to_rfc3339())
+                        .unwrap_or_default()
+                )))
+            }
             Some(identity) => {
                 crate::scope::check(
                     &identity,

@@ -148,6 +148,7 @@ pub fn app(server: SharedServer) -> Router {
         .route("/v1/openapi.json", get(system::openapi))
         .route("/v1/whoami", get(system::whoami))
         .route("/v1/tokens", post(system::create_token))
+        .route("/v1/join", post(system::join))
         .route("/v1/history", get(history::cluster_history))
         .route("/v1/controllers/{name}/transfer", post(ownership::transfer))
         .merge(object_routes("/v1/namespaces/{namespace}"))

@@ -2,8 +2,9 @@
 //! person may act in (`*` for all). Every request is checked against its
 //! path before any handler runs: namespaced objects only in granted
 //! namespaces, cluster-wide objects read-only, cluster-wide history and
-//! token minting not at all. Operators, controllers and nodes are not
-//! scoped here (field ownership limits controllers and nodes).
+//! token minting not at all. A join token may only join a node.
+//! Operators, controllers and nodes are not scoped here (field ownership
+//! limits controllers and nodes).
 
 use axum::http::Method;
 use corral_api::{Identity, Kind, Role};
@@ -17,6 +18,16 @@ pub fn check(
     path: &str,
     query: Option<&str>,
 ) -> Result<(), ApiError> {
+    if identity.role == Role::Joiner {
+        let path = path.trim_end_matches('/');
+        return match (method, path) {
+            (&Method::POST, "/v1/join") | (&Method::GET, "/v1/whoami") => Ok(()),
+            _ => Err(ApiError::Forbidden(format!(
+                "{} is a join token: it may only join a node (POST /v1/join, as `corral agent --join-token` does)",
+                identity.name
+            ))),
+        };
+    }
     if identity.role != Role::User || identity.namespaces.iter().any(|n| n == "*") {
         return Ok(());
     }

@@ -1,6 +1,7 @@
 //! Authentication and the four roles, in-process: no token is 401; a user
 //! acts only in its namespaces and never writes a Policy; a node writes
-//! only pods bound to it.
+//! only pods bound to it; a join token only joins a node, once per live
+//! node name, until it expires.
 
 mod common;
 
@@ -177,4 +178,130 @@ async fn a_node_writes_only_pods_bound_to_it() {
         "node-a writes node-b's pod: {body}"
     );
     assert!(body.to_string().contains("node-a"), "{body}");
+}
+
+#[tokio::test]
+async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
+    let server = common::new_server();
+    let admin = common::token(&server, "admin", Role::Operator).await;
+    let (status, minted) = common::call(
+        &server,
+        "POST",
+        "/v1/tokens",
+        Some(&admin),
+        Some(json!({"name": "join", "role": "joiner"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{minted}");
+    let join = minted["token"].as_str().expect("a token").to_string();
+    let expires: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(minted["identity"]["expiresAt"].clone()).expect("an expiry");
+    let day = expires - chrono::Utc::now();
+    assert!(
+        day > chrono::TimeDelta::hours(23) && day <= chrono::TimeDelta::hours(24),
+        "join tokens last a day by default: {expires}"
+    );
+
+    // It reads and writes nothing but the join.
+    let (status, body) = common::call(
+        &server,
+        "GET",
+        "/v1/namespaces/default/pods",
+        Some(&join),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("may only join a node"),
+        "{body}"
+    );
+
+    // Joining gives the node its own token, which acts as that node.
+    let (status, joined) = common::call(
+        &server,
+        "POST",
+        "/v1/join",
+        Some(&join),
+        Some(json!({"node": "node-7"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{joined}");
+    let node = joined["token"].as_str().expect("a node token").to_string();
+    let (status, me) = common::call(&server, "GET", "/v1/whoami", Some(&node), None).await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        (&me["name"], &me["role"]),
+        (&json!("node-7"), &json!("node"))
+    );
+    let (status, body) = common::call(
+        &server,
+        "PUT",
+        "/v1/nodes/node-7",
+        Some(&node),
+        Some(json!({"kind": "Node", "metadata": {"name": "node-7"}, "spec": {}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the node registers itself: {body}");
+
+    // The same join token cannot take over a node that is alive.
+    let (status, body) = common::call(
+        &server,
+        "POST",
+        "/v1/join",
+        Some(&join),
+        Some(json!({"node": "node-7"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("has already joined"),
+        "{body}"
+    );
+    // Only join tokens join; a bad name is refused naming the field.
+    let (status, _) = common::call(
+        &server,
+        "POST",
+        "/v1/join",
+        Some(&admin),
+        Some(json!({"node": "node-8"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, body) = common::call(
+        &server,
+        "POST",
+        "/v1/join",
+        Some(&join),
+        Some(json!({"node": "Not A Name"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.to_string().contains("node"), "{body}");
+
+    // An expired join token is refused outright.
+    let expired = TokenIssuer::issue(
+        &*server.store,
+        &*server.clock,
+        Identity::new("join", Role::Joiner)
+            .expiring(chrono::Utc::now() - chrono::TimeDelta::seconds(1)),
+    )
+    .await
+    .expect("issue a token");
+    let (status, body) = common::call(
+        &server,
+        "POST",
+        "/v1/join",
+        Some(&expired),
+        Some(json!({"node": "node-9"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(body.to_string().contains("expired"), "{body}");
 }

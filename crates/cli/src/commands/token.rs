@@ -18,9 +18,14 @@ pub struct TokenArgs {
 enum TokenCommand {
     /// Mint a token (operators only). It is printed once; only its hash is kept.
     ///
-    /// Exactly one of --user, --operator, --controller or --node names the
-    /// identity. People's changes are recorded in history as `external`,
-    /// controllers' and nodes' as `system`.
+    /// Exactly one of --user, --operator, --controller, --node or --join
+    /// names the identity. People's changes are recorded in history as
+    /// `external`, controllers' and nodes' as `system`.
+    ///
+    /// To add nodes, prefer a join token: `corral token create --join`, then
+    /// on each new machine `corral agent --server URL --ca ca.pem
+    /// --join-token TOKEN`. The agent exchanges it once for the node's own
+    /// token and keeps that; the join token expires (a day by default).
     Create {
         /// A person limited to namespaced objects.
         #[arg(long, value_name = "NAME")]
@@ -31,9 +36,17 @@ enum TokenCommand {
         /// A controller: writes only the fields it owns.
         #[arg(long, value_name = "NAME")]
         controller: Option<String>,
-        /// A node agent.
+        /// A node agent (a fixed name; see --join for adding nodes).
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
+        /// A join token: any number of new nodes may exchange it for their
+        /// own identity (`corral agent --join-token`) until it expires.
+        #[arg(long)]
+        join: bool,
+        /// The token stops working after this long (`30m`, `12h`, `7d`).
+        /// Join tokens default to 24h; other tokens never expire unless set.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        ttl: Option<std::time::Duration>,
         /// With --user: a namespace the user may act in (repeat it; `*`
         /// for every namespace). A user token needs at least one.
         #[arg(long = "namespace", short = 'n', value_name = "NAMESPACE")]
@@ -47,6 +60,8 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
         operator,
         controller,
         node,
+        join,
+        ttl,
         namespaces,
     } = args.command;
     let chosen: Vec<(String, Role)> = [
@@ -54,12 +69,13 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
         (operator, Role::Operator),
         (controller, Role::Controller),
         (node, Role::Node),
+        (join.then(|| "join".to_string()), Role::Joiner),
     ]
     .into_iter()
     .filter_map(|(name, role)| name.map(|n| (n, role)))
     .collect();
     let [(name, role)] = chosen.as_slice() else {
-        bail!("give exactly one of --user, --operator, --controller or --node");
+        bail!("give exactly one of --user, --operator, --controller, --node or --join");
     };
     if *role == Role::User && namespaces.is_empty() {
         bail!(
@@ -67,7 +83,11 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
         );
     }
     let client = connect(config)?;
-    let created = client.create_token(name, *role, &namespaces).await?;
+    let ttl = ttl.map(|ttl| ttl.as_secs().max(1));
+    let created = client.create_token(name, *role, &namespaces, ttl).await?;
+    if let Some(expires_at) = created.identity.expires_at {
+        eprintln!("expires at {}", expires_at.to_rfc3339());
+    }
     println!("{}", created.token);
     Ok(())
 }

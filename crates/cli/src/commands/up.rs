@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ADMIN_CONFIG, default_data_dir};
 
-/// The agent's client config inside the data dir of `corral up`.
+/// The agent's client config inside the data dir of `corral up`, and the
+/// identity a `corral agent --join-token` got by joining.
 pub const NODE_CONFIG: &str = "node.json";
 /// The cluster's settings chosen at first start.
 pub const CLUSTER_FILE: &str = "cluster.json";
@@ -153,9 +154,15 @@ pub struct AgentArgs {
         long,
         value_name = "TOKEN",
         env = "CORRAL_NODE_TOKEN",
-        required_unless_present = "config"
+        required_unless_present_any = ["config", "join_token"],
+        conflicts_with = "join_token"
     )]
     token: Option<String>,
+    /// A join token (`corral token create --join`): on first start the
+    /// agent exchanges it for this node's own token and keeps that in
+    /// DATA/node.json; later starts use the kept one.
+    #[arg(long, value_name = "TOKEN", env = "CORRAL_JOIN_TOKEN")]
+    join_token: Option<String>,
     /// Read server and token from this client config instead.
     #[arg(long = "agent-config", id = "config", value_name = "PATH")]
     config: Option<PathBuf>,
@@ -485,6 +492,10 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     create_private_dir(&data_dir)?;
     let node = args.name.clone().unwrap_or_else(hostname);
+    let config = match &args.join_token {
+        Some(join_token) => node_identity(config, join_token, &node, &data_dir).await?,
+        None => config,
+    };
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let endpoint = args
@@ -568,6 +579,52 @@ fn hostname() -> String {
         .ok()
         .filter(|h| corral_api::validate::is_dns_label(h))
         .unwrap_or_else(|| "node-1".to_string())
+}
+
+/// The node's own client config: the one kept from an earlier join, or a
+/// new one for which `join_token` is exchanged now (kept, fsynced, before
+/// it is used). A server that cannot be reached yet is retried; a refusal
+/// (expired or unknown token, a name already taken) ends the agent.
+async fn node_identity(
+    join: ClientConfig,
+    join_token: &str,
+    node: &str,
+    data_dir: &Path,
+) -> anyhow::Result<ClientConfig> {
+    let path = data_dir.join(NODE_CONFIG);
+    if path.exists() {
+        let kept = ClientConfig::load(&path)?;
+        tracing::info!(path = %path.display(), "using the node identity kept from an earlier join");
+        return Ok(ClientConfig {
+            server: join.server,
+            ca: join.ca.or(kept.ca),
+            token: kept.token,
+        });
+    }
+    let client = Client::new(&ClientConfig {
+        token: join_token.to_string(),
+        ..join.clone()
+    })?;
+    let joined = loop {
+        match client.join(node).await {
+            Ok(joined) => break joined,
+            Err(error) if error.status().is_none() => {
+                tracing::warn!(%error, "cannot reach the server to join yet; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(error) => {
+                return Err(anyhow::Error::new(error))
+                    .with_context(|| format!("joining the cluster as node {node}"));
+            }
+        }
+    };
+    let config = ClientConfig {
+        token: joined.token,
+        ..join
+    };
+    config.save(&path)?;
+    tracing::info!(node, path = %path.display(), "joined the cluster; the node's identity is kept");
+    Ok(config)
 }
 
 fn create_private_dir(path: &Path) -> anyhow::Result<()> {

@@ -1,10 +1,12 @@
-//! Health, metrics, the OpenAPI document, `whoami` and token creation.
+//! Health, metrics, the OpenAPI document, `whoami`, token creation and
+//! nodes joining with a join token.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
-use corral_api::{Identity, Role};
+use corral_api::kinds::{NodePhase, NodeStatus};
+use corral_api::{Identity, Kind, ObjectKey, Role};
 use serde::{Deserialize, Serialize};
 
 use crate::SharedServer;
@@ -42,7 +44,15 @@ pub struct TokenRequest {
     /// For a user: the namespaces they may act in (`*`: every one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// The token stops working after this many seconds (default for join
+    /// tokens: a day; never for the others).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "ttlSeconds")]
+    pub ttl_seconds: Option<u64>,
 }
+
+/// How long a join token works unless the request says otherwise.
+pub const JOIN_TOKEN_TTL_SECONDS: u64 = 24 * 3600;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct TokenResponse {
@@ -84,7 +94,62 @@ pub async fn create_token(
         }
         (_, true) => {}
     }
-    let identity = Identity::new(request.name, request.role).with_namespaces(request.namespaces);
+    let mut identity =
+        Identity::new(request.name, request.role).with_namespaces(request.namespaces);
+    let ttl = match (request.role, request.ttl_seconds) {
+        (_, Some(0)) => {
+            return Err(ApiError::BadRequest(
+                "ttlSeconds: must be at least 1".into(),
+            ));
+        }
+        (_, Some(seconds)) => Some(seconds),
+        (Role::Joiner, None) => Some(JOIN_TOKEN_TTL_SECONDS),
+        (_, None) => None,
+    };
+    if let Some(seconds) = ttl {
+        let seconds = i64::try_from(seconds)
+            .ok()
+            .and_then(chrono::TimeDelta::try_seconds)
+            .ok_or_else(|| ApiError::BadRequest("ttlSeconds: too large".into()))?;
+        identity = identity.expiring(server.clock.now() + seconds);
+    }
     let token = TokenIssuer::issue(&*server.store, &*server.clock, identity.clone()).await?;
+    Ok(Json(TokenResponse { token, identity }))
+}
+
+/// `POST /v1/join {"node": NAME}` with a join token: mints the node's own
+/// token (shown once), which the agent keeps and uses from then on. A name
+/// whose Node is alive is refused: a join token cannot take over a node.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinRequest {
+    pub node: String,
+}
+
+pub async fn join(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Json(request): Json<JoinRequest>,
+) -> Result<Json<TokenResponse>, ApiError> {
+    if caller.role != Role::Joiner {
+        return Err(ApiError::Forbidden(format!(
+            "{} is a {:?}; only a join token joins a node (corral token create --join)",
+            caller.name, caller.role
+        )));
+    }
+    validate_name("node", &request.node)?;
+    let key = ObjectKey::new(Kind::Node, None, &request.node);
+    if let Some(node) = server.store.get(&key).await? {
+        let phase = node.typed_status::<NodeStatus>().unwrap_or_default().phase;
+        if phase != NodePhase::Lost {
+            return Err(ApiError::Conflict(format!(
+                "node {} has already joined (phase {phase:?}); a join token cannot take over a node: pick another name, or `corral node forget {}` first",
+                request.node, request.node
+            )));
+        }
+    }
+    let identity = Identity::new(request.node, Role::Node);
+    let token = TokenIssuer::issue(&*server.store, &*server.clock, identity.clone()).await?;
+    tracing::info!(node = %identity.name, joiner = %caller.name, "a node joined with a join token");
     Ok(Json(TokenResponse { token, identity }))
 }
