@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    apply, console, controllers, exec, get, history, image, lab, node, rollout, security, token, up,
-    workflow,
+    apply, console, controllers, exec, get, history, image, lab, node, rollout, security, token,
+    up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
