@@ -129,25 +129,31 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
         (cluster.get_json(&format!("pod/{pod}"))["status"]["phase"] == "Running").then_some(())
     });
     let fetch = || {
-        common::wait_for(
-            "the pod to fetch from the VM",
-            Duration::from_secs(60),
-            || {
-                let output = cluster.corral(&[
-                    "exec",
-                    &format!("pod/{pod}"),
-                    "--",
-                    "busybox",
-                    "timeout",
-                    "5",
-                    "wget",
-                    "-qO-",
-                    &format!("http://[{address}]:8080/"),
-                ]);
-                let text = String::from_utf8_lossy(&output.stdout).into_owned();
-                text.contains("CORRAL-VM-HTTP").then_some(text)
-            },
-        )
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let output = cluster.corral(&[
+                "exec",
+                &format!("pod/{pod}"),
+                "--",
+                "busybox",
+                "timeout",
+                "5",
+                "wget",
+                "-qO-",
+                &format!("http://[{address}]:8080/"),
+            ]);
+            let text = String::from_utf8_lossy(&output.stdout).into_owned();
+            if text.contains("CORRAL-VM-HTTP") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pod cannot fetch from the VM at [{address}]:8080: {text}{}\nconsole:\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                console(&cluster, &uid)
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
     };
     fetch();
 

@@ -196,8 +196,10 @@ fi
 addr=$(arg corral.addr)
 ip link set lo up
 if [ -n "$addr" ]; then
+  # busybox ip knows no nodad: switch DAD off before the address goes on.
+  echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad
   ip link set eth0 up
-  ip -6 addr add "$addr" dev eth0 nodad
+  ip -6 addr add "$addr" dev eth0
   ip -6 route add default via fe80::1 dev eth0
   echo CORRAL-VM-HTTP > /www/index.html
   httpd -p 8080 -h /www
