@@ -269,7 +269,7 @@ mod tests {
         (output, last)
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn input_reaches_the_console_and_the_session_ends_after_stdin_and_quiet() {
         let (console, guest) = tokio::io::duplex(1024);
         tokio::spawn(echo_guest(guest));
