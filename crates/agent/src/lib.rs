@@ -47,6 +47,8 @@ use crate::steps::StepApi;
 /// Everything the workers share.
 pub struct AgentContext {
     pub node: String,
+    /// The agent's data dir (VMs' records and directories are found there).
+    pub data_dir: PathBuf,
     pub client: Option<Client>,
     pub steps: Arc<dyn StepApi>,
     pub runner: ContainerRunner,
@@ -166,6 +168,7 @@ pub fn context(
     });
     Ok(AgentContext {
         node: config.node.clone(),
+        data_dir: data.clone(),
         client,
         steps,
         runner: ContainerRunner {
@@ -262,8 +265,8 @@ pub async fn run(
 fn start_vms(config: &AgentConfig, ctx: Arc<AgentContext>) -> Result<vms::VmManager, AgentError> {
     let vm_ctx = vms::VmContext {
         agent: ctx,
-        state: vms::state::VmState::open(config.data_dir.join("agent").join("vms"))?,
-        vms_dir: config.data_dir.join("vms"),
+        state: vms::state::VmState::open(vms::state_dir(&config.data_dir))?,
+        vms_dir: vms::vms_dir(&config.data_dir),
         volumes_dir: config.data_dir.join("volumes"),
         data_dir: config.data_dir.clone(),
         accel: std::sync::OnceLock::new(),

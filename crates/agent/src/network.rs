@@ -1,5 +1,5 @@
 //! The node's pod network (design idea 6), driven from the agent: a veth
-//! per pod with the address IPAM chose, IPv4 egress from a node-local
+//! per pod (and per VM, bridged to its tap) with the address IPAM chose, IPv4 egress from a node-local
 //! range, forwarding, and plain routes to every other node's /64,
 //! reconciled from `Node` objects.
 //!
@@ -166,18 +166,50 @@ impl PodNetwork {
             }),
         };
         self.ops.ensure_pod_interface(&pod).await?;
-        if let Some(dns) = self.dns_address() {
-            self.ops.add_host_address(&pod.host_interface, dns).await?;
-        }
-        if self.sysctls && self.config.forwarding == Forwarding::PodLinks {
-            let link = &pod.host_interface;
-            write_sysctl(&format!("/proc/sys/net/ipv6/conf/{link}/force_forwarding"))?;
-            write_sysctl(&format!("/proc/sys/net/ipv4/conf/{link}/forwarding"))?;
-        }
+        self.after_wiring(&pod.host_interface).await?;
         Ok(match ipv4 {
             Some(v4) => format!("{ipv6} and {v4} on {}", pod.host_interface),
             None => format!("{ipv6} on {}", pod.host_interface),
         })
+    }
+
+    /// Wires a VM's namespace: the node side as for a pod; inside, the
+    /// veth and the VM's tap device `tap` are bridged, so the guest holds
+    /// `ipv6` itself. VMs get no IPv4 egress. Safe to repeat.
+    pub async fn wire_vm(
+        &self,
+        owner: &str,
+        netns: &Path,
+        ipv6: Ipv6Addr,
+        tap: &str,
+    ) -> Result<String, NetworkError> {
+        let vm = PodInterface {
+            owner: owner.to_string(),
+            host_interface: datapath::host_interface_name(owner),
+            netns: netns.to_path_buf(),
+            ipv6,
+            egress: None,
+        };
+        self.ops.ensure_vm_interface(&vm, tap).await?;
+        self.after_wiring(&vm.host_interface).await?;
+        Ok(format!(
+            "{ipv6} on {}, bridged to {tap} in {}",
+            vm.host_interface,
+            datapath::VM_BRIDGE
+        ))
+    }
+
+    /// What every wired host veth gets: the DNS address and, with per-link
+    /// forwarding, its forwarding switches.
+    async fn after_wiring(&self, link: &str) -> Result<(), NetworkError> {
+        if let Some(dns) = self.dns_address() {
+            self.ops.add_host_address(link, dns).await?;
+        }
+        if self.sysctls && self.config.forwarding == Forwarding::PodLinks {
+            write_sysctl(&format!("/proc/sys/net/ipv6/conf/{link}/force_forwarding"))?;
+            write_sysctl(&format!("/proc/sys/net/ipv4/conf/{link}/forwarding"))?;
+        }
+        Ok(())
     }
 
     /// Where the node's DNS server listens, once started.
@@ -217,7 +249,7 @@ impl PodNetwork {
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
     }
 
-    /// Removes the pod's veth; absent is fine.
+    /// Removes the pod's (or VM's) veth; absent is fine.
     pub async fn unwire_pod(&self, owner: &str) -> Result<(), NetworkError> {
         self.ops
             .remove_pod_interface(&datapath::host_interface_name(owner))
@@ -425,6 +457,32 @@ mod tests {
         let note = with.configure_node().await.unwrap();
         assert!(note.contains("forwarding on"), "{note}");
         assert!(fake.snapshot().forwarding);
+    }
+
+    #[tokio::test]
+    async fn vms_are_bridged_to_their_tap_without_egress() {
+        let fake = Arc::new(FakeNetworkOps::new());
+        let network = PodNetwork::with_ops(fake.clone(), config(Some("eth0")));
+        let note = network
+            .wire_vm(
+                "vm/default/builder",
+                Path::new("/run/vm"),
+                "fd00::9".parse().unwrap(),
+                "tap0",
+            )
+            .await
+            .unwrap();
+        assert!(note.contains("fd00::9") && note.contains("tap0"), "{note}");
+        let state = fake.snapshot();
+        let vm = state.pods.values().next().unwrap();
+        assert_eq!(vm.egress, None);
+        assert_eq!(vm.owner, "vm/default/builder");
+        let host = datapath::host_interface_name("vm/default/builder");
+        assert_eq!(
+            state.calls,
+            vec![format!("ensure_vm_interface {host} tap0")]
+        );
+        assert_ne!(host, datapath::host_interface_name("default/builder"));
     }
 
     #[test]

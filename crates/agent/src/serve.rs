@@ -20,6 +20,11 @@
 //!   client's stdin goes to the master side, and the container terminal's
 //!   output arrives on runc's stdout.
 //!
+//! - `GET /v1/vms/{namespace}/{name}/logs?follow=BOOL&tail=N` answers a
+//!   VM's console log the same way, and `POST /v1/vms/{namespace}/{name}/console`
+//!   attaches to its serial console over the same upgrade and frames
+//!   ([`crate::vms::io`]).
+//!
 //! Errors before the upgrade are JSON `{"code", "message"}` bodies, the
 //! API's error shape, so the API server can pass them on unchanged.
 
@@ -66,17 +71,17 @@ impl std::fmt::Debug for EndpointConfig {
 }
 
 /// What the handlers share.
-struct Endpoint {
-    ctx: Arc<AgentContext>,
+pub(crate) struct Endpoint {
+    pub(crate) ctx: Arc<AgentContext>,
     secret_hash: [u8; 32],
-    shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
 }
 
-type Shared = Arc<Endpoint>;
+pub(crate) type Shared = Arc<Endpoint>;
 
 /// Why a request failed; each variant is one HTTP status.
 #[derive(Debug, thiserror::Error)]
-enum EndpointError {
+pub(crate) enum EndpointError {
     #[error("{0}")]
     Unauthenticated(&'static str),
     #[error("{0}")]
@@ -113,6 +118,11 @@ pub fn app(ctx: Arc<AgentContext>, secret: &str, shutdown: CancellationToken) ->
     Router::new()
         .route("/v1/pods/{namespace}/{name}/logs", get(logs))
         .route("/v1/pods/{namespace}/{name}/exec", post(exec))
+        .route("/v1/vms/{namespace}/{name}/logs", get(crate::vms::io::logs))
+        .route(
+            "/v1/vms/{namespace}/{name}/console",
+            post(crate::vms::io::console),
+        )
         .with_state(endpoint)
 }
 
@@ -153,7 +163,7 @@ pub fn advertised_url(local: SocketAddr, address: Option<&str>) -> String {
     }
 }
 
-fn authenticate(endpoint: &Endpoint, headers: &HeaderMap) -> Result<(), EndpointError> {
+pub(crate) fn authenticate(endpoint: &Endpoint, headers: &HeaderMap) -> Result<(), EndpointError> {
     let presented = headers
         .get(AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
@@ -171,7 +181,7 @@ fn authenticate(endpoint: &Endpoint, headers: &HeaderMap) -> Result<(), Endpoint
 }
 
 /// Query parameters, repeated ones in order.
-fn parse_query(query: Option<&str>) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn parse_query(query: Option<&str>) -> BTreeMap<String, Vec<String>> {
     let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         params
@@ -182,14 +192,17 @@ fn parse_query(query: Option<&str>) -> BTreeMap<String, Vec<String>> {
     params
 }
 
-fn single<'a>(params: &'a BTreeMap<String, Vec<String>>, name: &str) -> Option<&'a str> {
+pub(crate) fn single<'a>(params: &'a BTreeMap<String, Vec<String>>, name: &str) -> Option<&'a str> {
     params
         .get(name)
         .and_then(|values| values.last())
         .map(String::as_str)
 }
 
-fn flag(params: &BTreeMap<String, Vec<String>>, name: &str) -> Result<bool, EndpointError> {
+pub(crate) fn flag(
+    params: &BTreeMap<String, Vec<String>>,
+    name: &str,
+) -> Result<bool, EndpointError> {
     match single(params, name) {
         None | Some("false") | Some("0") | Some("") => Ok(false),
         Some("true") | Some("1") => Ok(true),
@@ -197,6 +210,18 @@ fn flag(params: &BTreeMap<String, Vec<String>>, name: &str) -> Result<bool, Endp
             "{name}: expected true or false, got {other:?}"
         ))),
     }
+}
+
+/// `tail=N`: only the last N lines.
+pub(crate) fn tail(params: &BTreeMap<String, Vec<String>>) -> Result<Option<u64>, EndpointError> {
+    single(params, "tail")
+        .filter(|tail| !tail.is_empty())
+        .map(|tail| {
+            tail.parse::<u64>().map_err(|_| {
+                EndpointError::BadRequest(format!("tail: expected a number of lines, got {tail:?}"))
+            })
+        })
+        .transpose()
 }
 
 /// The pod's record on this node and the named container, checked to be
@@ -253,14 +278,7 @@ async fn logs(
     authenticate(&endpoint, &headers)?;
     let params = parse_query(query.as_deref());
     let follow = flag(&params, "follow")?;
-    let tail = single(&params, "tail")
-        .filter(|tail| !tail.is_empty())
-        .map(|tail| {
-            tail.parse::<u64>().map_err(|_| {
-                EndpointError::BadRequest(format!("tail: expected a number of lines, got {tail:?}"))
-            })
-        })
-        .transpose()?;
+    let tail = tail(&params)?;
     let (record, _spec, container) = find_container(&endpoint, &namespace, &name, &params).await?;
     let uid = record.pod.metadata.uid.clone();
     let path = log_path(&endpoint.ctx.runner.pods_dir, &uid, &container);

@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    apply, controllers, datastore, exec, get, history, image, lab, node, rollout, security, token,
-    up, workflow,
+    apply, console, controllers, datastore, exec, get, history, image, lab, node, rollout,
+    security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -33,6 +33,7 @@ use crate::commands::{
 ///   corral logs pod/web --steps
 ///   corral logs pod/web -f
 ///   corral exec pod/web -- id
+///   corral console vm/builder
 #[derive(Debug, Parser)]
 #[command(name = "corral", version, about, long_about, verbatim_doc_comment)]
 struct Cli {
@@ -91,12 +92,16 @@ enum Command {
     Rollout(rollout::RolloutArgs),
     /// Analyze an object's workflow: blame, critical-chain, dot.
     Analyze(workflow::AnalyzeArgs),
-    /// Show a pod's container output (-f to follow), or what the workflow
+    /// Show a pod's container output or a VM's console output (-f to
+    /// follow), or what the workflow
     /// and its controllers did about an object (--steps).
     Logs(workflow::LogsArgs),
     /// Run a command in a pod's container (-i for stdin, -t for a TTY);
     /// exits with the command's exit code.
     Exec(exec::ExecArgs),
+    /// Attach to a VM's serial console (Ctrl-] detaches; piped input
+    /// detaches once it is sent and the console is quiet).
+    Console(console::ConsoleArgs),
     /// Field ownership: who owns and reads what, and whether the
     /// controllers converge (list, check, transfer).
     Controllers(controllers::ControllersArgs),
@@ -158,6 +163,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logs(args) => workflow::logs(config, args).await,
         Command::Exec(args) => {
             let code = exec::exec(config, args).await?;
+            // Exit now: a read of the terminal may still block a runtime thread.
+            std::process::exit(code)
+        }
+        Command::Console(args) => {
+            let code = console::console(config, args).await?;
             // Exit now: a read of the terminal may still block a runtime thread.
             std::process::exit(code)
         }

@@ -2,6 +2,8 @@
 //! kernel and a busybox initramfs from the test kit, imported as an image)
 //! is scheduled, given a tap in its own namespace and a qcow2 disk in a
 //! node-local volume, boots to its console marker under QEMU (TCG here),
+//! holds its IPv6 address on the pod network (a pod on the node fetches
+//! from it), shows its console through `corral logs` and `corral console`,
 //! and an edit of its memory restarts it in place: same uid, node, address
 //! and disk, and the file the first boot wrote is still there.
 
@@ -110,6 +112,69 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
     eprintln!("node kvm feature: {kvm}; VM status: {message}");
     let why = cluster.ok(&["why", &target]);
     assert!(why.contains("node/await-boot"), "{why}");
+    let address = first["status"]["address"]
+        .as_str()
+        .expect("the VM has an address")
+        .to_string();
+    assert!(
+        text.contains(&format!("CORRAL-VM-ADDRESS: {address}/128")),
+        "{text}"
+    );
+
+    // A pod on the same node reaches the guest over IPv6.
+    let pod = unique_name("vm-client");
+    let pod_path = cluster.manifest("pod.yaml", &common::pod_manifest(&pod, "local/busybox:1"));
+    cluster.ok(&["apply", "-f", &pod_path]);
+    common::wait_for("the client pod to run", Duration::from_secs(120), || {
+        (cluster.get_json(&format!("pod/{pod}"))["status"]["phase"] == "Running").then_some(())
+    });
+    let fetch = || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let output = cluster.corral(&[
+                "exec",
+                &format!("pod/{pod}"),
+                "--",
+                "busybox",
+                "timeout",
+                "5",
+                "wget",
+                "-qO-",
+                &format!("http://[{address}]:8080/"),
+            ]);
+            let text = String::from_utf8_lossy(&output.stdout).into_owned();
+            if text.contains("CORRAL-VM-HTTP") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pod cannot fetch from the VM at [{address}]:8080: {text}{}\nconsole:\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                console(&cluster, &uid)
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    };
+    fetch();
+
+    // The console through the API: its log, and a line typed on it.
+    let logs = cluster.ok(&["logs", &target]);
+    assert!(logs.contains(VM_MARKER), "{logs}");
+    let tag = unique_name("hi");
+    let output = cluster.corral_with_stdin(
+        &["console", &target],
+        Some(&format!("echo {tag}-$((40+2))\n")),
+    );
+    let seen = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "corral console failed: {seen}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The shell's answer, not the echo of what was typed.
+    assert!(seen.contains(&format!("{tag}-42")), "{seen}");
+    let refused = cluster.fails(&["console", &format!("pod/{pod}")]);
+    assert!(refused.contains("only VMs"), "{refused}");
 
     // Edit the memory: the same VM restarts in place with its disk.
     let path = cluster.manifest(
@@ -136,15 +201,27 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
     assert!(text.matches(VM_READY_MARKER).count() >= 2, "{text}");
     let why = cluster.ok(&["why", &target]);
     assert!(why.contains("node/restart-vm"), "{why}");
+    // The restarted guest is on the same link with the same address.
+    fetch();
     let history = cluster.ok(&["history", &target]);
     assert!(history.lines().count() >= 2, "{history}");
 
-    // Deleting the VM stops QEMU; its local volume (the disk) stays.
+    // Deleting the VM stops QEMU and removes its link to the node; its
+    // local volume (the disk) stays.
     cluster.ok(&["delete", &target]);
     common::wait_for("QEMU to stop", Duration::from_secs(60), || {
         (!std::path::Path::new(&cluster.data_dir.path().join("vms").join(&uid)).exists())
             .then_some(())
     });
+    let links = std::process::Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("run ip link");
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains(&format!("corral-pod:vm/default/{name}")),
+        "the VM's veth outlived it: {links}"
+    );
     assert!(
         cluster
             .data_dir

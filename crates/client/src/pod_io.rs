@@ -1,5 +1,6 @@
 //! A pod's container I/O through the API: log streams and `exec` sessions
-//! (an HTTP/1.1 upgrade to the frames of [`crate::exec_protocol`]).
+//! (an HTTP/1.1 upgrade to the frames of [`crate::exec_protocol`]); a VM's
+//! console log and serial console the same ways.
 
 use bytes::Bytes;
 use corral_api::ObjectKey;
@@ -153,9 +154,26 @@ impl Client {
             params.push(("rows", rows.to_string()));
         }
         params.extend(request.command.iter().map(|arg| ("cmd", arg.clone())));
+        self.upgrade(&path, &params).await
+    }
+
+    /// Attaches to a VM's serial console: what it prints arrives as
+    /// [`ExecEvent::Stdout`]; [`ExecInput::send_stdin`] types on it;
+    /// [`ExecInput::close_stdin`] detaches once the console is quiet (the
+    /// session then ends with exit code 0).
+    pub async fn console(&self, key: &ObjectKey) -> Result<(ExecOutput, ExecInput), ClientError> {
+        self.upgrade(&format!("{}/console", object_path(key)), &[])
+            .await
+    }
+
+    async fn upgrade(
+        &self,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> Result<(ExecOutput, ExecInput), ClientError> {
         let response = self
-            .request(Method::POST, &path)
-            .query(&params)
+            .request(Method::POST, path)
+            .query(params)
             .header(CONNECTION, "Upgrade")
             .header(UPGRADE, UPGRADE_PROTOCOL)
             .send()

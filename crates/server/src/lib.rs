@@ -140,6 +140,10 @@ pub fn app(server: SharedServer) -> Router {
                 &format!("{prefix}/{{plural}}/{{name}}/exec"),
                 post(pods_io::exec),
             )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/console"),
+                post(pods_io::console),
+            )
     };
 
     Router::new()

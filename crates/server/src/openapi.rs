@@ -148,9 +148,9 @@ fn object_paths(prefix: &str, kind_names: &str, namespaced: bool) -> Vec<(String
         (
             format!("{prefix}/{{plural}}/{{name}}/logs"),
             json!({
-                "get": {"summary": "pods only, people only: a container's log, streamed from the agent of the pod's node (text/plain)",
+                "get": {"summary": "pods and VMs, people only: a pod container's log or a VM's console log, streamed from the agent of its node (text/plain)",
                     "parameters": ([named.clone(), vec![
-                        json!({"name": "container", "in": "query", "schema": {"type": "string"}, "description": "default: the pod's only container"}),
+                        json!({"name": "container", "in": "query", "schema": {"type": "string"}, "description": "pods: default the pod's only container"}),
                         json!({"name": "follow", "in": "query", "schema": {"type": "boolean"}, "description": "keep streaming appended output"}),
                         json!({"name": "tail", "in": "query", "schema": {"type": "integer"}, "description": "start at the last N lines"})]].concat()),
                     "responses": {"200": {"description": "the log bytes", "content": {"text/plain": {"schema": {"type": "string"}}}}}}
@@ -160,10 +160,18 @@ fn object_paths(prefix: &str, kind_names: &str, namespaced: bool) -> Vec<(String
             format!("{prefix}/{{plural}}/{{name}}/exec"),
             json!({
                 "post": {"summary": "pods only, people only: run a command in a container. Send Connection: Upgrade and Upgrade: corral-exec; after 101 the connection carries framed stdin, stdout, stderr and the exit code (see corral_client::exec_protocol)",
-                    "parameters": ([named, vec![
+                    "parameters": ([named.clone(), vec![
                         json!({"name": "container", "in": "query", "schema": {"type": "string"}, "description": "default: the pod's only container"}),
                         json!({"name": "tty", "in": "query", "schema": {"type": "boolean"}}),
                         json!({"name": "cmd", "in": "query", "required": true, "schema": {"type": "array", "items": {"type": "string"}}, "style": "form", "explode": true, "description": "the command and its arguments, repeated"})]].concat()),
+                    "responses": {"101": {"description": "switched to the corral-exec protocol"}}}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/console"),
+            json!({
+                "post": {"summary": "VMs only, people only: attach to the serial console. Send Connection: Upgrade and Upgrade: corral-exec; after 101 stdin frames are typed on the console and stdout frames carry what it prints; stdin end of file detaches once the console is quiet (exit code 0)",
+                    "parameters": named,
                     "responses": {"101": {"description": "switched to the corral-exec protocol"}}}
             }),
         ),

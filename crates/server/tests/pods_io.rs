@@ -180,6 +180,20 @@ async fn refusals_name_what_is_missing() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(message.contains("only pods"), "{message}");
 
+    // VMs: console logs and the console go to the VM's node; exec does not.
+    let vms = "/v1/namespaces/default/virtualmachines";
+    put(&server, Kind::VirtualMachine, "idle", json!({}), json!({})).await;
+    let (status, message) = call(&server, "GET", &format!("{vms}/idle/logs"), &admin).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(message.contains("vm/idle is not placed"), "{message}");
+    let uri = format!("{vms}/idle/exec?cmd=id");
+    let (status, message) = call(&server, "POST", &uri, &admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(message.contains("corral console vm/NAME"), "{message}");
+    let (status, message) = call(&server, "POST", &format!("{PODS}/solo/console"), &admin).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(message.contains("pods have no console"), "{message}");
+
     // exec without the upgrade headers.
     let response = app(server.clone())
         .oneshot(

@@ -8,9 +8,10 @@
 //!    first time), prints `CORRAL-DISK-FILE: <content>` of `/corral-file` or
 //!    `CORRAL-DISK-EMPTY`, and writes the value of the kernel argument
 //!    `corral.write=VALUE` there (then `CORRAL-DISK-WROTE: VALUE`);
-//! 4. if the kernel argument `corral.addr=ADDR/LEN` is given, puts it on
-//!    `eth0` with a default route via `fe80::1`, and serves
-//!    `CORRAL-VM-HTTP` over HTTP on port 8080;
+//! 4. if the kernel argument `corral.addr=ADDR/LEN` is given (the agent
+//!    passes the VM's address as a /128), puts it on `eth0` with a default
+//!    route via `fe80::1` (the node's end of the VM's link), and serves
+//!    `CORRAL-VM-HTTP` over HTTP on port 8080 (IPv6 and IPv4);
 //! 5. prints [`VM_READY_MARKER`] and keeps a shell on the console.
 //!
 //! The kernel is cached under [`cache_dir`] (reused across runs; `scripts/setup`
@@ -195,11 +196,13 @@ fi
 addr=$(arg corral.addr)
 ip link set lo up
 if [ -n "$addr" ]; then
+  # busybox ip knows no nodad: switch DAD off before the address goes on.
+  echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad
   ip link set eth0 up
-  ip -6 addr add "$addr" dev eth0 nodad
+  ip -6 addr add "$addr" dev eth0
   ip -6 route add default via fe80::1 dev eth0
   echo CORRAL-VM-HTTP > /www/index.html
-  httpd -p [::]:8080 -h /www
+  httpd -p 8080 -h /www
   echo "CORRAL-VM-ADDRESS: $addr"
 fi
 "#,

@@ -8,8 +8,13 @@
 //! overlay) and, for `disk.volume`, a qcow2 file in the node-local volume
 //! `DATA/volumes/NAME/disk.qcow2` that outlives the VM. Whether KVM works
 //! is probed once per node ([`probe_accel`]); TCG is the fallback.
+//!
+//! The namespace's end of the VM's veth to the node is bridged to the tap
+//! (`crate::network::PodNetwork::wire_vm`), so the guest is on the pod link
+//! with its one address. [`io`] serves the console to the agent's endpoint.
 
 pub mod boot;
+pub mod io;
 pub mod state;
 pub mod worker;
 
@@ -32,6 +37,16 @@ use worker::{VmMessage, VmWorker};
 
 /// The QEMU binary VMs run with.
 pub const QEMU: &str = "qemu-system-x86_64";
+
+/// `DATA/agent/vms`: the agent's VM records.
+pub fn state_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("agent").join("vms")
+}
+
+/// `DATA/vms`: one directory per VM uid (console, QMP, QEMU's output).
+pub fn vms_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("vms")
+}
 
 /// What every VM worker shares beyond the agent's context.
 #[derive(Debug)]

@@ -213,7 +213,8 @@ impl VmWorker {
         }
     }
 
-    /// The VM's namespace and its tap device; returns the namespace path.
+    /// The VM's namespace, its tap device and (when the node has a pod
+    /// network) the veth to the node bridged to the tap; returns a note.
     async fn ensure_network(&mut self) -> Result<String, String> {
         let netns = self.ctx.agent.netns.clone();
         let name = format!("vm-{}", short(&self.uid()));
@@ -224,10 +225,48 @@ impl VmWorker {
         })
         .await
         .map_err(|e| e.to_string())??;
-        let note = format!("{} in {}", TAP, path.display());
-        self.record.netns = Some(path);
+        let mut note = format!("{} in {}", TAP, path.display());
+        self.record.netns = Some(path.clone());
         self.save();
+        if let Some(network) = self.ctx.agent.network.clone() {
+            let address = self.address().await?;
+            let wired = network
+                .wire_vm(&self.network_owner(), &path, address, TAP)
+                .await
+                .map_err(|e| crate::chain(&e))?;
+            note = format!("{note}; {wired}");
+        }
         Ok(note)
+    }
+
+    /// The key the VM's host veth is named after and labelled with; apart
+    /// from pods' (`NAMESPACE/NAME`), so a pod and a VM may share a name.
+    fn network_owner(&self) -> String {
+        let key = self.key();
+        format!("vm/{}/{}", key.namespace, key.name)
+    }
+
+    /// The VM's IPv6 address from its status (asking the API once when our
+    /// copy predates the address IPAM wrote).
+    async fn address(&self) -> Result<std::net::Ipv6Addr, String> {
+        use crate::network::{NetworkError, pod_address};
+        match pod_address(&self.desired) {
+            Ok(address) => Ok(address),
+            Err(NetworkError::NoAddress) if self.ctx.agent.client.is_some() => {
+                let client = self
+                    .ctx
+                    .agent
+                    .client
+                    .as_ref()
+                    .expect("INVARIANT: checked above");
+                let fresh = client
+                    .get(&self.key())
+                    .await
+                    .map_err(|e| crate::chain(&e))?;
+                pod_address(&fresh).map_err(|e| crate::chain(&e))
+            }
+            Err(error) => Err(crate::chain(&error)),
+        }
     }
 
     /// The disk's host path and, for an image disk, its backing file.
@@ -305,9 +344,14 @@ impl VmWorker {
             .cmdline
             .clone()
             .unwrap_or_else(|| "console=ttyS0".to_string());
-        // The guest learns its address from the kernel command line.
-        if let Some(address) = self.desired.status.get("address").and_then(|a| a.as_str()) {
-            cmdline.push_str(&format!(" corral.addr={address}/64"));
+        // The guest learns its address from the kernel command line: one
+        // /128 like a pod's, everything else via fe80::1 (the node's end).
+        let address = match self.ctx.agent.network {
+            Some(_) => self.address().await.ok(),
+            None => crate::network::pod_address(&self.desired).ok(),
+        };
+        if let Some(address) = address {
+            cmdline.push_str(&format!(" corral.addr={address}/128"));
         }
         Ok(VmConfig {
             name: qemu_name(&self.uid()),
@@ -513,6 +557,11 @@ impl VmWorker {
     async fn remove(&mut self) {
         if let Err(error) = self.stop().await {
             tracing::warn!(vm = %self.key(), %error, "cannot stop QEMU");
+        }
+        if let Some(network) = self.ctx.agent.network.clone()
+            && let Err(error) = network.unwire_pod(&self.network_owner()).await
+        {
+            tracing::warn!(vm = %self.key(), error = %crate::chain(&error), "cannot remove the VM's veth");
         }
         let netns = self.ctx.agent.netns.clone();
         let name = format!("vm-{}", short(&self.uid()));

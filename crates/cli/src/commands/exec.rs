@@ -44,12 +44,12 @@ pub struct ExecArgs {
 }
 
 /// Puts the terminal on stdin in raw mode until dropped.
-struct RawMode {
+pub(crate) struct RawMode {
     saved: Termios,
 }
 
 impl RawMode {
-    fn enter() -> Option<RawMode> {
+    pub(crate) fn enter() -> Option<RawMode> {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
             return None;

@@ -66,6 +66,20 @@ impl NetworkOps for FakeNetworkOps {
         Ok(())
     }
 
+    async fn ensure_vm_interface(
+        &self,
+        vm: &PodInterface,
+        port: &str,
+    ) -> Result<(), DatapathError> {
+        validate_host_interface(&vm.host_interface)?;
+        let mut state = self.lock();
+        state
+            .calls
+            .push(format!("ensure_vm_interface {} {port}", vm.host_interface));
+        state.pods.insert(vm.host_interface.clone(), vm.clone());
+        Ok(())
+    }
+
     async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError> {
         let mut state = self.lock();
         state

@@ -22,6 +22,10 @@
 //! key as their interface alias (`corral-pod:<owner>`), so listing pod
 //! interfaces needs no local state.
 //!
+//! A VM's namespace gets the same veth, but its end is bridged to the VM's
+//! tap device ([`NetworkOps::ensure_vm_interface`]): the guest is on the
+//! link to the node and holds the address itself.
+//!
 //! Operations are behind [`NetworkOps`]; [`Netlink`] is the real
 //! implementation, [`FakeNetworkOps`] an in-memory one for the agent's tests.
 
@@ -53,6 +57,8 @@ pub const ROUTE_PROTOCOL_POD: u8 = 88;
 pub const HOST_INTERFACE_PREFIX: &str = "crl";
 /// Prefix of the alias on host-side veths; the pod's owner key follows.
 pub const POD_ALIAS_PREFIX: &str = "corral-pod:";
+/// The bridge in a VM's namespace joining its veth and its tap device.
+pub const VM_BRIDGE: &str = "br0";
 /// Longest Linux interface name.
 pub const MAX_INTERFACE_NAME: usize = 15;
 
@@ -164,6 +170,14 @@ pub trait NetworkOps: Send + Sync {
     async fn enable_forwarding(&self) -> Result<(), DatapathError>;
     /// Creates (or repairs) the pod's veth, addresses and routes.
     async fn ensure_pod_interface(&self, pod: &PodInterface) -> Result<(), DatapathError>;
+    /// Wires a VM's namespace like a pod's on the node side (veth, gateway,
+    /// host route to `vm.ipv6`), but puts nothing on the namespace's end:
+    /// it and `port` (the VM's tap device, which must exist) become ports
+    /// of the bridge [`VM_BRIDGE`] there, so the guest itself holds the
+    /// address on the link to the node. The namespace takes no part in
+    /// IPv6 on those links. `vm.egress` must be `None`.
+    async fn ensure_vm_interface(&self, vm: &PodInterface, port: &str)
+    -> Result<(), DatapathError>;
     /// Deletes the pod's host veth (its peer and routes go with it).
     async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError>;
     /// Lists pod interfaces on the node.

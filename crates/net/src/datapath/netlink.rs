@@ -13,11 +13,11 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
 };
-use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use super::{
     DatapathError, NetworkOps, NextHop, NodeRoute, POD_ALIAS_PREFIX, POD_GATEWAY_V6, POD_INTERFACE,
-    PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE, ROUTE_PROTOCOL_POD,
+    PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE, ROUTE_PROTOCOL_POD, VM_BRIDGE,
     validate_host_interface,
 };
 use crate::netns;
@@ -224,6 +224,28 @@ impl Netlink {
         link_index(&self.handle, host, self.netns()).await
     }
 
+    /// The veth between the node and `pod.netns` (made when absent or
+    /// half-made); returns the host end's index.
+    async fn ensure_veth(
+        &self,
+        pod: &PodInterface,
+        pod_handle: &Handle,
+    ) -> Result<u32, DatapathError> {
+        let host = find_link(&self.handle, &pod.host_interface).await?;
+        let pod_end = find_link(pod_handle, POD_INTERFACE).await?;
+        match (host, pod_end) {
+            (Some(host), Some(_)) => Ok(host.header.index),
+            (host, _) => {
+                // Half-made (a crash between steps) or absent: start over.
+                if let Some(host) = host {
+                    self.delete_link(host.header.index, &pod.host_interface)
+                        .await?;
+                }
+                self.create_veth(pod, pod_handle).await
+            }
+        }
+    }
+
     async fn delete_link(&self, index: u32, name: &str) -> Result<(), DatapathError> {
         match self.handle.link().del(index).execute().await {
             Ok(()) => Ok(()),
@@ -339,6 +361,58 @@ async fn configure_pod_side(pod: &PodInterface, handle: &Handle) -> Result<(), D
     Ok(())
 }
 
+/// A VM's namespace: the bridge [`VM_BRIDGE`] with the veth end and
+/// `port` (the tap) as its ports, all up, none of them with IPv6 of its
+/// own (the namespace must not answer for, or route, the guest's traffic).
+async fn configure_bridge_side(
+    vm: &PodInterface,
+    port: &str,
+    handle: &Handle,
+) -> Result<(), DatapathError> {
+    let ns = Some(vm.netns.as_path());
+    let lo = link_index(handle, "lo", ns).await?;
+    set_up(handle, lo, "lo").await?;
+    let bridge = match find_link(handle, VM_BRIDGE).await? {
+        Some(link) => link.header.index,
+        None => {
+            handle
+                .link()
+                .add(
+                    LinkBridge::new(VM_BRIDGE)
+                        .mcast_snooping(false)
+                        .forward_delay(0)
+                        .build(),
+                )
+                .execute()
+                .await
+                .map_err(netlink_error(format!("add bridge {VM_BRIDGE}")))?;
+            link_index(handle, VM_BRIDGE, ns).await?
+        }
+    };
+    for name in [VM_BRIDGE, POD_INTERFACE, port] {
+        write_sysctl(
+            ns,
+            &format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"),
+            "1",
+        )?;
+    }
+    for name in [POD_INTERFACE, port] {
+        let index = link_index(handle, name, ns).await?;
+        handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .controller(bridge)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(netlink_error(format!("add {name} to {VM_BRIDGE}")))?;
+    }
+    set_up(handle, bridge, VM_BRIDGE).await
+}
+
 #[async_trait]
 impl NetworkOps for Netlink {
     async fn enable_forwarding(&self) -> Result<(), DatapathError> {
@@ -349,21 +423,21 @@ impl NetworkOps for Netlink {
     async fn ensure_pod_interface(&self, pod: &PodInterface) -> Result<(), DatapathError> {
         validate_host_interface(&pod.host_interface)?;
         let pod_handle = connect(Some(&pod.netns)).await?;
-        let host = find_link(&self.handle, &pod.host_interface).await?;
-        let pod_end = find_link(&pod_handle, POD_INTERFACE).await?;
-        let index = match (host, pod_end) {
-            (Some(host), Some(_)) => host.header.index,
-            (host, _) => {
-                // Half-made (a crash between steps) or absent: start over.
-                if let Some(host) = host {
-                    self.delete_link(host.header.index, &pod.host_interface)
-                        .await?;
-                }
-                self.create_veth(pod, &pod_handle).await?
-            }
-        };
+        let index = self.ensure_veth(pod, &pod_handle).await?;
         self.configure_host_side(pod, index).await?;
         configure_pod_side(pod, &pod_handle).await
+    }
+
+    async fn ensure_vm_interface(
+        &self,
+        vm: &PodInterface,
+        port: &str,
+    ) -> Result<(), DatapathError> {
+        validate_host_interface(&vm.host_interface)?;
+        let vm_handle = connect(Some(&vm.netns)).await?;
+        let index = self.ensure_veth(vm, &vm_handle).await?;
+        self.configure_host_side(vm, index).await?;
+        configure_bridge_side(vm, port, &vm_handle).await
     }
 
     async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError> {

@@ -1,8 +1,10 @@
-//! A pod's container I/O, proxied to the agent of the pod's node:
-//! `GET …/pods/{name}/logs?container=&follow=&tail=` streams the
-//! container's log; `POST …/pods/{name}/exec?container=&tty=&cmd=…` (an
+//! A pod's container I/O and a VM's console, proxied to the agent of the
+//! object's node: `GET …/pods/{name}/logs?container=&follow=&tail=` streams
+//! the container's log; `POST …/pods/{name}/exec?container=&tty=&cmd=…` (an
 //! HTTP/1.1 upgrade to `corral-exec`) relays the exec session's bytes both
-//! ways. The agent's endpoint is the node's `status.agentEndpoint`; the
+//! ways. `GET …/virtualmachines/{name}/logs?follow=&tail=` streams the VM's
+//! console log and `POST …/virtualmachines/{name}/console` relays its serial
+//! console over the same upgrade and frames. The agent's endpoint is the node's `status.agentEndpoint`; the
 //! server presents the agent secret there. Only people may call these.
 //!
 //! The server picks the container when the pod has one and the request
@@ -41,11 +43,15 @@ struct Route {
     query: String,
 }
 
-fn pod_name(key: &ObjectKey) -> String {
-    format!("pod/{}", key.name)
+fn object_name(key: &ObjectKey) -> String {
+    match key.kind {
+        Kind::VirtualMachine => format!("vm/{}", key.name),
+        _ => format!("pod/{}", key.name),
+    }
 }
 
-/// Checks the caller and the pod, and finds the agent to ask.
+/// Checks the caller and the object, and finds the agent to ask: a pod's
+/// container `logs` and `exec`, a VM's console `logs` and `console`.
 async fn route(
     server: &SharedServer,
     caller: &corral_api::Identity,
@@ -54,26 +60,103 @@ async fn route(
     action: &str,
 ) -> Result<Route, ApiError> {
     let target = Target::from_params(params)?;
-    if target.kind != Kind::Pod {
-        return Err(ApiError::NotFound(format!(
-            "only pods have container {action}; {} objects have none",
-            target.kind
-        )));
-    }
+    let (agent_kind, what) = match (target.kind, action) {
+        (Kind::Pod, "logs" | "exec") => ("pods", "container"),
+        (Kind::VirtualMachine, "logs" | "console") => ("vms", "console"),
+        (Kind::Pod, _) => {
+            return Err(ApiError::NotFound(format!(
+                "pods have no {action}; `corral exec` runs a command in a container"
+            )));
+        }
+        (Kind::VirtualMachine, _) => {
+            return Err(ApiError::NotFound(format!(
+                "VMs have no {action}; `corral console vm/NAME` attaches to the serial console"
+            )));
+        }
+        (kind, _) => {
+            return Err(ApiError::NotFound(format!(
+                "only pods (container logs, exec) and VMs (console logs, console) have {action}; \
+                 {kind} objects have none"
+            )));
+        }
+    };
     if !matches!(caller.role, Role::Operator | Role::User) {
         return Err(ApiError::Forbidden(format!(
-            "container {action} is for people (operators and users); {} is a {:?} identity",
+            "{what} {action} is for people (operators and users); {} is a {:?} identity",
             caller.name, caller.role
         )));
     }
     let key = target.key()?;
-    let pod = server.store.get(&key).await?.ok_or_else(|| {
+    let object = server.store.get(&key).await?.ok_or_else(|| {
         ApiError::NotFound(format!(
             "{} does not exist in namespace {}",
-            pod_name(&key),
+            object_name(&key),
             key.namespace
         ))
     })?;
+    let (node, pairs) = if key.kind == Kind::Pod {
+        let status: PodStatus = object.typed_status().unwrap_or_default();
+        (status.node, container_query(&object, &key, query)?)
+    } else {
+        let node = object
+            .status
+            .get("node")
+            .and_then(|node| node.as_str())
+            .map(str::to_string);
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        (node, pairs)
+    };
+    let node = node.ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "{} is not placed on a node yet, so it has no {what} (see `corral why {}`)",
+            object_name(&key),
+            object_name(&key)
+        ))
+    })?;
+    let node_key = ObjectKey::new(Kind::Node, None, &node);
+    let node_status: NodeStatus = server
+        .store
+        .get(&node_key)
+        .await?
+        .ok_or_else(|| {
+            ApiError::Unavailable(format!(
+                "{} is bound to node {node}, which does not exist",
+                object_name(&key)
+            ))
+        })?
+        .typed_status()
+        .unwrap_or_default();
+    let endpoint = node_status.agent_endpoint.ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "node {node} reports no agent endpoint, so its {what}s cannot be reached \
+             (is its agent running, with an agent secret?)"
+        ))
+    })?;
+    let agent_url = format!(
+        "{}/v1/{agent_kind}/{}/{}/{action}",
+        endpoint.trim_end_matches('/'),
+        key.namespace,
+        key.name
+    );
+    let query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(&pairs)
+        .finish();
+    Ok(Route {
+        agent_url,
+        node,
+        query,
+    })
+}
+
+/// The query for a pod's agent, with the container filled in when the pod
+/// has only one and the request names none.
+fn container_query(
+    pod: &corral_api::Object,
+    key: &ObjectKey,
+    query: Option<&str>,
+) -> Result<Vec<(String, String)>, ApiError> {
     let spec: PodSpec = pod.typed_spec().map_err(|error| {
         ApiError::Internal(format!("{key}: stored spec is unreadable: {error}"))
     })?;
@@ -91,7 +174,7 @@ async fn route(
         (Some(container), _) if !names.contains(&container.as_str()) => {
             return Err(ApiError::NotFound(format!(
                 "{} has no container {container:?}; its containers: {}",
-                pod_name(&key),
+                object_name(key),
                 names.join(", ")
             )));
         }
@@ -100,53 +183,13 @@ async fn route(
         (None, _) => {
             return Err(ApiError::BadRequest(format!(
                 "container: {} has {} containers ({}): name one (`-c NAME`)",
-                pod_name(&key),
+                object_name(key),
                 names.len(),
                 names.join(", ")
             )));
         }
     }
-    let status: PodStatus = pod.typed_status().unwrap_or_default();
-    let node = status.node.ok_or_else(|| {
-        ApiError::Conflict(format!(
-            "{} is not placed on a node yet, so it has no containers (see `corral why {}`)",
-            pod_name(&key),
-            pod_name(&key)
-        ))
-    })?;
-    let node_key = ObjectKey::new(Kind::Node, None, &node);
-    let node_status: NodeStatus = server
-        .store
-        .get(&node_key)
-        .await?
-        .ok_or_else(|| {
-            ApiError::Unavailable(format!(
-                "{} is bound to node {node}, which does not exist",
-                pod_name(&key)
-            ))
-        })?
-        .typed_status()
-        .unwrap_or_default();
-    let endpoint = node_status.agent_endpoint.ok_or_else(|| {
-        ApiError::Unavailable(format!(
-            "node {node} reports no agent endpoint, so its containers cannot be reached \
-             (is its agent running, with an agent secret?)"
-        ))
-    })?;
-    let agent_url = format!(
-        "{}/v1/pods/{}/{}/{action}",
-        endpoint.trim_end_matches('/'),
-        key.namespace,
-        key.name
-    );
-    let query = form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(&pairs)
-        .finish();
-    Ok(Route {
-        agent_url,
-        node,
-        query,
-    })
+    Ok(pairs)
 }
 
 fn agent_request(
@@ -219,7 +262,30 @@ pub async fn exec(
     Caller(caller): Caller,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(query): RawQuery,
+    request: Request,
+) -> Result<Response, ApiError> {
+    relay(server, caller, params, query, request, "exec").await
+}
+
+/// `POST …/virtualmachines/{name}/console`: the VM's serial console, the
+/// same upgrade and relay as exec.
+pub async fn console(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    request: Request,
+) -> Result<Response, ApiError> {
+    relay(server, caller, params, query, request, "console").await
+}
+
+async fn relay(
+    server: SharedServer,
+    caller: corral_api::Identity,
+    params: HashMap<String, String>,
+    query: Option<String>,
     mut request: Request,
+    action: &str,
 ) -> Result<Response, ApiError> {
     let upgrade_asked = request
         .headers()
@@ -228,10 +294,10 @@ pub async fn exec(
         .is_some_and(|value| value.eq_ignore_ascii_case(EXEC_PROTOCOL));
     if !upgrade_asked {
         return Err(ApiError::BadRequest(format!(
-            "exec needs Connection: Upgrade and Upgrade: {EXEC_PROTOCOL}"
+            "{action} needs Connection: Upgrade and Upgrade: {EXEC_PROTOCOL}"
         )));
     }
-    let route = route(&server, &caller, &params, query.as_deref(), "exec").await?;
+    let route = route(&server, &caller, &params, query.as_deref(), action).await?;
     let response = agent_request(&server, &route, reqwest::Method::POST)?
         .header(reqwest::header::CONNECTION, "Upgrade")
         .header(reqwest::header::UPGRADE, EXEC_PROTOCOL)
@@ -246,16 +312,16 @@ pub async fn exec(
         .await
         .map_err(|error| unreachable(&route, &error))?;
     let client_upgrade = hyper::upgrade::on(&mut request);
-    tracing::info!(caller = %caller.name, agent = %route.agent_url, "exec session");
+    tracing::info!(caller = %caller.name, agent = %route.agent_url, "{action} session");
     tokio::spawn(async move {
         match client_upgrade.await {
             Ok(upgraded) => {
                 let mut client = TokioIo::new(upgraded);
                 if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut agent).await {
-                    tracing::debug!(%error, "exec relay ended");
+                    tracing::debug!(%error, "relay ended");
                 }
             }
-            Err(error) => tracing::warn!(%error, "exec: the client's connection was not upgraded"),
+            Err(error) => tracing::warn!(%error, "the client's connection was not upgraded"),
         }
     });
     Ok(Response::builder()

@@ -3,6 +3,9 @@
 //! container the pod's only one is shown; with several, `-c` must name one
 //! (the error lists them).
 //!
+//! `corral logs vm/NAME [-f] [--tail N]`: everything a VM's serial console
+//! printed (across restarts), the same way.
+//!
 //! `corral logs KIND/NAME --steps`: everything every controller did about
 //! one object, in order.
 
@@ -25,6 +28,7 @@ use crate::target::Target;
   corral logs pod/web                                 the container's output (the pod has one)
   corral logs pod/web -c side -f                      follow container side's output
   corral logs pod/web --tail 20                       the last 20 lines
+  corral logs vm/builder -f                           follow a VM's serial console output
   corral logs pod/web --steps                         every step transition and owner's line
   corral logs pod/web --steps --step acme/slow-mount  one step
   corral logs pod/web --steps --owner acme-storage    what one controller did
@@ -63,13 +67,16 @@ pub struct LogsArgs {
 pub async fn logs(config: Option<PathBuf>, args: LogsArgs) -> anyhow::Result<()> {
     let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
     if !args.steps {
-        if key.kind != Kind::Pod {
+        if !matches!(key.kind, Kind::Pod | Kind::VirtualMachine) {
             bail!(
-                "only pods have container logs; for what the workflow and its controllers did \
-                 about {}, use `corral logs {} --steps`",
+                "only pods (container output) and VMs (console output) have logs; for what \
+                 the workflow and its controllers did about {}, use `corral logs {} --steps`",
                 args.target,
                 args.target
             );
+        }
+        if key.kind == Kind::VirtualMachine && args.container.is_some() {
+            bail!("a VM has no containers; `corral logs vm/NAME` shows its console output");
         }
         let client = connect(config)?;
         let query = LogsQuery {
