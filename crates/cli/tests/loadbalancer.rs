@@ -303,6 +303,12 @@ fn a_load_balancer_forwards_ipv4_to_ready_pods_and_follows_readiness() {
     let mut expected = vec![address_a.clone(), address_b.clone()];
     expected.sort();
     assert_eq!(strings(&ready["backends"]), expected);
+    let listed = lab.corral(&["get", "lb"]);
+    assert!(
+        listed.contains("ADDRESSES") && listed.contains(&format!("{ipv4},")),
+        "{listed}"
+    );
+    assert!(listed.contains("8000→8080"), "{listed}");
 
     // An IPv4 client reaches both pods (round-robin) through the frontend.
     let url = format!("http://{ipv4}:8000/");
