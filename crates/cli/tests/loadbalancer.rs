@@ -154,29 +154,23 @@ impl Drop for ProxyGuard {
     }
 }
 
-/// Starts `corral lb-proxy` in node-0 with a controller token for `name`.
-fn start_proxy(lab: &LabGuard, logs: &Path, name: &str) -> ProxyGuard {
+/// Starts `corral lb-proxy` in node-0 with a controller token for `name`,
+/// given the server by flags or (`by_flags` false) by the lab's client
+/// config, whose token `$CORRAL_CONTROLLER_TOKEN` replaces.
+fn start_proxy(lab: &LabGuard, logs: &Path, name: &str, by_flags: bool) -> ProxyGuard {
     let token = lab.corral(&["token", "create", "--controller", name]);
     let log = logs.join(format!("{name}.log"));
     let out = std::fs::File::create(&log).expect("create the proxy log");
     let server = lab.state["server"].as_str().expect("lab.json server");
     let ca = lab.dir.join("server").join("tls").join("ca.pem");
     let (ipv4, ipv6) = (lab.node_field(0, "ipv4"), lab.node_field(0, "ipv6"));
-    let mut command = lab.command(
-        "node-0",
-        &[
-            CORRAL,
-            "lb-proxy",
-            "--server",
-            server,
-            "--ca",
-            &ca.to_string_lossy(),
-            "--listen-v4",
-            &ipv4,
-            "--listen-v6",
-            &ipv6,
-        ],
-    );
+    let ca = ca.to_string_lossy();
+    let mut args = vec![CORRAL, "lb-proxy"];
+    if by_flags {
+        args.extend(["--server", server, "--ca", &ca]);
+    }
+    args.extend(["--listen-v4", &ipv4, "--listen-v6", &ipv6]);
+    let mut command = lab.command("node-0", &args);
     command
         .env("CORRAL_CONTROLLER_TOKEN", token.trim())
         .env("CORRAL_LOG", "info,corral_controllers=debug")
@@ -265,7 +259,7 @@ fn a_load_balancer_forwards_ipv4_to_ready_pods_and_follows_readiness() {
     let tar =
         corral_testkit::busybox_image_tar(scratch.path(), corral_testkit::ImageFormat::OciLayout);
     let lab = LabGuard::up(&tar);
-    let proxy = start_proxy(&lab, scratch.path(), "lb-l4-proxy");
+    let proxy = start_proxy(&lab, scratch.path(), "lb-l4-proxy", true);
 
     // The proxy registers as the owner of LoadBalancer:status.
     let owner = wait_for("lb-l4-proxy to register", Duration::from_secs(30), || {
@@ -359,7 +353,7 @@ fn a_load_balancer_forwards_ipv4_to_ready_pods_and_follows_readiness() {
         ),
         "{refused}"
     );
-    let mut rival = start_proxy(&lab, scratch.path(), "lb-rival");
+    let mut rival = start_proxy(&lab, scratch.path(), "lb-rival", false);
     let exited = wait_for(
         "the rival proxy to give up",
         Duration::from_secs(30),
