@@ -318,6 +318,10 @@ fn a_load_balancer_forwards_ipv4_to_ready_pods_and_follows_readiness() {
         bodies.iter().any(|b| b == "from-a") && bodies.iter().any(|b| b == "from-b"),
         "round-robin must reach both pods: {bodies:?}"
     );
+    // The IPv6 frontend serves the same LoadBalancer.
+    let url6 = format!("http://[{}]:8000/", lab.node_field(0, "ipv6"));
+    let body6 = fetch(&lab, &url6).expect("a response through the IPv6 frontend");
+    assert!(body6 == "from-a" || body6 == "from-b", "{body6}");
 
     // web-a turns unready: the backends follow, all traffic goes to web-b.
     lab.corral(&["exec", "pod/web-a", "--", "rm", "/tmp/ready"]);

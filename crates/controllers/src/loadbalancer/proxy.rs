@@ -77,7 +77,9 @@ impl Proxy {
     }
 
     /// Makes the proxy serve exactly `routes`: new ports start listening,
-    /// gone ports stop (open connections finish), backends are swapped.
+    /// gone ports stop listening and close their open connections, and
+    /// changed backend sets are swapped (open connections keep their
+    /// backend; new ones use the new set).
     /// Returns the ports that could not listen; they are retried on the
     /// next call.
     pub fn apply(&mut self, routes: &BTreeMap<u16, Route>) -> BTreeMap<u16, ProxyError> {
