@@ -6,7 +6,7 @@ use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::OwnedFd;
 
 use corral_api::Object;
-use corral_api::kinds::{PinnedDeploymentSpec, PodPhase, PodStatus};
+use corral_api::kinds::{PinnedDeploymentSpec, PodStatus};
 use corral_net::dns::DnsTable;
 use nix::sys::socket::{
     AddressFamily, SockFlag, SockType, SockaddrIn6, bind, setsockopt, socket, sockopt,
@@ -14,14 +14,6 @@ use nix::sys::socket::{
 
 /// The DNS port pods query.
 pub const PORT: u16 = 53;
-
-/// Whether a pod counts as ready for a PinnedDeployment's name: running,
-/// with every container ready.
-fn ready(status: &PodStatus) -> bool {
-    status.phase == PodPhase::Running
-        && !status.containers.is_empty()
-        && status.containers.iter().all(|c| c.ready)
-}
 
 /// The table for these pods and PinnedDeployments: every pod with an
 /// address by name, and each PinnedDeployment's ready pods (those in its
@@ -52,7 +44,7 @@ pub fn build_table(pods: &[Object], deployments: &[Object]) -> DnsTable {
                     .selector
                     .iter()
                     .all(|(k, v)| pod.metadata.labels.get(k) == Some(v));
-            if matches && ready(status) {
+            if matches && status.is_ready() {
                 table.add_deployment_pod(&namespace, name, *address);
             }
         }

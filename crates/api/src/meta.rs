@@ -22,25 +22,27 @@ pub enum Kind {
     Policy,
     Controller,
     VirtualMachine,
+    LoadBalancer,
 }
 
 /// A kind name that matches no kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm)"
+    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb)"
 )]
 pub struct UnknownKind {
     pub given: String,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Pod,
         Kind::Node,
         Kind::PinnedDeployment,
         Kind::Policy,
         Kind::Controller,
         Kind::VirtualMachine,
+        Kind::LoadBalancer,
     ];
 
     /// The canonical name, as written in manifests (`Pod`).
@@ -52,6 +54,7 @@ impl Kind {
             Kind::Policy => "Policy",
             Kind::Controller => "Controller",
             Kind::VirtualMachine => "VirtualMachine",
+            Kind::LoadBalancer => "LoadBalancer",
         }
     }
 
@@ -64,6 +67,7 @@ impl Kind {
             Kind::Policy => "policies",
             Kind::Controller => "controllers",
             Kind::VirtualMachine => "virtualmachines",
+            Kind::LoadBalancer => "loadbalancers",
         }
     }
 
@@ -76,6 +80,7 @@ impl Kind {
             Kind::Policy => "policy",
             Kind::Controller => "controller",
             Kind::VirtualMachine => "vm",
+            Kind::LoadBalancer => "lb",
         }
     }
 
@@ -84,7 +89,7 @@ impl Kind {
     pub fn is_namespaced(self) -> bool {
         matches!(
             self,
-            Kind::Pod | Kind::PinnedDeployment | Kind::VirtualMachine
+            Kind::Pod | Kind::PinnedDeployment | Kind::VirtualMachine | Kind::LoadBalancer
         )
     }
 }
@@ -108,6 +113,7 @@ impl FromStr for Kind {
             "policy" | "policies" => Kind::Policy,
             "controller" | "controllers" | "ctrl" => Kind::Controller,
             "virtualmachine" | "virtualmachines" | "vm" | "vms" => Kind::VirtualMachine,
+            "loadbalancer" | "loadbalancers" | "lb" | "lbs" => Kind::LoadBalancer,
             _ => {
                 return Err(UnknownKind {
                     given: given.to_string(),

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ControllerSpec, NodeSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, VirtualMachineSpec,
+    ControllerSpec, LoadBalancerSpec, NodeSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe,
+    VirtualMachineSpec,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -157,6 +158,11 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
                 check_vm(&mut checker, &spec);
             }
         }
+        Kind::LoadBalancer => {
+            if let Some(spec) = decode_spec::<LoadBalancerSpec>(&mut checker, &object.spec) {
+                check_load_balancer(&mut checker, &spec);
+            }
+        }
     }
     if checker.errors.is_empty() {
         Ok(())
@@ -185,6 +191,7 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
         Kind::Policy => round_trip::<PolicySpec>(&spec),
         Kind::Controller => round_trip::<ControllerSpec>(&spec),
         Kind::VirtualMachine => round_trip::<VirtualMachineSpec>(&spec),
+        Kind::LoadBalancer => round_trip::<LoadBalancerSpec>(&spec),
     };
     canonical.unwrap_or(spec)
 }
@@ -319,6 +326,44 @@ fn check_pinned(checker: &mut Checker, spec: &PinnedDeploymentSpec) {
             }
         }
         check_pod(checker, &format!("{prefix}.spec"), &template.spec);
+    }
+}
+
+fn check_load_balancer(checker: &mut Checker, spec: &LoadBalancerSpec) {
+    if spec.selector.is_empty() {
+        checker.fail("spec.selector", "must hold at least one label");
+    }
+    checker.labels("spec.selector", &spec.selector);
+    if spec.ports.is_empty() {
+        checker.fail("spec.ports", "must list at least one port");
+    }
+    let mut ports = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for (index, port) in spec.ports.iter().enumerate() {
+        let path = format!("spec.ports[{index}]");
+        if port.port == 0 {
+            checker.fail(format!("{path}.port"), "must be between 1 and 65535");
+        } else if !ports.insert(port.port) {
+            checker.fail(
+                format!("{path}.port"),
+                format!("duplicate port {}", port.port),
+            );
+        }
+        if port.target_port == 0 {
+            checker.fail(format!("{path}.targetPort"), "must be between 1 and 65535");
+        }
+        if let Some(name) = &port.name {
+            checker.dns_label(&format!("{path}.name"), name);
+            if !names.insert(name.as_str()) {
+                checker.fail(
+                    format!("{path}.name"),
+                    format!("duplicate port name {name:?}"),
+                );
+            }
+        }
+    }
+    if let Some(class) = &spec.class {
+        checker.dns_label("spec.class", class);
     }
 }
 
@@ -488,6 +533,54 @@ mod tests {
         assert!(
             errors[0].starts_with("spec.grant[1]: host path"),
             "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn load_balancers_need_a_selector_and_distinct_ports() {
+        let object = Object::new(
+            Kind::LoadBalancer,
+            None,
+            "front",
+            json!({
+                "selector": {},
+                "ports": [
+                    {"name": "http", "port": 80, "targetPort": 8080},
+                    {"name": "http", "port": 80, "targetPort": 0}
+                ],
+                "class": "Bad_Class"
+            }),
+        );
+        let errors = messages(&object);
+        assert_eq!(errors.len(), 5, "{errors:?}");
+        assert_eq!(errors[0], "spec.selector: must hold at least one label");
+        assert_eq!(errors[1], "spec.ports[1].port: duplicate port 80");
+        assert_eq!(
+            errors[2],
+            "spec.ports[1].targetPort: must be between 1 and 65535"
+        );
+        assert_eq!(
+            errors[3],
+            "spec.ports[1].name: duplicate port name \"http\""
+        );
+        assert!(errors[4].starts_with("spec.class: "), "{errors:?}");
+        let good = Object::new(
+            Kind::LoadBalancer,
+            None,
+            "front",
+            json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}),
+        );
+        assert!(validate_object(&good).is_ok());
+        let unknown = Object::new(
+            Kind::LoadBalancer,
+            None,
+            "front",
+            json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080, "protocol": "sctp"}]}),
+        );
+        assert!(
+            messages(&unknown)[0].starts_with("spec.ports[0].protocol"),
+            "{:?}",
+            messages(&unknown)
         );
     }
 

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    apply, console, controllers, datastore, exec, get, history, image, lab, node, rollout,
+    apply, console, controllers, datastore, exec, get, history, image, lab, lb, node, rollout,
     security, token, up, workflow,
 };
 
@@ -63,6 +63,10 @@ enum Command {
     /// Copy a cluster's whole store — objects, every revision with its
     /// author and message, tokens, step logs — from SQLite to etcd.
     Migrate(datastore::MigrateArgs),
+    /// Run the default load balancer: register as owner of
+    /// LoadBalancer:status and proxy TCP from IPv4/IPv6 frontends to the
+    /// ready pods (needs a controller token).
+    LbProxy(lb::LbProxyArgs),
     /// Import, list and prune the images on this node.
     Image(image::ImageArgs),
     /// Create or update the objects in a manifest (YAML or JSON, several
@@ -146,6 +150,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Server(args) => up::server(args).await,
         Command::Agent(args) => up::agent(args).await,
         Command::Image(args) => image::run(args).await,
+        Command::LbProxy(args) => lb::lb_proxy(config, args).await,
         Command::Lab(args) => lab::run(args).await,
         Command::Migrate(args) => datastore::migrate(args).await,
         Command::Apply(args) => apply::apply(config, args).await,

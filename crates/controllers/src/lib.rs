@@ -2,7 +2,9 @@
 //! `status.node`) and IPAM (`ipam/assign-prefix` for nodes,
 //! `ipam/assign-address` for pods; owns `status.prefix` and
 //! `status.address`), node-lifecycle (a Node's `status.phase`) and
-//! pinned-deployment (a PinnedDeployment's `status` and the pods it manages).
+//! pinned-deployment (a PinnedDeployment's `status` and the pods it manages),
+//! and the default load balancer (`loadbalancer`: an L4 proxy controller
+//! that runs outside the server, as `corral lb-proxy`, like any add-on).
 //!
 //! They have no back door: each holds its own controller token and reads
 //! and writes through the API, claiming and completing its workflow steps
@@ -13,6 +15,7 @@
 pub mod evacuate;
 pub mod ipam;
 pub mod lifecycle;
+pub mod loadbalancer;
 pub mod pinned;
 pub mod scheduler;
 mod steps;

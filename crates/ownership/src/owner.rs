@@ -241,6 +241,9 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
             rows.push(row("status", controller(PINNED_DEPLOYMENT)));
             rows
         }
+        // The status belongs to whichever LB controller registers for it;
+        // until one does, nobody serves LoadBalancers.
+        Kind::LoadBalancer => people_meta(Owner::People),
         Kind::Policy => people_meta(Owner::Operators),
         Kind::Controller => people_meta(Owner::Registrant),
     }

@@ -227,6 +227,26 @@ fn a_second_owner_is_refused_naming_the_first() {
 }
 
 #[test]
+fn one_lb_controller_owns_load_balancer_status() {
+    let empty = Registry::default();
+    empty
+        .check_registration("lb-l4-proxy", &spec(&["LoadBalancer:status"], &[]))
+        .expect("nobody owns a LoadBalancer's status by default");
+    let registry = registry(&[("lb-l4-proxy", spec(&["LoadBalancer:status"], &[]))]);
+    let error = registry
+        .check_registration("lb-other", &spec(&["LoadBalancer:status.addresses"], &[]))
+        .expect_err("a second LB controller");
+    assert_eq!(
+        error.to_string(),
+        "LoadBalancer:status.addresses is already owned by controller lb-l4-proxy; controller lb-other may not register it"
+    );
+    let error = empty
+        .check_registration("lb-other", &spec(&["LoadBalancer:spec.ports"], &[]))
+        .expect_err("the spec is people's");
+    assert!(error.to_string().contains("owned by people"), "{error}");
+}
+
+#[test]
 fn defaults_count_as_owners_for_registration() {
     let registry = Registry::default();
     let error = registry

@@ -5,6 +5,7 @@
 //! read leniently.
 
 mod controller;
+mod loadbalancer;
 mod node;
 mod pinned;
 mod pod;
@@ -12,6 +13,9 @@ mod policy;
 mod vm;
 
 pub use controller::{ControllerSpec, StepRegistration};
+pub use loadbalancer::{
+    DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
+};
 pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus};
 pub use pinned::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
@@ -36,5 +40,6 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         Kind::Policy => generator.subschema_for::<PolicySpec>(),
         Kind::Controller => generator.subschema_for::<ControllerSpec>(),
         Kind::VirtualMachine => generator.subschema_for::<VirtualMachineSpec>(),
+        Kind::LoadBalancer => generator.subschema_for::<LoadBalancerSpec>(),
     }
 }

@@ -235,6 +235,17 @@ pub struct PodStatus {
     pub containers: Vec<ContainerStatus>,
 }
 
+impl PodStatus {
+    /// Whether the pod should receive traffic: running, with every
+    /// container ready. DNS names of a PinnedDeployment and load balancer
+    /// backends list exactly these pods.
+    pub fn is_ready(&self) -> bool {
+        self.phase == PodPhase::Running
+            && !self.containers.is_empty()
+            && self.containers.iter().all(|c| c.ready)
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum PodPhase {
     #[default]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use chrono::Utc;
 use clap::Args;
-use corral_api::kinds::PodStatus;
+use corral_api::kinds::{LoadBalancerSpec, LoadBalancerStatus, PodStatus};
 use corral_api::{Kind, Object};
 
 use super::connect;
@@ -70,6 +70,11 @@ fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool)
         if wide {
             headers.extend(["ADDRESS", "UID"]);
         }
+    } else if kind == Kind::LoadBalancer {
+        headers.extend(["ADDRESSES", "PORTS", "READY"]);
+        if wide {
+            headers.push("UID");
+        }
     } else if wide {
         headers.push("UID");
     }
@@ -90,6 +95,9 @@ fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool)
                 row.push(status.address.clone().unwrap_or_else(|| "-".into()));
             }
         }
+        if kind == Kind::LoadBalancer {
+            row.extend(load_balancer_columns(object));
+        }
         if wide {
             row.push(object.metadata.uid.clone());
         }
@@ -97,6 +105,27 @@ fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool)
         table.row(row);
     }
     table.print();
+}
+
+/// ADDRESSES, PORTS (`port→targetPort`) and READY of a LoadBalancer.
+fn load_balancer_columns(object: &Object) -> [String; 3] {
+    let status: LoadBalancerStatus = object.typed_status().unwrap_or_default();
+    let ports = object
+        .typed_spec::<LoadBalancerSpec>()
+        .map(|spec| {
+            spec.ports
+                .iter()
+                .map(|p| format!("{}→{}", p.port, p.target_port))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    let addresses = if status.addresses.is_empty() {
+        "-".to_string()
+    } else {
+        status.addresses.join(",")
+    };
+    [addresses, ports, status.ready.to_string()]
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ pub mod get;
 pub mod history;
 pub mod image;
 pub mod lab;
+pub mod lb;
 pub mod node;
 pub mod rollout;
 pub mod security;

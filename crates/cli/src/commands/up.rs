@@ -636,7 +636,7 @@ fn create_private_dir(path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data dir {}", path.display()))
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+pub(crate) async fn stop_on_signal(shutdown: CancellationToken) {
     let (Ok(mut interrupt), Ok(mut terminate)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
@@ -651,7 +651,7 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
