@@ -53,6 +53,10 @@ pub struct PodWorker {
     /// Lines the step just executed produced for its step log (a volume
     /// plugin's output), sent before its outcome.
     step_log: Vec<String>,
+    /// Step attempts this worker executed and reported (instance, step,
+    /// attempt): a stale view of the pod (an older watch event) can still
+    /// show one running, and it must not run twice.
+    finished: std::collections::BTreeSet<(String, String, u32)>,
 }
 
 /// Where one container's probes stand.
@@ -79,6 +83,7 @@ impl PodWorker {
             probes: BTreeMap::new(),
             readiness_wait: None,
             step_log: Vec::new(),
+            finished: Default::default(),
         }
     }
 
@@ -249,10 +254,17 @@ impl PodWorker {
         let mut attempted = std::collections::BTreeSet::new();
         while is_running(&instance) {
             let running = node_steps(&instance, "running");
+            let attempt_of = |instance: &WorkflowInstance, step: &str| {
+                let attempts = instance.step(step).map_or(0, |s| s.attempts);
+                (instance.id.clone(), step.to_string(), attempts)
+            };
             let Some(step) = running
                 .iter()
                 .chain(node_steps(&instance, "ready").iter())
-                .find(|step| !attempted.contains(*step))
+                .find(|step| {
+                    !attempted.contains(*step)
+                        && !self.finished.contains(&attempt_of(&instance, step))
+                })
                 .cloned()
             else {
                 return;
@@ -290,8 +302,12 @@ impl PodWorker {
                 }
                 StepOutcome::NotYet => continue,
             };
+            let attempt = attempt_of(&instance, &step);
             match self.ctx.steps.act(&self.key(), &action).await {
-                Ok(fresh) => instance = self.remember(fresh),
+                Ok(fresh) => {
+                    self.finished.insert(attempt);
+                    instance = self.remember(fresh);
+                }
                 Err(error) => {
                     tracing::debug!(pod = %self.key(), %step, %error, "cannot report step");
                     return;
