@@ -55,7 +55,8 @@ pub struct PodWorker {
     step_log: Vec<String>,
     /// Step attempts this worker executed and reported (instance, step,
     /// attempt): a stale view of the pod (an older watch event) can still
-    /// show one running, and it must not run twice.
+    /// show one running, and it must not run twice. (A step ready for a
+    /// retry shows the failed attempt's number too, but is claimed first.)
     finished: std::collections::BTreeSet<(String, String, u32)>,
 }
 
@@ -262,8 +263,11 @@ impl PodWorker {
                 .iter()
                 .chain(node_steps(&instance, "ready").iter())
                 .find(|step| {
+                    // A ready step is claimed first (a stale one is refused);
+                    // a running one we already reported is a stale view.
                     !attempted.contains(*step)
-                        && !self.finished.contains(&attempt_of(&instance, step))
+                        && !(running.contains(*step)
+                            && self.finished.contains(&attempt_of(&instance, step)))
                 })
                 .cloned()
             else {
