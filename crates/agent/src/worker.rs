@@ -265,9 +265,9 @@ impl PodWorker {
                 .find(|step| {
                     // A ready step is claimed first (a stale one is refused);
                     // a running one we already reported is a stale view.
-                    !attempted.contains(*step)
-                        && !(running.contains(*step)
-                            && self.finished.contains(&attempt_of(&instance, step)))
+                    let reported = running.contains(*step)
+                        && self.finished.contains(&attempt_of(&instance, step));
+                    !attempted.contains(*step) && !reported
                 })
                 .cloned()
             else {
