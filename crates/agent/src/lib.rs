@@ -21,6 +21,8 @@ pub mod manager;
 pub mod network;
 pub mod node;
 pub mod plan;
+pub mod plugin_volumes;
+pub mod plugins;
 pub mod probes;
 pub mod sandbox;
 pub mod serve;
@@ -60,6 +62,8 @@ pub struct AgentContext {
     pub network: Option<Arc<network::PodNetwork>>,
     /// Revisions whose images stay on the node (rollback without a pull).
     pub image_revisions: usize,
+    /// The node's volume plugins.
+    pub plugins: plugins::Plugins,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -86,6 +90,9 @@ pub struct AgentConfig {
     /// The pod network's node-local settings; `None` leaves pods with
     /// loopback only.
     pub network: Option<network::NetworkConfig>,
+    /// Where volume plugins are installed besides `DATA/plugins`; `None`:
+    /// [`plugins::DEFAULT_PLUGIN_DIR`].
+    pub volume_plugin_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +194,13 @@ pub fn context(
         )?),
         network: None,
         image_revisions: config.image_revisions,
+        plugins: plugins::Plugins::new(vec![
+            data.join("plugins"),
+            config
+                .volume_plugin_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(plugins::DEFAULT_PLUGIN_DIR)),
+        ]),
     })
 }
 

@@ -5,7 +5,8 @@ use async_trait::async_trait;
 use corral_api::Object;
 use corral_api::ObjectKey;
 use corral_api::workflow::{
-    StepActionKind, StepActionRequest, WorkflowInstance, WorkflowOutcome, WorkflowStatus,
+    StepActionKind, StepActionRequest, StepExecutor, WorkflowInstance, WorkflowOutcome,
+    WorkflowStatus,
 };
 use corral_client::Client;
 
@@ -58,13 +59,18 @@ pub fn is_running(instance: &WorkflowInstance) -> bool {
     instance.outcome == WorkflowOutcome::Running
 }
 
-/// Node-owned steps of the instance in the given phase (`ready`,
+/// Steps the node executes (its own, and those a controller delegated to
+/// it with `executor: node`) of the instance in the given phase (`ready`,
 /// `running`, …), in graph order.
 pub fn node_steps(instance: &WorkflowInstance, phase: &str) -> Vec<String> {
     instance
         .steps
         .iter()
-        .filter(|step| step.definition.owner == NODE_OWNER && step.state.phase() == phase)
+        .filter(|step| {
+            (step.definition.owner == NODE_OWNER
+                || step.definition.executor == Some(StepExecutor::Node))
+                && step.state.phase() == phase
+        })
         .map(|step| step.definition.name.clone())
         .collect()
 }

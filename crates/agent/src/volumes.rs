@@ -7,6 +7,10 @@
 //! - `local`: `DATA/volumes/NAME/data`, a named node-local volume that
 //!   outlives every pod using it (a VM's `disk.volume` lives beside it as
 //!   `DATA/volumes/NAME/disk.qcow2`).
+//! - `plugin`: `DATA/pods/UID/volumes/NAME`, made and handed to the pod
+//!   here like an emptyDir, then filled or mounted over by the volume
+//!   plugin's own steps (`crate::plugins`); a plugin may answer another
+//!   path, recorded in `DATA/pods/UID/plugin-volumes/NAME.path`.
 //!
 //! Directories are created by root; [`VolumeOwner`] gives them to the pod:
 //! [`PodRange`] hands a volume to the pod's user-namespace range (shifting
@@ -35,8 +39,6 @@ pub enum VolumeError {
         #[source]
         source: nix::errno::Errno,
     },
-    #[error("volume {0} is a plugin volume; plugins are not supported on this node yet")]
-    Plugin(String),
     #[error("volume {0} sets no source (emptyDir, local or plugin)")]
     NoSource(String),
 }
@@ -140,7 +142,13 @@ pub fn volume_path(pods_dir: &Path, uid: &str, volume: &Volume) -> Result<Volume
         });
     }
     if volume.plugin.is_some() {
-        return Err(VolumeError::Plugin(volume.name.clone()));
+        return Ok(VolumePath {
+            name: volume.name.clone(),
+            path: crate::containers::pod_dir(pods_dir, uid)
+                .join("volumes")
+                .join(&volume.name),
+            memory: false,
+        });
     }
     Err(VolumeError::NoSource(volume.name.clone()))
 }
@@ -177,17 +185,28 @@ pub fn prepare(
             })?;
         }
         owner.adopt(&place.path).map_err(io)?;
-        notes.push(format!("{} at {}", volume.name, place.path.display()));
+        match &volume.plugin {
+            Some(plugin) => notes.push(format!(
+                "{} at {} (filled by plugin {})",
+                volume.name,
+                place.path.display(),
+                plugin.driver
+            )),
+            None => notes.push(format!("{} at {}", volume.name, place.path.display())),
+        }
     }
     Ok(notes.join(", "))
 }
 
-/// Unmounts the pod's memory-backed emptyDirs; the directories go with the
-/// pod's directory. `local` volumes are left alone: they outlive the pod.
+/// Unmounts the pod's memory-backed emptyDirs, and whatever a plugin left
+/// mounted in the pod's directory (its `unmount` ran before), so removing
+/// the pod's directory never reaches into a mounted filesystem; the
+/// directories go with the pod's directory. `local` volumes are left
+/// alone: they outlive the pod.
 pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) {
     for volume in &spec.volumes {
         if let Ok(place) = volume_path(pods_dir, uid, volume)
-            && place.memory
+            && (place.memory || volume.plugin.is_some())
             && is_mount_point(&place.path)
         {
             let _ = nix::mount::umount2(&place.path, nix::mount::MntFlags::MNT_DETACH);
@@ -208,7 +227,12 @@ pub fn container_mounts(
         .filter_map(|mount| {
             let volume = spec.volumes.iter().find(|v| v.name == mount.volume)?;
             Some(volume_path(pods_dir, uid, volume).map(|place| BindMount {
-                source: place.path,
+                source: match volume.plugin {
+                    Some(_) => {
+                        recorded_plugin_path(pods_dir, uid, &volume.name).unwrap_or(place.path)
+                    }
+                    None => place.path,
+                },
                 destination: mount.path.clone(),
                 read_only: mount.read_only,
             }))
@@ -216,7 +240,40 @@ pub fn container_mounts(
         .collect()
 }
 
-fn is_mount_point(path: &Path) -> bool {
+/// The file recording where plugin volume `volume` of pod `uid` is.
+fn plugin_path_file(pods_dir: &Path, uid: &str, volume: &str) -> PathBuf {
+    crate::containers::pod_dir(pods_dir, uid)
+        .join("plugin-volumes")
+        .join(format!("{volume}.path"))
+}
+
+/// Records where a plugin put volume `volume` (its `prepare` or `mount`
+/// answer, already accepted).
+pub fn record_plugin_path(
+    pods_dir: &Path,
+    uid: &str,
+    volume: &str,
+    path: &Path,
+) -> Result<(), VolumeError> {
+    let file = plugin_path_file(pods_dir, uid, volume);
+    let io = |source| VolumeError::Io {
+        volume: volume.to_string(),
+        path: file.clone(),
+        source,
+    };
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    std::fs::write(&file, path.as_os_str().as_encoded_bytes()).map_err(io)
+}
+
+/// Where a plugin last said volume `volume` is, if it said.
+pub fn recorded_plugin_path(pods_dir: &Path, uid: &str, volume: &str) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(plugin_path_file(pods_dir, uid, volume)).ok()?;
+    Some(PathBuf::from(text)).filter(|p| p.is_absolute())
+}
+
+pub(crate) fn is_mount_point(path: &Path) -> bool {
     let target = path.to_string_lossy();
     std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
@@ -261,10 +318,10 @@ mod tests {
             volume_path(pods, "u1", &spec.volumes[2]).unwrap().path,
             Path::new("/d/volumes/web-data/data")
         );
-        assert!(matches!(
-            volume_path(pods, "u1", &spec.volumes[3]),
-            Err(VolumeError::Plugin(_))
-        ));
+        assert_eq!(
+            volume_path(pods, "u1", &spec.volumes[3]).unwrap().path,
+            Path::new("/d/pods/u1/volumes/nfs")
+        );
     }
 
     #[test]
@@ -286,6 +343,23 @@ mod tests {
         assert_eq!(mounts[0].destination, "/data");
         assert_eq!(mounts[0].source, Path::new("/d/volumes/web-data/data"));
         assert!(mounts[1].read_only);
+    }
+
+    #[test]
+    fn a_plugin_volume_is_bound_from_where_its_plugin_put_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pods = dir.path().join("pods");
+        let mut spec = spec();
+        spec.containers[0].mounts[0].volume = "nfs".into();
+        let from = |spec: &PodSpec| {
+            container_mounts(&pods, "u1", spec, &spec.containers[0]).unwrap()[0]
+                .source
+                .clone()
+        };
+        assert_eq!(from(&spec), pods.join("u1/volumes/nfs"));
+        record_plugin_path(&pods, "u1", "nfs", Path::new("/srv/export")).unwrap();
+        assert_eq!(from(&spec), Path::new("/srv/export"));
+        assert_eq!(recorded_plugin_path(&pods, "u2", "nfs"), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use crate::containers::ContainerError;
 use crate::idranges::IdRanges;
 use crate::plan::{RevisionPlan, plan_revision, pod_phase, restart_at};
+use crate::plugins::Verb;
 use crate::probes;
 use crate::sandbox::{self, PodSandbox};
 use crate::state::PodRecord;
@@ -49,6 +50,14 @@ pub struct PodWorker {
     probes: BTreeMap<String, ProbeState>,
     /// When `node/await-readiness` began waiting for a revision.
     readiness_wait: Option<(u64, Instant)>,
+    /// Lines the step just executed produced for its step log (a volume
+    /// plugin's output), sent before its outcome.
+    step_log: Vec<String>,
+    /// Step attempts this worker executed and reported (instance, step,
+    /// attempt): a stale view of the pod (an older watch event) can still
+    /// show one running, and it must not run twice. (A step ready for a
+    /// retry shows the failed attempt's number too, but is claimed first.)
+    finished: std::collections::BTreeSet<(String, String, u32)>,
 }
 
 /// Where one container's probes stand.
@@ -74,6 +83,8 @@ impl PodWorker {
             reported: None,
             probes: BTreeMap::new(),
             readiness_wait: None,
+            step_log: Vec::new(),
+            finished: Default::default(),
         }
     }
 
@@ -237,17 +248,27 @@ impl PodWorker {
         let Some(mut instance) = instance_for(&self.desired, desired_revision) else {
             if desired_revision > self.record.admitted_revision {
                 // No workflow for this revision (none was recorded): admit directly.
-                let _ = self.run_step("node/start-containers").await;
+                let _ = self.run_step("node/start-containers", None).await;
             }
             return;
         };
         let mut attempted = std::collections::BTreeSet::new();
         while is_running(&instance) {
             let running = node_steps(&instance, "running");
+            let attempt_of = |instance: &WorkflowInstance, step: &str| {
+                let attempts = instance.step(step).map_or(0, |s| s.attempts);
+                (instance.id.clone(), step.to_string(), attempts)
+            };
             let Some(step) = running
                 .iter()
                 .chain(node_steps(&instance, "ready").iter())
-                .find(|step| !attempted.contains(*step))
+                .find(|step| {
+                    // A ready step is claimed first (a stale one is refused);
+                    // a running one we already reported is a stale view.
+                    let reported = running.contains(*step)
+                        && self.finished.contains(&attempt_of(&instance, step));
+                    !attempted.contains(*step) && !reported
+                })
                 .cloned()
             else {
                 return;
@@ -264,7 +285,15 @@ impl PodWorker {
                     }
                 }
             }
-            let action = match self.run_step(&step).await {
+            let outcome = self.run_step(&step, Some(&instance)).await;
+            for line in std::mem::take(&mut self.step_log) {
+                let mut log = request(StepActionKind::Log, &step, &instance.id);
+                log.message = Some(line);
+                if let Err(error) = self.ctx.steps.act(&self.key(), &log).await {
+                    tracing::debug!(pod = %self.key(), %step, %error, "cannot log for step");
+                }
+            }
+            let action = match outcome {
                 StepOutcome::Done(note) => {
                     let mut done = request(StepActionKind::Complete, &step, &instance.id);
                     done.note = note;
@@ -277,8 +306,12 @@ impl PodWorker {
                 }
                 StepOutcome::NotYet => continue,
             };
+            let attempt = attempt_of(&instance, &step);
             match self.ctx.steps.act(&self.key(), &action).await {
-                Ok(fresh) => instance = self.remember(fresh),
+                Ok(fresh) => {
+                    self.finished.insert(attempt);
+                    instance = self.remember(fresh);
+                }
                 Err(error) => {
                     tracing::debug!(pod = %self.key(), %step, %error, "cannot report step");
                     return;
@@ -305,8 +338,9 @@ impl PodWorker {
         fresh
     }
 
-    /// Executes one node step for the desired revision.
-    async fn run_step(&mut self, step: &str) -> StepOutcome {
+    /// Executes one node step for the desired revision (`instance`: the
+    /// workflow instance it belongs to, if any).
+    async fn run_step(&mut self, step: &str, instance: Option<&WorkflowInstance>) -> StepOutcome {
         let Some(spec) = typed_spec(&self.desired) else {
             return StepOutcome::Failed("the pod's spec does not decode".into());
         };
@@ -335,18 +369,19 @@ impl PodWorker {
                 }
             }
             "node/prepare-volumes" => {
+                let missing = instance
+                    .map(|i| crate::plugin_volumes::missing_steps(i, &spec))
+                    .unwrap_or_default();
+                if !missing.is_empty() {
+                    return StepOutcome::Failed(format!(
+                        "the pod's plugin volumes need the steps {} executed by the node, and this workflow has none: an operator registers them with a Controller named after the plugin (steps PLUGIN/prepare and PLUGIN/mount, executor: node; see examples/volume-plugins)",
+                        missing.join(", ")
+                    ));
+                }
                 let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
                 let ranges = self.ctx.id_ranges.clone();
                 let prepared = tokio::task::spawn_blocking(move || {
-                    // Volumes belong to the pod's id range (allocated here
-                    // if the sandbox is not made yet; allocation is idempotent).
-                    let relax = sandbox::relaxations(&spec).map_err(|e| e.to_string())?;
-                    let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
-                    let host_base = if sandbox::wants_user_namespace(&relax, runtime) {
-                        Some(ranges.allocate(&uid)?)
-                    } else {
-                        None
-                    };
+                    let host_base = pod_host_base(&ranges, &uid, &spec)?;
                     let owner = crate::volumes::PodRange { host_base };
                     crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
                         .map_err(|e| crate::chain(&e))
@@ -417,7 +452,44 @@ impl PodWorker {
                     StepOutcome::NotYet
                 }
             }
-            other => StepOutcome::Failed(format!("this node does not know step {other}")),
+            other => {
+                let delegated = instance.and_then(|i| i.step(other)).is_some_and(|s| {
+                    s.definition.executor == Some(corral_api::workflow::StepExecutor::Node)
+                });
+                match Verb::of_step(other) {
+                    Some((plugin, verb)) if delegated => {
+                        self.plugin_step(spec, plugin.to_string(), verb).await
+                    }
+                    _ => StepOutcome::Failed(format!("this node does not know step {other}")),
+                }
+            }
+        }
+    }
+
+    /// Runs a volume plugin's delegated step (`PLUGIN/prepare` or
+    /// `PLUGIN/mount`) for the desired revision's volumes of that plugin.
+    async fn plugin_step(&mut self, spec: PodSpec, plugin: String, verb: Verb) -> StepOutcome {
+        let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
+        let (ranges, plugins) = (self.ctx.id_ranges.clone(), self.ctx.plugins.clone());
+        let pod = self.desired.clone();
+        let run = tokio::task::spawn_blocking(move || {
+            let host_base = pod_host_base(&ranges, &uid, &spec)?;
+            let range = crate::volumes::PodRange { host_base };
+            Ok::<_, String>(crate::plugin_volumes::run_step(
+                &plugins, &pods_dir, &pod, &spec, range, &plugin, verb,
+            ))
+        })
+        .await;
+        match run {
+            Ok(Ok(run)) => {
+                self.step_log = run.log;
+                match run.result {
+                    Ok(note) => StepOutcome::Done(note),
+                    Err(error) => StepOutcome::Failed(error),
+                }
+            }
+            Ok(Err(error)) => StepOutcome::Failed(error),
+            Err(error) => StepOutcome::Failed(error.to_string()),
         }
     }
 
@@ -815,6 +887,22 @@ impl PodWorker {
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));
         let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;
+        let (plugins, pods_dir, pod) = (
+            self.ctx.plugins.clone(),
+            self.ctx.runner.pods_dir.clone(),
+            self.record.pod.clone(),
+        );
+        let host_uid = self.ctx.id_ranges.get(&self.uid());
+        let spec2 = spec.clone();
+        if let Ok(problems) = tokio::task::spawn_blocking(move || {
+            crate::plugin_volumes::teardown(&plugins, &pods_dir, &pod, &spec2, host_uid)
+        })
+        .await
+        {
+            for problem in problems {
+                tracing::warn!(pod = %self.key(), %problem, "volume plugin teardown failed; removing the pod's directory anyway");
+            }
+        }
         crate::volumes::release(&self.ctx.runner.pods_dir, &self.uid(), &spec);
         let _ = std::fs::remove_dir_all(crate::containers::pod_dir(
             &self.ctx.runner.pods_dir,
@@ -834,6 +922,19 @@ impl PodWorker {
             tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot forget the pod");
         }
         tracing::info!(pod = %self.key(), "pod removed from this node");
+    }
+}
+
+/// The host id of the pod's root when it gets its own user namespace
+/// (allocated here if the sandbox is not made yet; allocation is
+/// idempotent): volumes belong to the pod's id range.
+fn pod_host_base(ranges: &IdRanges, uid: &str, spec: &PodSpec) -> Result<Option<u32>, String> {
+    let relax = sandbox::relaxations(spec).map_err(|e| e.to_string())?;
+    let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+    if sandbox::wants_user_namespace(&relax, runtime) {
+        Ok(Some(ranges.allocate(uid)?))
+    } else {
+        Ok(None)
     }
 }
 

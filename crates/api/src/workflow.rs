@@ -65,6 +65,14 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Whom a controller delegates the execution of one of its steps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum StepExecutor {
+    /// The agent of the node the object is bound to.
+    Node,
+}
+
 /// One node of a workflow graph, declared like a systemd unit.
 ///
 /// `after` and `before` only order; `requires` orders too and propagates
@@ -80,6 +88,11 @@ pub struct StepDefinition {
     /// `node` for the agent of the object's node, or a registered
     /// controller's name). Targets are owned by `workflow`, the engine.
     pub owner: String,
+    /// Who executes the step on its owner's behalf: `node`, the agent of
+    /// the object's node (a controller's volume plugin steps). The owner
+    /// may still move it too. Absent: the owner executes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<StepExecutor>,
     #[serde(default)]
     pub kind: StepKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -386,6 +399,7 @@ mod tests {
             definition: StepDefinition {
                 name: "acme/slow-mount".into(),
                 owner: "acme-storage".into(),
+                executor: None,
                 kind: StepKind::Step,
                 description: None,
                 after: vec!["scheduled".into()],

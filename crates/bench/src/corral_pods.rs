@@ -104,6 +104,18 @@ impl CorralNode {
         self.running_since(&created, started).await
     }
 
+    /// Applies `object` (a new pod) and returns the time until it is seen
+    /// running.
+    pub async fn start_object(&self, object: &Object) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let created = self
+            .client
+            .apply(object, Some("bench: create"))
+            .await
+            .with_context(|| format!("cannot create pod {}", object.metadata.name))?;
+        self.running_since(&created, started).await
+    }
+
     /// Changes the env of running pod `name` to `value` and returns the time
     /// until the node reports the new revision running.
     pub async fn update_pod(&self, name: &str, value: usize) -> anyhow::Result<Duration> {

@@ -3,7 +3,7 @@
 //! peer (etcd, runc, podman …), printing medians, p99 and ratios with the
 //! machine noted. Results are recorded in `docs/BENCHMARKS.md`.
 //!
-//! One module per benchmark (`apply`, `pod_start`) over shared helpers:
+//! One module per benchmark (`apply`, `pod_start`, `volume_start`) over shared helpers:
 //! `processes` starts and always stops the systems under test, `node`
 //! removes the containers, mounts and cgroups they leave, `load` drives
 //! concurrent clients, `stats` summarises latencies, `report` prints tables.
@@ -23,6 +23,7 @@ mod processes;
 mod report;
 mod runc_floor;
 mod stats;
+mod volume_start;
 
 use std::process::ExitCode;
 
@@ -47,6 +48,9 @@ enum Command {
     /// and `podman run -d` of the same image; in-place update against
     /// delete + create; `corral up`'s memory with the pods running. Root.
     PodStart(pod_start::PodStartArgs),
+    /// Pod start latency with an `emptyDir` volume next to a volume of the
+    /// example plugin dirvol (examples/volume-plugins). Root and jq.
+    VolumeStart(volume_start::VolumeStartArgs),
 }
 
 #[tokio::main]
@@ -56,6 +60,7 @@ async fn main() -> ExitCode {
         match cli.command {
             Command::Apply(args) => apply::run(args).await,
             Command::PodStart(args) => pod_start::run(args).await,
+            Command::VolumeStart(args) => volume_start::run(args).await,
         }
     };
     // On SIGINT/SIGTERM the benchmark future is dropped, which drops the

@@ -195,7 +195,7 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn row(system: &str, clients: usize, summary: Summary) -> Row {
+pub(crate) fn row(system: &str, clients: usize, summary: Summary) -> Row {
     Row {
         system: system.into(),
         clients,
@@ -204,7 +204,7 @@ fn row(system: &str, clients: usize, summary: Summary) -> Row {
 }
 
 /// Runs `operation(0..count)` one after another; each returns its latency.
-async fn one_after_another<F, Fut>(count: usize, operation: F) -> anyhow::Result<Summary>
+pub(crate) async fn one_after_another<F, Fut>(count: usize, operation: F) -> anyhow::Result<Summary>
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = anyhow::Result<Duration>>,
@@ -245,7 +245,7 @@ fn mib(kib: u64) -> String {
 }
 
 /// Fails unless the effective user is root.
-fn ensure_root() -> anyhow::Result<()> {
+pub(crate) fn ensure_root() -> anyhow::Result<()> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let effective = status
         .lines()

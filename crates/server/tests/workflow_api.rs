@@ -488,3 +488,63 @@ async fn step_logs_outlive_the_object() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_step_delegated_to_the_node_is_moved_by_the_bound_nodes_agent() {
+    let h = Harness::new().await;
+    let body = json!({
+        "kind": "Controller",
+        "metadata": {"name": "dirvol"},
+        "spec": {"steps": [{
+            "name": "dirvol/prepare", "kind": "Pod", "workflow": "start",
+            "before": ["storage"], "executor": "node"
+        }]}
+    });
+    h.ok("PUT", "/v1/controllers/dirvol", Some(body)).await;
+    h.create_pod("web", "img:1").await;
+    let step = h.workflows("web").await.instances[0]
+        .step("dirvol/prepare")
+        .expect("registered step")
+        .definition
+        .clone();
+    assert_eq!(step.owner, "dirvol", "the step stays its controller's");
+    assert_eq!(
+        step.executor,
+        Some(corral_api::workflow::StepExecutor::Node)
+    );
+
+    let claim = json!({"action": "claim", "step": "dirvol/prepare"});
+    let agent = h.token("node-1", Role::Node).await;
+    // Not bound yet: no node's agent may move it.
+    let (status, value) = h.step("web", &agent, claim.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{value}");
+    assert!(
+        value["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("controller dirvol or the agent of the object's node"),
+        "{value}"
+    );
+
+    // Bound to node-1: its agent may, another node's may not.
+    let scheduler = h.token("scheduler", Role::Controller).await;
+    let mut pod = h.ok("GET", &format!("{PODS}/web"), None).await;
+    pod["status"]["node"] = json!("node-1");
+    let (status, value) = h
+        .call("PUT", &format!("{PODS}/web/status"), &scheduler, Some(pod))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{value}");
+    let stranger = h.token("node-2", Role::Node).await;
+    let (status, value) = h.step("web", &stranger, claim.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{value}");
+    let claimed = h.step_ok("web", &agent, claim).await;
+    assert_eq!(phase(&claimed, "dirvol/prepare"), "running");
+    let done = h
+        .step_ok(
+            "web",
+            &agent,
+            json!({"action": "complete", "step": "dirvol/prepare", "note": "no volume of plugin dirvol"}),
+        )
+        .await;
+    assert_eq!(phase(&done, "dirvol/prepare"), "done");
+}

@@ -475,6 +475,7 @@ fn step(name: &str, description: &str) -> StepBuilder {
     StepBuilder(StepDefinition {
         name: name.to_string(),
         owner: owner.to_string(),
+        executor: None,
         kind: StepKind::Step,
         description: Some(description.to_string()),
         after: Vec::new(),
@@ -491,6 +492,7 @@ fn target(name: &str, description: &str, requires: &[&str]) -> StepDefinition {
     StepDefinition {
         name: name.to_string(),
         owner: ENGINE_OWNER.to_string(),
+        executor: None,
         kind: StepKind::Target,
         description: Some(description.to_string()),
         after: Vec::new(),

@@ -31,7 +31,9 @@ pub use builtin::{BUILTIN_WORKFLOWS, builtin};
 pub use definition::{DefinitionError, ENGINE_OWNER, WorkflowDefinition, validate};
 pub use duration::format_duration;
 pub use engine::{backoff, cancel, instantiate, record, tick};
-pub use owner::{NODE_OWNER, WriteError, check_write, may_act, owner_description};
+pub use owner::{
+    NODE_OWNER, WriteError, check_write, may_act, may_move, mover_description, owner_description,
+};
 pub use registration::{
     RegisteredController, check_controller, definition_for, step_from_registration,
 };

@@ -7,10 +7,13 @@
 //!   node's name (for a `Node` object, its own name);
 //! - a step owned by anything else (`scheduler`, `ipam`, a registered
 //!   controller) may be moved only by the controller identity of that name;
+//! - a step whose registering controller delegates it to the node
+//!   (`executor: node`) may also be moved by the agent of the object's
+//!   node, which executes it on the controller's behalf ([`may_move`]);
 //! - targets, and the engine-derived states (`waiting`, `ready`, `blocked`,
 //!   `timedOut`), are written only by the engine identity `workflow`.
 
-use corral_api::workflow::{StepState, WorkflowInstance};
+use corral_api::workflow::{StepDefinition, StepExecutor, StepState, WorkflowInstance};
 use corral_api::{Identity, Role};
 
 use crate::definition::ENGINE_OWNER;
@@ -25,6 +28,25 @@ pub fn may_act(owner: &str, actor: &Identity, bound_node: Option<&str>) -> bool 
         actor.role == Role::Node && bound_node == Some(actor.name.as_str())
     } else {
         actor.role == Role::Controller && actor.name == owner
+    }
+}
+
+/// Whether `actor` may move the step `definition`: its owner, or the agent
+/// of the object's node when the owner delegated the step to it.
+pub fn may_move(definition: &StepDefinition, actor: &Identity, bound_node: Option<&str>) -> bool {
+    may_act(&definition.owner, actor, bound_node)
+        || (definition.executor == Some(StepExecutor::Node)
+            && may_act(NODE_OWNER, actor, bound_node))
+}
+
+/// Describes who may move `definition`, for error messages.
+pub fn mover_description(definition: &StepDefinition, bound_node: Option<&str>) -> String {
+    let owner = owner_description(&definition.owner, bound_node);
+    match definition.executor {
+        Some(StepExecutor::Node) => {
+            format!("{owner} or {}", owner_description(NODE_OWNER, bound_node))
+        }
+        None => owner,
     }
 }
 
@@ -115,12 +137,12 @@ pub fn check_write(
                 phase,
             });
         }
-        if !may_act(&step.owner, actor, bound_node) {
+        if !may_move(step, actor, bound_node) {
             return Err(WriteError::NotOwner {
                 id: old.id.clone(),
                 step: step.name.clone(),
                 phase,
-                owner: owner_description(&step.owner, bound_node),
+                owner: mover_description(step, bound_node),
                 actor: actor.name.clone(),
             });
         }
@@ -140,6 +162,31 @@ mod tests {
         assert!(!may_act("node", &agent, None));
         let impostor = Identity::new("node-1", Role::Controller);
         assert!(!may_act("node", &impostor, Some("node-1")));
+    }
+
+    #[test]
+    fn a_delegated_step_is_moved_by_its_owner_or_the_bound_nodes_agent() {
+        let mut definition: StepDefinition = serde_json::from_value(serde_json::json!({
+            "name": "dirvol/prepare", "owner": "dirvol"
+        }))
+        .expect("definition");
+        let agent = Identity::new("node-1", Role::Node);
+        let plugin = Identity::new("dirvol", Role::Controller);
+        assert!(!may_move(&definition, &agent, Some("node-1")));
+        assert!(may_move(&definition, &plugin, Some("node-1")));
+        definition.executor = Some(StepExecutor::Node);
+        assert!(may_move(&definition, &agent, Some("node-1")));
+        assert!(may_move(&definition, &plugin, Some("node-1")));
+        assert!(!may_move(&definition, &agent, Some("node-2")));
+        assert!(!may_move(
+            &definition,
+            &Identity::new("other", Role::Controller),
+            Some("node-1")
+        ));
+        assert_eq!(
+            mover_description(&definition, Some("node-1")),
+            "controller dirvol or the agent of node node-1"
+        );
     }
 
     #[test]

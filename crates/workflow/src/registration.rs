@@ -90,6 +90,7 @@ pub fn step_from_registration(
     Ok(StepDefinition {
         name: registration.name.clone(),
         owner: controller.to_string(),
+        executor: registration.executor,
         kind: StepKind::Step,
         description: None,
         after: registration.after.clone(),
@@ -130,6 +131,7 @@ mod tests {
                 wanted_by: None,
                 timeout: Some("30s".into()),
                 retries: Some(2),
+                executor: None,
             }],
         }
     }

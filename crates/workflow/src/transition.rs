@@ -15,7 +15,7 @@ use corral_api::workflow::{
 use serde_json::Value;
 
 use crate::engine::{retry_at, tick, transition_log};
-use crate::owner::{may_act, owner_description};
+use crate::owner::{may_move, mover_description};
 
 /// A transition that is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -229,14 +229,14 @@ fn check_owner(
     action: &'static str,
 ) -> Result<(), TransitionError> {
     let definition = &instance.steps[index].definition;
-    if may_act(&definition.owner, actor, bound_node) {
+    if may_move(definition, actor, bound_node) {
         return Ok(());
     }
     Err(TransitionError::NotOwner {
         step: definition.name.clone(),
         action,
         actor: actor.name.clone(),
-        owner: owner_description(&definition.owner, bound_node),
+        owner: mover_description(definition, bound_node),
     })
 }
 

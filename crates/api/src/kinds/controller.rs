@@ -43,4 +43,10 @@ pub struct StepRegistration {
     pub timeout: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<u32>,
+    /// `node`: the agent of the object's node executes the step for this
+    /// controller (a volume plugin's `NAME/prepare` and `NAME/mount` run
+    /// the plugin executable installed on the node). The step stays this
+    /// controller's: `why` names it as the owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor: Option<crate::workflow::StepExecutor>,
 }

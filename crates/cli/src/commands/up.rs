@@ -88,6 +88,17 @@ pub struct UpArgs {
     agent_listen: String,
     #[command(flatten)]
     network: NetworkArgs,
+    #[command(flatten)]
+    volumes: VolumeArgs,
+}
+
+/// The node's volume plugins (node-local settings, never in the API).
+#[derive(Debug, Args)]
+pub struct VolumeArgs {
+    /// Where volume plugins are installed, besides DATA/plugins (searched
+    /// first). A pod's `plugin: {driver: NAME}` runs the executable NAME.
+    #[arg(long, value_name = "DIR", default_value = corral_agent::plugins::DEFAULT_PLUGIN_DIR)]
+    volume_plugin_dir: PathBuf,
 }
 
 /// The node's pod network (node-local settings, never in the API).
@@ -186,6 +197,8 @@ pub struct AgentArgs {
     address: Option<String>,
     #[command(flatten)]
     network: NetworkArgs,
+    #[command(flatten)]
+    volumes: VolumeArgs,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -447,6 +460,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             endpoint,
             address: None,
             network,
+            volume_plugin_dir: args.volumes.volume_plugin_dir.clone(),
         },
         shutdown.clone(),
     ));
@@ -525,6 +539,7 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         endpoint,
         address: args.address.clone(),
         network,
+        volume_plugin_dir: args.volumes.volume_plugin_dir.clone(),
     };
     run_agent(setup, shutdown).await
 }
@@ -537,6 +552,7 @@ struct AgentSetup {
     endpoint: Option<corral_agent::serve::EndpointConfig>,
     address: Option<String>,
     network: Option<corral_agent::network::NetworkConfig>,
+    volume_plugin_dir: PathBuf,
 }
 
 async fn run_agent(setup: AgentSetup, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -549,6 +565,7 @@ async fn run_agent(setup: AgentSetup, shutdown: CancellationToken) -> anyhow::Re
         heartbeat: Duration::from_secs(5),
         endpoint: setup.endpoint,
         network: setup.network,
+        volume_plugin_dir: Some(setup.volume_plugin_dir),
     };
     let ctx = corral_agent::context(&agent_config, Some(client.clone()), Arc::new(client))
         .context("cannot set up the node agent")?;

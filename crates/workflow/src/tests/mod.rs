@@ -60,6 +60,7 @@ pub(super) fn step(name: &str) -> StepDefinition {
             .split_once('/')
             .map_or("x", |(owner, _)| owner)
             .to_string(),
+        executor: None,
         kind: StepKind::Step,
         description: None,
         after: Vec::new(),
@@ -108,6 +109,7 @@ pub(super) fn registration(
         wanted_by: None,
         timeout: Some(timeout.into()),
         retries: None,
+        executor: None,
     }
 }
 
