@@ -12,7 +12,7 @@ mod policy;
 mod vm;
 
 pub use controller::{ControllerSpec, StepRegistration};
-pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus};
+pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
 pub use pinned::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
     Templates, VersionStatus,
