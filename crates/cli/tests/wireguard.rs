@@ -264,13 +264,13 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
            iifname \"eth0\" ip6 daddr {pods} counter name leaked\n\
            iifname \"eth0\" tcp sport 8080 counter name leaked\n\
            iifname \"eth0\" tcp dport 8080 counter name leaked\n\
-           iifname \"eth0\" udp dport 51820 counter name wireguard }}\n\
+           iifname \"eth0\" udp dport 51820 counter name wireguard\n }}\n\
          chain out {{ type filter hook postrouting priority -300; policy accept;\n\
            oifname \"eth0\" ip6 saddr {pods} counter name leaked\n\
            oifname \"eth0\" ip6 daddr {pods} counter name leaked\n\
            oifname \"eth0\" tcp sport 8080 counter name leaked\n\
            oifname \"eth0\" tcp dport 8080 counter name leaked\n\
-           oifname \"eth0\" udp dport 51820 counter name wireguard }}\n\
+           oifname \"eth0\" udp dport 51820 counter name wireguard\n }}\n\
          }}\n"
     );
     let rules_file = lab.dir.join("count.nft");
