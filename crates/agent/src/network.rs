@@ -82,7 +82,13 @@ pub enum NetworkError {
     #[error("the egress task failed: {0}")]
     Task(String),
     #[error("cannot set up the wireguard tunnel")]
-    Tunnel(#[from] TunnelError),
+    Tunnel(#[source] Box<TunnelError>),
+}
+
+impl From<TunnelError> for NetworkError {
+    fn from(error: TunnelError) -> Self {
+        NetworkError::Tunnel(Box::new(error))
+    }
 }
 
 /// The pod network of this node.
