@@ -90,6 +90,18 @@ impl WireguardLab {
         serde_json::from_str(&text).expect("node JSON")
     }
 
+    /// `corral lab SUBCOMMAND ARGS --dir DIR`, insisting it succeeds.
+    fn lab(&self, args: &[&str]) {
+        let output = Command::new(CORRAL)
+            .arg("lab")
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .expect("run corral lab");
+        assert!(output.status.success(), "corral lab {args:?}: {output:?}");
+    }
+
     /// The node's tunnel interface, as its agent recorded it.
     fn interface(&self, node: &str) -> String {
         let path = self.dir.join(node).join("wireguard").join("interface");
@@ -142,6 +154,28 @@ impl Drop for WireguardLab {
             );
         }
     }
+}
+
+/// The pid of the wireguard-go serving `interface` (one, or the test fails).
+fn wireguard_go_pid(interface: &str) -> u32 {
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                args.first().is_some_and(|a| a.ends_with(b"wireguard-go"))
+                    && args.contains(&interface.as_bytes())
+            })
+        })
+        .collect();
+    assert_eq!(
+        pids.len(),
+        1,
+        "wireguard-go processes for {interface}: {pids:?}"
+    );
+    pids[0]
 }
 
 /// The test's nftables table in node-1 (its namespace dies with the lab).
@@ -330,14 +364,58 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
         "pod traffic crossed node-1's eth0 outside the tunnel"
     );
 
+    // The tunnel outlives its agent: with node-1's agent stopped pods still
+    // talk, and the restarted agent adopts the same wireguard-go.
+    let userspace = why.contains("(wireguard-go)");
+    let interface1_pid = userspace.then(|| wireguard_go_pid(&interface1));
+    lab.lab(&["stop-agent", "node-1"]);
+    let during = lab.corral(&[
+        "exec",
+        "pod/web-0",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        &format!("http://[{address1}]:8080/group"),
+    ]);
+    assert!(during.contains("root:"), "{during}");
+    lab.lab(&["start-agent", "node-1"]);
+    // `start-agent` starts a fresh log; the agent logs its tunnel at start.
+    wait_for(
+        "node-1's restarted agent to take its tunnel",
+        Duration::from_secs(30),
+        || {
+            let log = std::fs::read_to_string(lab.dir.join("logs").join("node-1.log")).ok()?;
+            log.contains("wireguard tunnel up").then_some(())
+        },
+    );
+    if let Some(pid) = interface1_pid {
+        assert_eq!(
+            wireguard_go_pid(&interface1),
+            pid,
+            "the restarted agent replaced wireguard-go instead of adopting it"
+        );
+    }
+    let (rx_before, _) = lab.transfer("node-1");
+    let after_restart = lab.corral(&[
+        "exec",
+        "pod/web-0",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        &format!("http://[{address1}]:8080/group"),
+    ]);
+    assert!(after_restart.contains("root:"), "{after_restart}");
+    assert!(lab.transfer("node-1").0 > rx_before);
+
     // A node leaving stops being a peer (and its route goes).
-    let stopped = Command::new(CORRAL)
-        .args(["lab", "stop-agent", "--dir"])
-        .arg(&lab.dir)
-        .arg("node-1")
-        .output()
-        .expect("run corral lab stop-agent");
-    assert!(stopped.status.success(), "{stopped:?}");
+    // A node leaving stops being a peer (and its route goes).
+    lab.lab(&["stop-agent", "node-1"]);
     lab.corral(&["delete", "node/node-1"]);
     wait_for(
         "node-0 to drop node-1 as a peer",
