@@ -357,11 +357,11 @@ impl WireguardInterface {
                     Some(_) => {
                         // A device whose daemon died: start over.
                         remove_interface(name, netns)?;
-                        remove_stale_socket(name);
+                        remove_stale_socket(name, Duration::ZERO);
                         interface.start_userspace(log)?;
                     }
                     None => {
-                        remove_stale_socket(name);
+                        remove_stale_socket(name, Duration::ZERO);
                         interface.start_userspace(log)?;
                     }
                 }
@@ -530,15 +530,24 @@ fn socket_is_live(socket: &Path) -> bool {
     std::os::unix::net::UnixStream::connect(socket).is_ok()
 }
 
-/// Removes wireguard-go's control socket for `name` when no daemon answers
-/// on it any more (one killed without its cleanup); a live one stays.
-pub fn remove_stale_socket(name: &str) {
+/// Removes wireguard-go's control socket for `name` once no daemon
+/// answers on it (one killed without its cleanup), waiting up to
+/// `patience` for a dying daemon to let go; a live one stays.
+pub fn remove_stale_socket(name: &str, patience: Duration) {
     if validate_name(name).is_err() {
         return;
     }
     let socket = Path::new(USERSPACE_SOCKET_DIR).join(format!("{name}.sock"));
-    if socket.exists() && !socket_is_live(&socket) {
-        let _ = std::fs::remove_file(socket);
+    let deadline = Instant::now() + patience;
+    while socket.exists() {
+        if !socket_is_live(&socket) {
+            let _ = std::fs::remove_file(&socket);
+            return;
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -415,7 +415,9 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
     let node_dirs: Vec<PathBuf> = std::fs::read_dir(dir)?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.join("netns").is_dir() || p.join("runc").is_dir())
+        .filter(|p| {
+            p.join("netns").is_dir() || p.join("runc").is_dir() || p.join("wireguard").is_dir()
+        })
         .collect();
     for node_dir in &node_dirs {
         for pod_ns in std::fs::read_dir(node_dir.join("netns"))
@@ -442,13 +444,13 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
         }
     }
     let first_error = lab::remove(&netns_dir).err();
-    // wireguard-go, killed above, left its control socket behind.
+    // wireguard-go, killed above, leaves its control socket behind.
     for node_dir in &node_dirs {
         let name_file = node_dir
             .join("wireguard")
             .join(corral_agent::tunnel::INTERFACE_FILE);
         if let Ok(name) = std::fs::read_to_string(name_file) {
-            corral_net::wireguard::remove_stale_socket(name.trim());
+            corral_net::wireguard::remove_stale_socket(name.trim(), Duration::from_secs(3));
         }
     }
     unmount_below(dir);
