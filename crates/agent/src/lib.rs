@@ -379,6 +379,36 @@ async fn heartbeat_loop(
     }
 }
 
+/// One pass of the tunnel's peers over `nodes` (nothing without a tunnel).
+async fn sync_peers(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
+    match network.reconcile_tunnel(node, nodes).await {
+        Ok(Some((_, plan))) if !plan.is_empty() => {
+            let set: Vec<String> = plan.set.iter().map(|p| p.endpoint.to_string()).collect();
+            let removed = plan.remove.len();
+            tracing::info!(?set, removed, "wireguard peers changed");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile wireguard peers"),
+    }
+}
+
+/// One pass of the routes to other nodes over `nodes`.
+async fn sync_routes(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
+    match network.reconcile_routes(node, nodes).await {
+        Ok((_, plan)) if !plan.is_empty() => {
+            let added: Vec<String> = plan
+                .ensure
+                .iter()
+                .map(|r| r.destination.to_string())
+                .collect();
+            let removed: Vec<String> = plan.remove.iter().map(ToString::to_string).collect();
+            tracing::info!(?added, ?removed, "routes to other nodes changed");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile node routes"),
+    }
+}
+
 /// Starts the node's DNS server once the node has its /64, and gives it
 /// the current pods and PinnedDeployments.
 async fn refresh_dns(client: &Client, node: &str, network: &network::PodNetwork) {
@@ -423,34 +453,8 @@ async fn routes_loop(
         match client.list(corral_api::Kind::Node, None, None).await {
             Ok(list) => {
                 // Peers first: a route through the tunnel needs its peer.
-                match network.reconcile_tunnel(&node, &list.items).await {
-                    Ok(Some((_, plan))) if !plan.is_empty() => {
-                        let set: Vec<String> =
-                            plan.set.iter().map(|p| p.endpoint.to_string()).collect();
-                        let removed = plan.remove.len();
-                        tracing::info!(?set, removed, "wireguard peers changed");
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(error = %chain(&error), "cannot reconcile wireguard peers")
-                    }
-                }
-                match network.reconcile_routes(&node, &list.items).await {
-                    Ok((_, plan)) if !plan.is_empty() => {
-                        let added: Vec<String> = plan
-                            .ensure
-                            .iter()
-                            .map(|r| r.destination.to_string())
-                            .collect();
-                        let removed: Vec<String> =
-                            plan.remove.iter().map(ToString::to_string).collect();
-                        tracing::info!(?added, ?removed, "routes to other nodes changed");
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(error = %chain(&error), "cannot reconcile node routes")
-                    }
-                }
+                sync_peers(&node, &list.items, &network).await;
+                sync_routes(&node, &list.items, &network).await;
             }
             Err(error) => tracing::debug!(error = %chain(&error), "cannot list nodes for routes"),
         }
