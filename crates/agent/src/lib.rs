@@ -28,6 +28,7 @@ pub mod sandbox;
 pub mod serve;
 pub mod state;
 pub mod steps;
+pub mod tunnel;
 pub mod vms;
 pub mod volumes;
 pub mod worker;
@@ -362,6 +363,11 @@ async fn heartbeat_loop(
         if last_beat.is_none_or(|at| at.elapsed() >= config.heartbeat) {
             let mut status = node::detect_status(config.address.clone());
             status.agent_endpoint = endpoint.clone();
+            status.wireguard = network
+                .as_deref()
+                .and_then(network::PodNetwork::tunnel)
+                .zip(config.address.as_deref().and_then(|a| a.parse().ok()))
+                .map(|(tunnel, address)| tunnel.status(address));
             let result = match &mut node {
                 None => node::register(&client, &config.node, &status)
                     .await
@@ -387,6 +393,36 @@ async fn heartbeat_loop(
             () = tokio::time::sleep(JOIN_TICK) => {}
             () = shutdown.cancelled() => return,
         }
+    }
+}
+
+/// One pass of the tunnel's peers over `nodes` (nothing without a tunnel).
+async fn sync_peers(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
+    match network.reconcile_tunnel(node, nodes).await {
+        Ok(Some((_, plan))) if !plan.is_empty() => {
+            let set: Vec<String> = plan.set.iter().map(|p| p.endpoint.to_string()).collect();
+            let removed = plan.remove.len();
+            tracing::info!(?set, removed, "wireguard peers changed");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile wireguard peers"),
+    }
+}
+
+/// One pass of the routes to other nodes over `nodes`.
+async fn sync_routes(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
+    match network.reconcile_routes(node, nodes).await {
+        Ok((_, plan)) if !plan.is_empty() => {
+            let added: Vec<String> = plan
+                .ensure
+                .iter()
+                .map(|r| r.destination.to_string())
+                .collect();
+            let removed: Vec<String> = plan.remove.iter().map(ToString::to_string).collect();
+            tracing::info!(?added, ?removed, "routes to other nodes changed");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile node routes"),
     }
 }
 
@@ -421,8 +457,9 @@ async fn refresh_dns(client: &Client, node: &str, network: &network::PodNetwork)
 /// How often the routes to other nodes are compared with the `Node` objects.
 pub const ROUTES_TICK: Duration = Duration::from_secs(1);
 
-/// Keeps the routes to other nodes' /64s equal to what the `Node` objects
-/// say, as nodes join and leave. With the API away the routes stay.
+/// Keeps the routes to other nodes' /64s (and, with `--wireguard`, the
+/// tunnel's peers) equal to what the `Node` objects say, as nodes join and
+/// leave. With the API away the routes and peers stay.
 async fn routes_loop(
     client: Client,
     node: String,
@@ -431,22 +468,11 @@ async fn routes_loop(
 ) {
     loop {
         match client.list(corral_api::Kind::Node, None, None).await {
-            Ok(list) => match network.reconcile_routes(&node, &list.items).await {
-                Ok((_, plan)) if !plan.is_empty() => {
-                    let added: Vec<String> = plan
-                        .ensure
-                        .iter()
-                        .map(|r| r.destination.to_string())
-                        .collect();
-                    let removed: Vec<String> =
-                        plan.remove.iter().map(ToString::to_string).collect();
-                    tracing::info!(?added, ?removed, "routes to other nodes changed");
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(error = %chain(&error), "cannot reconcile node routes")
-                }
-            },
+            Ok(list) => {
+                // Peers first: a route through the tunnel needs its peer.
+                sync_peers(&node, &list.items, &network).await;
+                sync_routes(&node, &list.items, &network).await;
+            }
             Err(error) => tracing::debug!(error = %chain(&error), "cannot list nodes for routes"),
         }
         refresh_dns(&client, &node, &network).await;

@@ -1,7 +1,9 @@
 //! The node's pod network (design idea 6), driven from the agent: a veth
-//! per pod (and per VM, bridged to its tap) with the address IPAM chose, IPv4 egress from a node-local
-//! range, forwarding, and plain routes to every other node's /64,
-//! reconciled from `Node` objects.
+//! per pod (and per VM, bridged to its tap) with the address IPAM chose,
+//! IPv4 egress from a node-local range, forwarding, and routes to every
+//! other node's /64, reconciled from `Node` objects: plain (via the node's
+//! address), or through the node's WireGuard tunnel ([`crate::tunnel`])
+//! when both ends have one.
 //!
 //! The mechanics live in `corral-net`; this module decides *what* the
 //! node should have (pure functions, unit-tested) and applies it through
@@ -25,6 +27,8 @@ use corral_net::egress::{self, EgressConfig, EgressError};
 use corral_net::ipam::{EgressRange, IpamError};
 use ipnet::Ipv6Net;
 
+use crate::tunnel::{NodePeer, PeerPlan, Tunnel, TunnelConfig, TunnelError};
+
 /// How much forwarding the agent switches on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Forwarding {
@@ -47,6 +51,8 @@ pub struct NetworkConfig {
     pub egress_uplink: Option<String>,
     /// The pods' IPv4 range, the same on every node.
     pub egress_range: EgressRange,
+    /// WireGuard between nodes (`--wireguard`); `None` routes plainly.
+    pub wireguard: Option<TunnelConfig>,
 }
 
 /// Why the pod network could not be set up.
@@ -76,6 +82,14 @@ pub enum NetworkError {
     },
     #[error("the egress task failed: {0}")]
     Task(String),
+    #[error("cannot set up the wireguard tunnel")]
+    Tunnel(#[source] Box<TunnelError>),
+}
+
+impl From<TunnelError> for NetworkError {
+    fn from(error: TunnelError) -> Self {
+        NetworkError::Tunnel(Box::new(error))
+    }
 }
 
 /// The pod network of this node.
@@ -90,6 +104,8 @@ pub struct PodNetwork {
     stop: tokio_util::sync::CancellationToken,
     /// Whether per-link sysctls are written (false with a fake data path).
     sysctls: bool,
+    /// The WireGuard tunnel, with `--wireguard`.
+    tunnel: Option<Tunnel>,
 }
 
 impl std::fmt::Debug for PodNetwork {
@@ -102,9 +118,15 @@ impl std::fmt::Debug for PodNetwork {
 
 impl PodNetwork {
     /// The real data path in the agent's own network namespace.
+    /// With `config.wireguard` it brings the tunnel up (or adopts it).
     pub async fn connect(config: NetworkConfig) -> Result<Self, NetworkError> {
         let ops = datapath::Netlink::connect(None).await?;
+        let tunnel = match &config.wireguard {
+            Some(wireguard) => Some(Tunnel::start(wireguard).await?),
+            None => None,
+        };
         Ok(PodNetwork {
+            tunnel,
             ops: Arc::new(ops),
             config,
             dns: std::sync::OnceLock::new(),
@@ -123,6 +145,31 @@ impl PodNetwork {
             table: Arc::default(),
             stop: tokio_util::sync::CancellationToken::new(),
             sysctls: false,
+            tunnel: None,
+        }
+    }
+
+    /// Routes through `tunnel` (tests pass one over a fake).
+    pub fn with_tunnel(mut self, tunnel: Tunnel) -> Self {
+        self.tunnel = Some(tunnel);
+        self
+    }
+
+    /// The WireGuard tunnel, with `--wireguard`.
+    pub fn tunnel(&self) -> Option<&Tunnel> {
+        self.tunnel.as_ref()
+    }
+
+    /// Brings the tunnel's peers in line with `nodes`; `None` without a
+    /// tunnel.
+    pub async fn reconcile_tunnel(
+        &self,
+        own: &str,
+        nodes: &[Object],
+    ) -> Result<Option<(Vec<NodePeer>, PeerPlan)>, NetworkError> {
+        match &self.tunnel {
+            Some(tunnel) => Ok(Some(tunnel.reconcile(own, nodes).await?)),
+            None => Ok(None),
         }
     }
 
@@ -297,7 +344,8 @@ impl PodNetwork {
         own: &str,
         nodes: &[Object],
     ) -> Result<(Vec<NodeRoute>, RoutePlan), NetworkError> {
-        let desired = desired_routes(own, nodes);
+        let tunnel = self.tunnel.as_ref().map(Tunnel::interface);
+        let desired = desired_routes(own, nodes, tunnel);
         let plan = datapath::reconcile_node_routes(self.ops.as_ref(), &desired).await?;
         Ok((desired, plan))
     }
@@ -322,8 +370,9 @@ fn write_sysctl(path: &str) -> Result<(), NetworkError> {
 }
 
 /// The routes this node wants: one per other node that has both a /64
-/// and an IPv6 address, via that address.
-pub fn desired_routes(own: &str, nodes: &[Object]) -> Vec<NodeRoute> {
+/// and an IPv6 address, via that address, or through `tunnel` (this
+/// node's WireGuard interface) when the other node publishes a tunnel too.
+pub fn desired_routes(own: &str, nodes: &[Object], tunnel: Option<&str>) -> Vec<NodeRoute> {
     let mut routes: Vec<NodeRoute> = nodes
         .iter()
         .filter(|node| node.metadata.name != own)
@@ -331,9 +380,15 @@ pub fn desired_routes(own: &str, nodes: &[Object]) -> Vec<NodeRoute> {
             let status: NodeStatus = node.typed_status().ok()?;
             let destination: Ipv6Net = status.prefix?.parse().ok()?;
             let gateway: Ipv6Addr = status.address?.parse().ok()?;
+            let next_hop = match tunnel {
+                Some(interface) if crate::tunnel::has_tunnel(node) => {
+                    NextHop::Interface(interface.to_string())
+                }
+                _ => NextHop::Gateway(gateway),
+            };
             Some(NodeRoute {
                 destination,
-                next_hop: NextHop::Gateway(gateway),
+                next_hop,
             })
         })
         .collect();
@@ -384,6 +439,7 @@ mod tests {
             forwarding: Forwarding::Node,
             egress_uplink: uplink.map(str::to_string),
             egress_range: "10.87.0.0/22".parse().unwrap(),
+            wireguard: None,
         }
     }
 
@@ -396,7 +452,7 @@ mod tests {
             node("d", Some("fd00:1:2:4::/64"), None),
             node("e", Some("fd00:1:2:5::/64"), Some("not-an-address")),
         ];
-        let routes = desired_routes("a", &nodes);
+        let routes = desired_routes("a", &nodes, None);
         assert_eq!(
             routes,
             vec![NodeRoute {
@@ -405,6 +461,28 @@ mod tests {
             }]
         );
         assert_eq!(describe(&routes), "fd00:1:2:2::/64 via fd99::2");
+    }
+
+    #[test]
+    fn routes_go_through_the_tunnel_only_to_nodes_with_one() {
+        let mut b = node("b", Some("fd00:1:2:2::/64"), Some("fd99::2"));
+        b.status["wireguard"] = serde_json::json!({
+            "publicKey": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "endpoint": "[fd99::2]:51820",
+        });
+        let c = node("c", Some("fd00:1:2:3::/64"), Some("fd99::3"));
+        let nodes = vec![b, c];
+        let routes = desired_routes("a", &nodes, Some("crwg0"));
+        assert_eq!(
+            describe(&routes),
+            "fd00:1:2:2::/64 dev crwg0, fd00:1:2:3::/64 via fd99::3"
+        );
+        // Without a tunnel of its own the node routes plainly to everyone.
+        let plain = desired_routes("a", &nodes, None);
+        assert_eq!(
+            describe(&plain),
+            "fd00:1:2:2::/64 via fd99::2, fd00:1:2:3::/64 via fd99::3"
+        );
     }
 
     #[tokio::test]

@@ -125,6 +125,7 @@ pub async fn heartbeat(
         "runtimes",
         "features",
         "agentEndpoint",
+        "wireguard",
     ] {
         match ours.get(field) {
             Some(value) if !value.is_null() => merged.insert(field.to_string(), value.clone()),
@@ -216,6 +217,20 @@ async fn join_step(
                 "node prefix {prefix}; routes: {}",
                 crate::network::describe(&routes)
             ))
+        }
+        "node/configure-tunnel" => {
+            let Some(tunnel) = network.and_then(crate::network::PodNetwork::tunnel) else {
+                return Ok("no tunnel (no --wireguard): plain routing to other nodes".to_string());
+            };
+            let nodes = client
+                .list(Kind::Node, None, None)
+                .await
+                .map_err(|error| crate::chain(&error))?;
+            let peers = tunnel
+                .reconcile(&node.metadata.name, &nodes.items)
+                .await
+                .map_err(|error| crate::chain(&error))?;
+            Ok(tunnel.describe(&peers.0))
         }
         "node/configure-egress" => match network {
             Some(network) => network

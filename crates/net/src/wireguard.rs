@@ -65,6 +65,8 @@ pub enum WireguardError {
     Wg { args: String, stderr: String },
     #[error("unexpected line in `wg show transfer` output: {line:?}")]
     UnparsableTransfer { line: String },
+    #[error("unexpected line in `wg show dump` output: {line:?}")]
+    UnparsableDump { line: String },
 }
 
 /// A WireGuard private key (clamped x25519 scalar). Its `Debug` hides it.
@@ -300,11 +302,27 @@ pub struct WireguardInterface {
 impl WireguardInterface {
     /// Creates interface `name` in `netns` (or here), sets its key and port
     /// and brings it up. The backend is the kernel module when available.
+    /// Same as [`WireguardInterface::ensure`] without a log file.
     pub async fn up(
         name: &str,
         netns: Option<&Path>,
         private_key: &PrivateKey,
         listen_port: u16,
+    ) -> Result<Self, WireguardError> {
+        Self::ensure(name, netns, private_key, listen_port, None).await
+    }
+
+    /// Like [`WireguardInterface::up`], but adopts interface `name` when it
+    /// already runs in `netns` (a restarted agent keeps its tunnel), and
+    /// removes a stale wireguard-go socket of that name (its daemon was
+    /// killed). wireguard-go's messages go to `log` (appended) when given:
+    /// a daemon that outlives its starter must not write to a dead pipe.
+    pub async fn ensure(
+        name: &str,
+        netns: Option<&Path>,
+        private_key: &PrivateKey,
+        listen_port: u16,
+        log: Option<&Path>,
     ) -> Result<Self, WireguardError> {
         validate_name(name)?;
         let backend = if kernel_module_available(netns).await? {
@@ -320,7 +338,9 @@ impl WireguardInterface {
             userspace: None,
             detached: false,
         };
+        let existing = datapath::netlink::find_link(&handle, name).await?;
         match backend {
+            Backend::Kernel if existing.is_some() => {}
             Backend::Kernel => handle
                 .link()
                 .add(LinkWireguard::new(name).build())
@@ -329,7 +349,23 @@ impl WireguardInterface {
                 .map_err(datapath::netlink::netlink_error(format!(
                     "add wireguard link {name}"
                 )))?,
-            Backend::Userspace => interface.start_userspace()?,
+            Backend::Userspace => {
+                let socket = interface.socket_path();
+                match existing {
+                    // Ours, still served by its daemon: adopt it.
+                    Some(_) if socket_is_live(&socket) => {}
+                    Some(_) => {
+                        // A device whose daemon died: start over.
+                        remove_interface(name, netns)?;
+                        remove_stale_socket(name, Duration::ZERO);
+                        interface.start_userspace(log)?;
+                    }
+                    None => {
+                        remove_stale_socket(name, Duration::ZERO);
+                        interface.start_userspace(log)?;
+                    }
+                }
+            }
         }
         run_wg(
             netns,
@@ -352,24 +388,33 @@ impl WireguardInterface {
         Path::new(USERSPACE_SOCKET_DIR).join(format!("{}.sock", self.name))
     }
 
-    fn start_userspace(&mut self) -> Result<(), WireguardError> {
+    fn start_userspace(&mut self, log: Option<&Path>) -> Result<(), WireguardError> {
         if self.socket_path().exists() {
             return Err(WireguardError::NameInUse {
                 name: self.name.clone(),
             });
         }
+        let spawn_error = |source| WireguardError::Spawn {
+            program: "wireguard-go",
+            source,
+        };
+        let stderr = match log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(spawn_error)?,
+            ),
+            None => Stdio::piped(),
+        };
         let mut command = Command::new("wireguard-go");
         command
             .args(["-f", &self.name])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let child = netns::spawn(self.netns.as_deref(), &mut command)?.map_err(|source| {
-            WireguardError::Spawn {
-                program: "wireguard-go",
-                source,
-            }
-        })?;
+            .stderr(stderr);
+        let child = netns::spawn(self.netns.as_deref(), &mut command)?.map_err(spawn_error)?;
         let socket = self.socket_path();
         let child = self.userspace.insert(child);
         let deadline = Instant::now() + STARTUP_TIMEOUT;
@@ -378,6 +423,8 @@ impl WireguardInterface {
                 let mut stderr = String::new();
                 if let Some(mut pipe) = child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                } else if let Some(path) = log {
+                    stderr = std::fs::read_to_string(path).unwrap_or_default();
                 }
                 self.userspace = None;
                 return Err(WireguardError::UserspaceExited {
@@ -425,10 +472,22 @@ impl WireguardInterface {
         run_wg(self.netns.as_deref(), &args, None).map(drop)
     }
 
+    /// The peers as configured now (`wg show <name> dump`).
+    pub fn peers(&self) -> Result<Vec<Peer>, WireguardError> {
+        let args = ["show".to_string(), self.name.clone(), "dump".into()];
+        parse_dump(&run_wg(self.netns.as_deref(), &args, None)?)
+    }
+
     /// Bytes exchanged with each peer.
     pub fn transfer(&self) -> Result<Vec<PeerTransfer>, WireguardError> {
         let args = ["show".to_string(), self.name.clone(), "transfer".into()];
         parse_transfer(&run_wg(self.netns.as_deref(), &args, None)?)
+    }
+
+    /// Makes dropping this value leave the interface running, like
+    /// [`WireguardInterface::detach`], while keeping it usable.
+    pub fn keep_on_drop(&mut self) {
+        self.detached = true;
     }
 
     /// Leaves the interface running after this value is dropped (the agent
@@ -466,6 +525,32 @@ impl Drop for WireguardInterface {
     }
 }
 
+/// Whether a wireguard-go daemon answers on `socket`.
+fn socket_is_live(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
+/// Removes wireguard-go's control socket for `name` once no daemon
+/// answers on it (one killed without its cleanup), waiting up to
+/// `patience` for a dying daemon to let go; a live one stays.
+pub fn remove_stale_socket(name: &str, patience: Duration) {
+    if validate_name(name).is_err() {
+        return;
+    }
+    let socket = Path::new(USERSPACE_SOCKET_DIR).join(format!("{name}.sock"));
+    let deadline = Instant::now() + patience;
+    while socket.exists() {
+        if !socket_is_live(&socket) {
+            let _ = std::fs::remove_file(&socket);
+            return;
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Deletes WireGuard interface `name` in `netns` (or here); absent is fine.
 /// Synchronous (it runs `ip link del`) so it can run from `Drop`.
 pub fn remove_interface(name: &str, netns: Option<&Path>) -> Result<(), WireguardError> {
@@ -480,6 +565,9 @@ pub fn remove_interface(name: &str, netns: Option<&Path>) -> Result<(), Wireguar
     })?;
     Ok(())
 }
+
+mod dump;
+pub use dump::parse_dump;
 
 #[cfg(test)]
 mod tests;

@@ -266,10 +266,19 @@ fn node_join() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         step(
+            "node/configure-tunnel",
+            "make every other node with a WireGuard tunnel a peer (with --wireguard)",
+        )
+        .requires(&["ipam/assign-prefix"])
+        .wanted_by("network")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        step(
             "node/configure-routes",
             "route the node's /64 and the other nodes' /64s",
         )
-        .requires(&["ipam/assign-prefix"])
+        .requires(&["node/configure-tunnel"])
         .wanted_by("network")
         .timeout_secs(60)
         .attempts(3)

@@ -48,6 +48,21 @@ pub struct NodeStatus {
     /// (`http://HOST:PORT`); the API server proxies to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_endpoint: Option<String>,
+    /// The node's WireGuard tunnel (`corral agent --wireguard`): what the
+    /// other nodes need to make it a peer. Absent: plain routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wireguard: Option<NodeWireguard>,
+}
+
+/// A node's WireGuard identity, published by its agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeWireguard {
+    /// The tunnel's public key (base64, as `wg` prints it).
+    pub public_key: String,
+    /// Where peers send to: the node's address and listen port,
+    /// e.g. `[fd00:99::2]:51820`.
+    pub endpoint: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -51,6 +51,10 @@ enum LabCommand {
         /// Import this image tarball (or OCI layout) into every node.
         #[arg(long, value_name = "PATH")]
         image: Vec<PathBuf>,
+        /// Start every agent with `--wireguard`: pod traffic between nodes
+        /// crosses WireGuard tunnels.
+        #[arg(long)]
+        wireguard: bool,
     },
     /// Remove the lab: every process, container, mount and namespace.
     Down {
@@ -89,6 +93,9 @@ pub struct LabState {
     pub bridge_ipv6: String,
     pub bridge_ipv4: String,
     pub nodes: Vec<LabNode>,
+    /// Agents run with `--wireguard`.
+    #[serde(default)]
+    pub wireguard: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -105,8 +112,13 @@ pub struct LabNode {
 
 pub async fn run(args: LabArgs) -> anyhow::Result<()> {
     match args.command {
-        LabCommand::Up { nodes, dir, image } => {
-            let result = up(nodes, &dir, &image).await;
+        LabCommand::Up {
+            nodes,
+            dir,
+            image,
+            wireguard,
+        } => {
+            let result = up(nodes, &dir, &image, wireguard).await;
             if result.is_err() {
                 let _ = down(&dir);
             }
@@ -177,7 +189,7 @@ fn save(dir: &Path, state: &LabState) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-async fn up(count: usize, dir: &Path, images: &[PathBuf]) -> anyhow::Result<()> {
+async fn up(count: usize, dir: &Path, images: &[PathBuf], wireguard: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=50).contains(&count),
         "--nodes {count}: expected 1 to 50"
@@ -226,6 +238,7 @@ async fn up(count: usize, dir: &Path, images: &[PathBuf]) -> anyhow::Result<()> 
         bridge_ipv6: bridge_ipv6.to_string(),
         bridge_ipv4: bridge_ipv4.to_string(),
         nodes,
+        wireguard,
     };
     save(dir, &state)?;
 
@@ -316,6 +329,7 @@ fn start_agent(dir: &Path, state: &LabState, node: &LabNode, secret: &str) -> an
         .args(["--listen", &format!("[{}]:{AGENT_PORT}", node.ipv6)])
         .args(["--address", &node.ipv6.to_string()])
         .args(["--forwarding", "node", "--egress-uplink", lab::UPLINK])
+        .args(state.wireguard.then_some("--wireguard"))
         .env("CORRAL_NODE_TOKEN", token.trim())
         .env("CORRAL_AGENT_SECRET", secret);
     let child = netns::spawn(Some(&node.netns), &mut agent)?
@@ -401,7 +415,9 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
     let node_dirs: Vec<PathBuf> = std::fs::read_dir(dir)?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.join("netns").is_dir() || p.join("runc").is_dir())
+        .filter(|p| {
+            p.join("netns").is_dir() || p.join("runc").is_dir() || p.join("wireguard").is_dir()
+        })
         .collect();
     for node_dir in &node_dirs {
         for pod_ns in std::fs::read_dir(node_dir.join("netns"))
@@ -428,6 +444,15 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
         }
     }
     let first_error = lab::remove(&netns_dir).err();
+    // wireguard-go, killed above, leaves its control socket behind.
+    for node_dir in &node_dirs {
+        let name_file = node_dir
+            .join("wireguard")
+            .join(corral_agent::tunnel::INTERFACE_FILE);
+        if let Ok(name) = std::fs::read_to_string(name_file) {
+            corral_net::wireguard::remove_stale_socket(name.trim(), Duration::from_secs(3));
+        }
+    }
     unmount_below(dir);
     for node_dir in &node_dirs {
         remove_pod_cgroups(node_dir);

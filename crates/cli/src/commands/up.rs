@@ -147,6 +147,7 @@ impl NetworkArgs {
                 .egress_range
                 .parse()
                 .with_context(|| format!("--egress-range {}", self.egress_range))?,
+            wireguard: None,
         }))
     }
 }
@@ -195,6 +196,15 @@ pub struct AgentArgs {
     /// route this node's /64 via it.
     #[arg(long, value_name = "IPV6")]
     address: Option<String>,
+    /// Carry pod traffic to other nodes that have a tunnel too through
+    /// WireGuard (the kernel module when present, else wireguard-go); the
+    /// key is kept in DATA/wireguard, the public key and endpoint are
+    /// published in the node's status.
+    #[arg(long, requires = "address")]
+    wireguard: bool,
+    /// The tunnel's UDP port.
+    #[arg(long, value_name = "PORT", default_value_t = corral_agent::tunnel::DEFAULT_PORT)]
+    wireguard_port: u16,
     #[command(flatten)]
     network: NetworkArgs,
     #[command(flatten)]
@@ -529,9 +539,18 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
             .parse::<std::net::Ipv6Addr>()
             .with_context(|| format!("--address {address}: expected an IPv6 address"))?;
     }
-    let network = args
+    let mut network = args
         .network
         .config(corral_agent::network::Forwarding::Node)?;
+    if args.wireguard {
+        let Some(network) = &mut network else {
+            anyhow::bail!("--wireguard needs the pod network (drop --no-pod-network)");
+        };
+        network.wireguard = Some(corral_agent::tunnel::TunnelConfig::for_data_dir(
+            &data_dir,
+            args.wireguard_port,
+        ));
+    }
     let setup = AgentSetup {
         node,
         config,

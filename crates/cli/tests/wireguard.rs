@@ -1,0 +1,429 @@
+//! WireGuard between nodes, end to end on a 2-node `corral lab --wireguard`:
+//! each node publishes its tunnel, `why` shows the tunnel step with its
+//! peers, pod-to-pod traffic between the nodes crosses the tunnel (its
+//! counters rise) while the nodes' plain links carry only WireGuard's UDP
+//! (an nftables counter of pod-addressed packets on node-1's `eth0` stays
+//! at zero), and a node leaving is dropped as a peer. Needs root, runc,
+//! nft, wg and wireguard-go (or the kernel module); fails without.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{CORRAL, wait_for};
+
+/// A `--wireguard` lab in a unique directory, taken down on drop.
+struct WireguardLab {
+    dir: PathBuf,
+}
+
+impl WireguardLab {
+    fn up(nodes: usize, image: &Path) -> WireguardLab {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let lab = WireguardLab {
+            dir: PathBuf::from(format!(
+                "/run/corral-wg-test-{}-{nanos:x}",
+                std::process::id()
+            )),
+        };
+        let output = Command::new(CORRAL)
+            .args(["lab", "up", "--wireguard", "--nodes", &nodes.to_string()])
+            .arg("--dir")
+            .arg(&lab.dir)
+            .arg("--image")
+            .arg(image)
+            .output()
+            .expect("run corral lab up");
+        assert!(
+            output.status.success(),
+            "corral lab up --wireguard failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        lab
+    }
+
+    fn exec(&self, node: &str, command: &[&str]) -> Output {
+        Command::new(CORRAL)
+            .args(["lab", "exec", "--dir"])
+            .arg(&self.dir)
+            .args(["--node", node, "--"])
+            .args(command)
+            .output()
+            .expect("run corral lab exec")
+    }
+
+    /// Runs `command` in `node`'s namespace and insists it succeeds.
+    fn run(&self, node: &str, command: &[&str]) -> String {
+        let output = self.exec(node, command);
+        assert!(
+            output.status.success(),
+            "{command:?} in {node} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn try_corral(&self, args: &[&str]) -> Option<String> {
+        let mut command = vec![CORRAL];
+        command.extend_from_slice(args);
+        let output = self.exec("node-0", &command);
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn corral(&self, args: &[&str]) -> String {
+        let mut command = vec![CORRAL];
+        command.extend_from_slice(args);
+        self.run("node-0", &command)
+    }
+
+    fn node(&self, name: &str) -> serde_json::Value {
+        let text = self.corral(&["get", &format!("node/{name}"), "-o", "json"]);
+        serde_json::from_str(&text).expect("node JSON")
+    }
+
+    /// `corral lab SUBCOMMAND ARGS --dir DIR`, insisting it succeeds.
+    fn lab(&self, args: &[&str]) {
+        let output = Command::new(CORRAL)
+            .arg("lab")
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .expect("run corral lab");
+        assert!(output.status.success(), "corral lab {args:?}: {output:?}");
+    }
+
+    /// The node's tunnel interface, as its agent recorded it.
+    fn interface(&self, node: &str) -> String {
+        let path = self.dir.join(node).join("wireguard").join("interface");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .trim()
+            .to_string()
+    }
+
+    /// Bytes received and sent over `node`'s tunnel, summed over peers.
+    fn transfer(&self, node: &str) -> (u64, u64) {
+        let interface = self.interface(node);
+        let text = self.run(node, &["wg", "show", &interface, "transfer"]);
+        corral_net::wireguard::parse_transfer(&text)
+            .expect("wg show transfer")
+            .iter()
+            .fold((0, 0), |(rx, tx), p| (rx + p.received, tx + p.sent))
+    }
+
+    /// Packets counted by the named nftables counter in `node`.
+    fn counter(&self, node: &str, name: &str) -> u64 {
+        let text = self.run(node, &["nft", "list", "counter", "inet", NFT_TABLE, name]);
+        text.split_whitespace()
+            .skip_while(|word| *word != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no packet count in:\n{text}"))
+    }
+}
+
+impl Drop for WireguardLab {
+    fn drop(&mut self) {
+        if std::env::var_os("CORRAL_TEST_KEEP_LAB").is_some() {
+            eprintln!(
+                "CORRAL_TEST_KEEP_LAB: the lab stays in {}",
+                self.dir.display()
+            );
+            return;
+        }
+        let output = Command::new(CORRAL)
+            .args(["lab", "down", "--dir"])
+            .arg(&self.dir)
+            .output();
+        if let Ok(output) = output
+            && !output.status.success()
+        {
+            eprintln!(
+                "corral lab down failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
+
+/// The pid of the wireguard-go serving `interface` (one, or the test fails).
+fn wireguard_go_pid(interface: &str) -> u32 {
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                args.first().is_some_and(|a| a.ends_with(b"wireguard-go"))
+                    && args.contains(&interface.as_bytes())
+            })
+        })
+        .collect();
+    assert_eq!(
+        pids.len(),
+        1,
+        "wireguard-go processes for {interface}: {pids:?}"
+    );
+    pids[0]
+}
+
+/// The test's nftables table in node-1 (its namespace dies with the lab).
+const NFT_TABLE: &str = "corral_wg_test";
+
+fn pod(name: &str, node: &str) -> String {
+    format!(
+        "kind: Pod\nmetadata: {{name: {name}}}\nspec:\n  placement: {{node: {node}}}\n  containers:\n    - name: web\n      image: local/busybox:1\n      command: [httpd, -f, -p, \"8080\", -h, /etc]\n      ports: [8080]\n"
+    )
+}
+
+fn running_address(lab: &WireguardLab, name: &str) -> String {
+    wait_for(
+        &format!("pod {name} running with an address"),
+        Duration::from_secs(90),
+        || {
+            let text = lab.try_corral(&["get", &format!("pod/{name}"), "-o", "json"])?;
+            let pod: serde_json::Value = serde_json::from_str(&text).ok()?;
+            (pod["status"]["phase"] == "Running")
+                .then(|| pod["status"]["address"].as_str().map(str::to_string))?
+        },
+    )
+}
+
+#[test]
+fn pod_traffic_between_nodes_crosses_wireguard_only() {
+    corral_testkit::require_root();
+    for tool in ["runc", "nft", "ip", "wg"] {
+        corral_testkit::require_tool(tool);
+    }
+    // This kernel may lack the module; then wireguard-go must be there.
+    if !Path::new("/sys/module/wireguard").exists() {
+        corral_testkit::require_tool("wireguard-go");
+    }
+    let images = tempfile::tempdir().expect("temp dir");
+    let tar =
+        corral_testkit::busybox_image_tar(images.path(), corral_testkit::ImageFormat::OciLayout);
+    let lab = WireguardLab::up(2, &tar);
+
+    // Each node publishes its tunnel: key and endpoint.
+    let node0 = lab.node("node-0");
+    let node1 = lab.node("node-1");
+    let lab_state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).expect("lab.json"))
+            .expect("lab.json is JSON");
+    for (index, node) in [&node0, &node1].into_iter().enumerate() {
+        let wireguard = &node["status"]["wireguard"];
+        let key = wireguard["publicKey"]
+            .as_str()
+            .expect("status.wireguard.publicKey");
+        key.parse::<corral_net::wireguard::PublicKey>()
+            .expect("a WireGuard public key");
+        let address = lab_state["nodes"][index]["ipv6"].as_str().expect("ipv6");
+        assert_eq!(wireguard["endpoint"], format!("[{address}]:51820"));
+    }
+    let key_file = lab.dir.join("node-0").join("wireguard").join("private.key");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&key_file)
+            .expect("private key")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "{} mode {mode:o}", key_file.display());
+
+    // `why node/NAME` shows the join steps: prefix, tunnel with its peer, routes.
+    let interface1 = lab.interface("node-1");
+    let why = lab.corral(&["why", "node/node-1"]);
+    for expected in [
+        "ipam/assign-prefix".to_string(),
+        "node/configure-tunnel".to_string(),
+        format!("tunnel {interface1}"),
+        format!(
+            "peers: node-0 at [{}]:51820 for {}",
+            lab_state["nodes"][0]["ipv6"].as_str().unwrap_or_default(),
+            node0["status"]["prefix"].as_str().unwrap_or_default()
+        ),
+        format!("dev {interface1}"),
+        "ready (target)".to_string(),
+    ] {
+        assert!(why.contains(&expected), "why lacks {expected:?}:\n{why}");
+    }
+
+    // Routes to the other node's /64 go through the tunnel.
+    let interface0 = lab.interface("node-0");
+    let prefix1 = node1["status"]["prefix"]
+        .as_str()
+        .expect("prefix")
+        .to_string();
+    wait_for(
+        "node-0 to route node-1 through its tunnel",
+        Duration::from_secs(20),
+        || {
+            let routes = lab.run("node-0", &["ip", "-6", "route", "show", "proto", "87"]);
+            routes
+                .lines()
+                .any(|l| l.starts_with(&prefix1) && l.contains(&format!("dev {interface0}")))
+                .then_some(())
+        },
+    );
+
+    let manifest = lab.dir.join("pods.yaml");
+    std::fs::write(
+        &manifest,
+        format!("{}---\n{}", pod("web-0", "node-0"), pod("web-1", "node-1")),
+    )
+    .expect("write manifest");
+    lab.corral(&["apply", "-f", &manifest.to_string_lossy()]);
+    let address0 = running_address(&lab, "web-0");
+    let address1 = running_address(&lab, "web-1");
+
+    // Count, on node-1's plain link, every packet to or from a pod /64 or
+    // the pods' port, and the WireGuard UDP.
+    let prefix0 = node0["status"]["prefix"].as_str().expect("prefix");
+    let pods = format!("{{ {prefix0}, {prefix1} }}");
+    let rules = format!(
+        "table inet {NFT_TABLE} {{\n\
+         counter leaked {{}}\n\
+         counter wireguard {{}}\n\
+         chain in {{ type filter hook prerouting priority -300; policy accept;\n\
+           iifname \"eth0\" ip6 saddr {pods} counter name leaked\n\
+           iifname \"eth0\" ip6 daddr {pods} counter name leaked\n\
+           iifname \"eth0\" tcp sport 8080 counter name leaked\n\
+           iifname \"eth0\" tcp dport 8080 counter name leaked\n\
+           iifname \"eth0\" udp dport 51820 counter name wireguard\n }}\n\
+         chain out {{ type filter hook postrouting priority -300; policy accept;\n\
+           oifname \"eth0\" ip6 saddr {pods} counter name leaked\n\
+           oifname \"eth0\" ip6 daddr {pods} counter name leaked\n\
+           oifname \"eth0\" tcp sport 8080 counter name leaked\n\
+           oifname \"eth0\" tcp dport 8080 counter name leaked\n\
+           oifname \"eth0\" udp dport 51820 counter name wireguard\n }}\n\
+         }}\n"
+    );
+    let rules_file = lab.dir.join("count.nft");
+    std::fs::write(&rules_file, rules).expect("write nft rules");
+    lab.run("node-1", &["nft", "-f", &rules_file.to_string_lossy()]);
+    let wireguard_before = lab.counter("node-1", "wireguard");
+    let (rx0, tx0) = lab.transfer("node-0");
+    let (rx1, tx1) = lab.transfer("node-1");
+
+    // Pods on the two nodes reach each other, both ways.
+    let fetched = wait_for("web-1 fetches from web-0", Duration::from_secs(30), || {
+        lab.try_corral(&[
+            "exec",
+            "pod/web-1",
+            "--",
+            "busybox",
+            "timeout",
+            "5",
+            "wget",
+            "-qO-",
+            &format!("http://[{address0}]:8080/passwd"),
+        ])
+    });
+    assert!(fetched.contains("root:"), "{fetched}");
+    for _ in 0..5 {
+        let back = lab.corral(&[
+            "exec",
+            "pod/web-0",
+            "--",
+            "busybox",
+            "timeout",
+            "5",
+            "wget",
+            "-qO-",
+            &format!("http://[{address1}]:8080/group"),
+        ]);
+        assert!(back.contains("root:"), "{back}");
+    }
+
+    // The tunnel carried it: its counters rose on both ends.
+    let (rx0_after, tx0_after) = lab.transfer("node-0");
+    let (rx1_after, tx1_after) = lab.transfer("node-1");
+    assert!(
+        rx0_after > rx0 && tx0_after > tx0 && rx1_after > rx1 && tx1_after > tx1,
+        "tunnel counters did not rise: node-0 {rx0}/{tx0} -> {rx0_after}/{tx0_after}, \
+         node-1 {rx1}/{tx1} -> {rx1_after}/{tx1_after}"
+    );
+    // The plain link saw WireGuard's UDP, and nothing pod-addressed.
+    let wireguard_after = lab.counter("node-1", "wireguard");
+    assert!(
+        wireguard_after > wireguard_before,
+        "no WireGuard UDP on node-1's eth0 ({wireguard_before} -> {wireguard_after})"
+    );
+    assert_eq!(
+        lab.counter("node-1", "leaked"),
+        0,
+        "pod traffic crossed node-1's eth0 outside the tunnel"
+    );
+
+    // The tunnel outlives its agent: with node-1's agent stopped pods still
+    // talk, and the restarted agent adopts the same wireguard-go.
+    let userspace = why.contains("(wireguard-go)");
+    let interface1_pid = userspace.then(|| wireguard_go_pid(&interface1));
+    lab.lab(&["stop-agent", "node-1"]);
+    let during = lab.corral(&[
+        "exec",
+        "pod/web-0",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        &format!("http://[{address1}]:8080/group"),
+    ]);
+    assert!(during.contains("root:"), "{during}");
+    lab.lab(&["start-agent", "node-1"]);
+    // `start-agent` starts a fresh log; the agent logs its tunnel at start.
+    wait_for(
+        "node-1's restarted agent to take its tunnel",
+        Duration::from_secs(30),
+        || {
+            let log = std::fs::read_to_string(lab.dir.join("logs").join("node-1.log")).ok()?;
+            log.contains("wireguard tunnel up").then_some(())
+        },
+    );
+    if let Some(pid) = interface1_pid {
+        assert_eq!(
+            wireguard_go_pid(&interface1),
+            pid,
+            "the restarted agent replaced wireguard-go instead of adopting it"
+        );
+    }
+    let (rx_before, _) = lab.transfer("node-1");
+    let after_restart = lab.corral(&[
+        "exec",
+        "pod/web-0",
+        "--",
+        "busybox",
+        "timeout",
+        "5",
+        "wget",
+        "-qO-",
+        &format!("http://[{address1}]:8080/group"),
+    ]);
+    assert!(after_restart.contains("root:"), "{after_restart}");
+    assert!(lab.transfer("node-1").0 > rx_before);
+
+    // A node leaving stops being a peer (and its route goes).
+    // A node leaving stops being a peer (and its route goes).
+    lab.lab(&["stop-agent", "node-1"]);
+    lab.corral(&["delete", "node/node-1"]);
+    wait_for(
+        "node-0 to drop node-1 as a peer",
+        Duration::from_secs(20),
+        || {
+            let peers = lab.run("node-0", &["wg", "show", &interface0, "peers"]);
+            let routes = lab.run("node-0", &["ip", "-6", "route", "show", "proto", "87"]);
+            (peers.trim().is_empty() && !routes.contains(&prefix1)).then_some(())
+        },
+    );
+}
