@@ -11,124 +11,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
+use common::lab::Lab;
 use common::{CORRAL, wait_for};
-
-/// A lab in a unique directory, taken down on drop even when the test fails.
-struct LabGuard {
-    dir: PathBuf,
-    state: serde_json::Value,
-}
-
-impl LabGuard {
-    fn up(image: &Path) -> LabGuard {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let dir = PathBuf::from(format!(
-            "/run/corral-lab-lb-{}-{nanos:x}",
-            std::process::id()
-        ));
-        let mut guard = LabGuard {
-            dir,
-            state: serde_json::Value::Null,
-        };
-        let output = Command::new(CORRAL)
-            .args(["lab", "up", "--nodes", "3", "--dir"])
-            .arg(&guard.dir)
-            .arg("--image")
-            .arg(image)
-            .output()
-            .expect("run corral lab up");
-        assert!(
-            output.status.success(),
-            "corral lab up failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        guard.state = serde_json::from_str(
-            &std::fs::read_to_string(guard.dir.join("lab.json")).expect("lab.json"),
-        )
-        .expect("lab.json is JSON");
-        guard
-    }
-
-    /// `corral lab exec` of `command` in `node`, not yet run.
-    fn command(&self, node: &str, command: &[&str]) -> Command {
-        let mut lab = Command::new(CORRAL);
-        lab.args(["lab", "exec", "--dir"])
-            .arg(&self.dir)
-            .args(["--node", node, "--"])
-            .args(command);
-        lab
-    }
-
-    fn exec(&self, node: &str, command: &[&str]) -> Output {
-        self.command(node, command)
-            .output()
-            .expect("run corral lab exec")
-    }
-
-    /// The CLI against the lab's API (from node-0); insists it succeeds.
-    fn corral(&self, args: &[&str]) -> String {
-        self.try_corral(args)
-            .unwrap_or_else(|error| panic!("corral {args:?} failed: {error}"))
-    }
-
-    fn try_corral(&self, args: &[&str]) -> Result<String, String> {
-        let mut command = vec![CORRAL];
-        command.extend_from_slice(args);
-        let output = self.exec("node-0", &command);
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ))
-        }
-    }
-
-    fn node_field(&self, index: usize, field: &str) -> String {
-        self.state["nodes"][index][field]
-            .as_str()
-            .unwrap_or_else(|| panic!("lab.json has no nodes[{index}].{field}"))
-            .to_string()
-    }
-
-    fn json(&self, object: &str) -> Option<serde_json::Value> {
-        let text = self.try_corral(&["get", object, "-o", "json"]).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-}
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if std::env::var_os("CORRAL_TEST_KEEP_LAB").is_some() {
-            eprintln!(
-                "CORRAL_TEST_KEEP_LAB: the lab stays in {}",
-                self.dir.display()
-            );
-            return;
-        }
-        // `lab down` also ends the proxies, which run in node-0's namespace.
-        let output = Command::new(CORRAL)
-            .args(["lab", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        if let Ok(output) = output
-            && !output.status.success()
-        {
-            eprintln!(
-                "corral lab down failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-    }
-}
 
 /// A `corral lb-proxy` running in node-0; its log is printed when the test
 /// fails, and the `lab exec` wrapping it is killed on drop (the proxy
@@ -157,7 +44,7 @@ impl Drop for ProxyGuard {
 /// Starts `corral lb-proxy` in node-0 with a controller token for `name`,
 /// given the server by flags or (`by_flags` false) by the lab's client
 /// config, whose token `$CORRAL_CONTROLLER_TOKEN` replaces.
-fn start_proxy(lab: &LabGuard, logs: &Path, name: &str, by_flags: bool) -> ProxyGuard {
+fn start_proxy(lab: &Lab, logs: &Path, name: &str, by_flags: bool) -> ProxyGuard {
     let token = lab.corral(&["token", "create", "--controller", name]);
     let log = logs.join(format!("{name}.log"));
     let out = std::fs::File::create(&log).expect("create the proxy log");
@@ -215,7 +102,7 @@ spec:
 
 /// The LoadBalancer's status once `check` holds for it.
 fn lb_status(
-    lab: &LabGuard,
+    lab: &Lab,
     what: &str,
     check: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
@@ -238,7 +125,7 @@ fn strings(value: &serde_json::Value) -> Vec<String> {
 }
 
 /// One request from node-1 (an IPv4 client on the lab's network).
-fn fetch(lab: &LabGuard, url: &str) -> Option<String> {
+fn fetch(lab: &Lab, url: &str) -> Option<String> {
     let output = lab.exec(
         "node-1",
         &["busybox", "timeout", "5", "wget", "-q", "-O-", url],
@@ -258,7 +145,7 @@ fn a_load_balancer_forwards_ipv4_to_ready_pods_and_follows_readiness() {
     let scratch = tempfile::tempdir().expect("temp dir");
     let tar =
         corral_testkit::busybox_image_tar(scratch.path(), corral_testkit::ImageFormat::OciLayout);
-    let lab = LabGuard::up(&tar);
+    let lab = Lab::up("lb", 3, &tar, &[]);
     let proxy = start_proxy(&lab, scratch.path(), "lb-l4-proxy", true);
 
     // The proxy registers as the owner of LoadBalancer:status.

@@ -10,137 +10,11 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
+use common::lab::Lab;
 use common::{CORRAL, wait_for};
-
-/// A lab in a unique directory, taken down on drop even when the test fails.
-struct LabGuard {
-    dir: PathBuf,
-    state: serde_json::Value,
-}
-
-impl LabGuard {
-    fn up(nodes: usize, image: &Path) -> LabGuard {
-        let dir = PathBuf::from(format!(
-            "/run/corral-lab-test-{}-{}",
-            std::process::id(),
-            rand_suffix()
-        ));
-        let mut guard = LabGuard {
-            dir,
-            state: serde_json::Value::Null,
-        };
-        let output = Command::new(CORRAL)
-            .args(["lab", "up", "--nodes", &nodes.to_string(), "--dir"])
-            .arg(&guard.dir)
-            .arg("--image")
-            .arg(image)
-            .output()
-            .expect("run corral lab up");
-        assert!(
-            output.status.success(),
-            "corral lab up failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        guard.state = serde_json::from_str(
-            &std::fs::read_to_string(guard.dir.join("lab.json")).expect("lab.json"),
-        )
-        .expect("lab.json is JSON");
-        guard
-    }
-
-    fn lab(&self, args: &[&str]) -> Output {
-        Command::new(CORRAL)
-            .arg("lab")
-            .args(args)
-            .arg("--dir")
-            .arg(&self.dir)
-            .output()
-            .expect("run corral lab")
-    }
-
-    /// Runs `command` in `node`'s namespace; returns the output.
-    fn exec(&self, node: &str, command: &[&str]) -> Output {
-        Command::new(CORRAL)
-            .args(["lab", "exec", "--dir"])
-            .arg(&self.dir)
-            .args(["--node", node, "--"])
-            .args(command)
-            .output()
-            .expect("run corral lab exec")
-    }
-
-    /// The CLI against the lab's API (from node-0); insists it succeeds.
-    fn corral(&self, args: &[&str]) -> String {
-        let mut command = vec![CORRAL];
-        command.extend_from_slice(args);
-        let output = self.exec("node-0", &command);
-        assert!(
-            output.status.success(),
-            "corral {args:?} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    fn try_corral(&self, args: &[&str]) -> Option<String> {
-        let mut command = vec![CORRAL];
-        command.extend_from_slice(args);
-        let output = self.exec("node-0", &command);
-        output
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
-    }
-
-    fn node_field(&self, index: usize, field: &str) -> String {
-        self.state["nodes"][index][field]
-            .as_str()
-            .unwrap_or_else(|| panic!("lab.json has no nodes[{index}].{field}"))
-            .to_string()
-    }
-
-    fn routes(&self, node: &str) -> String {
-        let output = self.exec(node, &["ip", "-6", "route", "show", "proto", "87"]);
-        assert!(output.status.success(), "ip route failed in {node}");
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-}
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if std::env::var_os("CORRAL_TEST_KEEP_LAB").is_some() {
-            eprintln!(
-                "CORRAL_TEST_KEEP_LAB: the lab stays in {}",
-                self.dir.display()
-            );
-            return;
-        }
-        let output = Command::new(CORRAL)
-            .args(["lab", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        if let Ok(output) = output
-            && !output.status.success()
-        {
-            eprintln!(
-                "corral lab down failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-    }
-}
-
-fn rand_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{nanos:x}")
-}
 
 fn pod(name: &str, node: &str) -> String {
     format!(
@@ -148,12 +22,14 @@ fn pod(name: &str, node: &str) -> String {
     )
 }
 
-fn running_address(lab: &LabGuard, name: &str) -> String {
+fn running_address(lab: &Lab, name: &str) -> String {
     wait_for(
         &format!("pod {name} running with an address"),
         Duration::from_secs(90),
         || {
-            let text = lab.try_corral(&["get", &format!("pod/{name}"), "-o", "json"])?;
+            let text = lab
+                .try_corral(&["get", &format!("pod/{name}"), "-o", "json"])
+                .ok()?;
             let pod: serde_json::Value = serde_json::from_str(&text).ok()?;
             (pod["status"]["phase"] == "Running")
                 .then(|| pod["status"]["address"].as_str().map(str::to_string))?
@@ -170,7 +46,7 @@ fn three_node_lab_routes_pods_across_nodes() {
     let images = tempfile::tempdir().expect("temp dir");
     let tar =
         corral_testkit::busybox_image_tar(images.path(), corral_testkit::ImageFormat::OciLayout);
-    let lab = LabGuard::up(3, &tar);
+    let lab = Lab::up("network", 3, &tar, &[]);
 
     // `why node/NAME` shows the join steps.
     let why = lab.corral(&["why", "node/node-1"]);
@@ -231,6 +107,7 @@ fn three_node_lab_routes_pods_across_nodes() {
             "-qO-",
             &format!("http://[{address0}]:8080/passwd"),
         ])
+        .ok()
     });
     assert!(fetched.contains("root:"), "{fetched}");
     let back = lab.corral(&[
@@ -261,6 +138,7 @@ fn three_node_lab_routes_pods_across_nodes() {
                 "-type=AAAA",
                 "web-0.default.pod.corral",
             ])
+            .ok()
             .filter(|out| out.contains(&address0))
         },
     );
@@ -339,7 +217,7 @@ fn three_node_lab_routes_pods_across_nodes() {
     let started = lab.lab(&["start-agent", "node-2"]);
     assert!(started.status.success(), "{started:?}");
     let prefix2 = wait_for("node-2 to join again", Duration::from_secs(30), || {
-        let text = lab.try_corral(&["get", "node/node-2", "-o", "json"])?;
+        let text = lab.try_corral(&["get", "node/node-2", "-o", "json"]).ok()?;
         let node: serde_json::Value = serde_json::from_str(&text).ok()?;
         node["status"]["prefix"].as_str().map(str::to_string)
     });
@@ -359,7 +237,7 @@ struct OutsideHost {
 }
 
 impl OutsideHost {
-    fn create(lab: &LabGuard) -> OutsideHost {
+    fn create(lab: &Lab) -> OutsideHost {
         let netns = lab.dir.join("netns").join("outside");
         let hub = lab.dir.join("netns").join("hub");
         let ipv4 = "192.168.87.200".to_string();

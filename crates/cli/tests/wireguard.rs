@@ -8,152 +8,44 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 use std::time::Duration;
 
-use common::{CORRAL, wait_for};
+use common::lab::Lab;
+use common::wait_for;
 
-/// A `--wireguard` lab in a unique directory, taken down on drop.
-struct WireguardLab {
-    dir: PathBuf,
+/// The node's tunnel interface, as its agent recorded it.
+fn interface(lab: &Lab, node: &str) -> String {
+    let path = lab.dir.join(node).join("wireguard").join("interface");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .to_string()
 }
 
-impl WireguardLab {
-    fn up(nodes: usize, image: &Path) -> WireguardLab {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let lab = WireguardLab {
-            dir: PathBuf::from(format!(
-                "/run/corral-wg-test-{}-{nanos:x}",
-                std::process::id()
-            )),
-        };
-        let output = Command::new(CORRAL)
-            .args(["lab", "up", "--wireguard", "--nodes", &nodes.to_string()])
-            .arg("--dir")
-            .arg(&lab.dir)
-            .arg("--image")
-            .arg(image)
-            .output()
-            .expect("run corral lab up");
-        assert!(
-            output.status.success(),
-            "corral lab up --wireguard failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        lab
-    }
-
-    fn exec(&self, node: &str, command: &[&str]) -> Output {
-        Command::new(CORRAL)
-            .args(["lab", "exec", "--dir"])
-            .arg(&self.dir)
-            .args(["--node", node, "--"])
-            .args(command)
-            .output()
-            .expect("run corral lab exec")
-    }
-
-    /// Runs `command` in `node`'s namespace and insists it succeeds.
-    fn run(&self, node: &str, command: &[&str]) -> String {
-        let output = self.exec(node, command);
-        assert!(
-            output.status.success(),
-            "{command:?} in {node} failed: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    fn try_corral(&self, args: &[&str]) -> Option<String> {
-        let mut command = vec![CORRAL];
-        command.extend_from_slice(args);
-        let output = self.exec("node-0", &command);
-        output
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
-    }
-
-    fn corral(&self, args: &[&str]) -> String {
-        let mut command = vec![CORRAL];
-        command.extend_from_slice(args);
-        self.run("node-0", &command)
-    }
-
-    fn node(&self, name: &str) -> serde_json::Value {
-        let text = self.corral(&["get", &format!("node/{name}"), "-o", "json"]);
-        serde_json::from_str(&text).expect("node JSON")
-    }
-
-    /// `corral lab SUBCOMMAND ARGS --dir DIR`, insisting it succeeds.
-    fn lab(&self, args: &[&str]) {
-        let output = Command::new(CORRAL)
-            .arg("lab")
-            .args(args)
-            .arg("--dir")
-            .arg(&self.dir)
-            .output()
-            .expect("run corral lab");
-        assert!(output.status.success(), "corral lab {args:?}: {output:?}");
-    }
-
-    /// The node's tunnel interface, as its agent recorded it.
-    fn interface(&self, node: &str) -> String {
-        let path = self.dir.join(node).join("wireguard").join("interface");
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-            .trim()
-            .to_string()
-    }
-
-    /// Bytes received and sent over `node`'s tunnel, summed over peers.
-    fn transfer(&self, node: &str) -> (u64, u64) {
-        let interface = self.interface(node);
-        let text = self.run(node, &["wg", "show", &interface, "transfer"]);
-        corral_net::wireguard::parse_transfer(&text)
-            .expect("wg show transfer")
-            .iter()
-            .fold((0, 0), |(rx, tx), p| (rx + p.received, tx + p.sent))
-    }
-
-    /// Packets counted by the named nftables counter in `node`.
-    fn counter(&self, node: &str, name: &str) -> u64 {
-        let text = self.run(node, &["nft", "list", "counter", "inet", NFT_TABLE, name]);
-        text.split_whitespace()
-            .skip_while(|word| *word != "packets")
-            .nth(1)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no packet count in:\n{text}"))
-    }
+/// Bytes received and sent over `node`'s tunnel, summed over peers.
+fn transfer(lab: &Lab, node: &str) -> (u64, u64) {
+    let interface = interface(lab, node);
+    let text = lab.run(node, &["wg", "show", &interface, "transfer"]);
+    corral_net::wireguard::parse_transfer(&text)
+        .expect("wg show transfer")
+        .iter()
+        .fold((0, 0), |(rx, tx), p| (rx + p.received, tx + p.sent))
 }
 
-impl Drop for WireguardLab {
-    fn drop(&mut self) {
-        if std::env::var_os("CORRAL_TEST_KEEP_LAB").is_some() {
-            eprintln!(
-                "CORRAL_TEST_KEEP_LAB: the lab stays in {}",
-                self.dir.display()
-            );
-            return;
-        }
-        let output = Command::new(CORRAL)
-            .args(["lab", "down", "--dir"])
-            .arg(&self.dir)
-            .output();
-        if let Ok(output) = output
-            && !output.status.success()
-        {
-            eprintln!(
-                "corral lab down failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-    }
+/// Packets counted by the named nftables counter in `node`.
+fn counter(lab: &Lab, node: &str, name: &str) -> u64 {
+    let text = lab.run(node, &["nft", "list", "counter", "inet", NFT_TABLE, name]);
+    text.split_whitespace()
+        .skip_while(|word| *word != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no packet count in:\n{text}"))
+}
+
+/// Node `name` as JSON.
+fn node(lab: &Lab, name: &str) -> serde_json::Value {
+    lab.json(&format!("node/{name}")).expect("node JSON")
 }
 
 /// The pid of the wireguard-go serving `interface` (one, or the test fails).
@@ -187,12 +79,14 @@ fn pod(name: &str, node: &str) -> String {
     )
 }
 
-fn running_address(lab: &WireguardLab, name: &str) -> String {
+fn running_address(lab: &Lab, name: &str) -> String {
     wait_for(
         &format!("pod {name} running with an address"),
         Duration::from_secs(90),
         || {
-            let text = lab.try_corral(&["get", &format!("pod/{name}"), "-o", "json"])?;
+            let text = lab
+                .try_corral(&["get", &format!("pod/{name}"), "-o", "json"])
+                .ok()?;
             let pod: serde_json::Value = serde_json::from_str(&text).ok()?;
             (pod["status"]["phase"] == "Running")
                 .then(|| pod["status"]["address"].as_str().map(str::to_string))?
@@ -213,11 +107,11 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     let images = tempfile::tempdir().expect("temp dir");
     let tar =
         corral_testkit::busybox_image_tar(images.path(), corral_testkit::ImageFormat::OciLayout);
-    let lab = WireguardLab::up(2, &tar);
+    let lab = Lab::up("wg", 2, &tar, &["--wireguard"]);
 
     // Each node publishes its tunnel: key and endpoint.
-    let node0 = lab.node("node-0");
-    let node1 = lab.node("node-1");
+    let node0 = node(&lab, "node-0");
+    let node1 = node(&lab, "node-1");
     let lab_state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(lab.dir.join("lab.json")).expect("lab.json"))
             .expect("lab.json is JSON");
@@ -240,7 +134,7 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     assert_eq!(mode & 0o777, 0o600, "{} mode {mode:o}", key_file.display());
 
     // `why node/NAME` shows the join steps: prefix, tunnel with its peer, routes.
-    let interface1 = lab.interface("node-1");
+    let interface1 = interface(&lab, "node-1");
     let why = lab.corral(&["why", "node/node-1"]);
     for expected in [
         "ipam/assign-prefix".to_string(),
@@ -258,7 +152,7 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     }
 
     // Routes to the other node's /64 go through the tunnel.
-    let interface0 = lab.interface("node-0");
+    let interface0 = interface(&lab, "node-0");
     let prefix1 = node1["status"]["prefix"]
         .as_str()
         .expect("prefix")
@@ -310,9 +204,9 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     let rules_file = lab.dir.join("count.nft");
     std::fs::write(&rules_file, rules).expect("write nft rules");
     lab.run("node-1", &["nft", "-f", &rules_file.to_string_lossy()]);
-    let wireguard_before = lab.counter("node-1", "wireguard");
-    let (rx0, tx0) = lab.transfer("node-0");
-    let (rx1, tx1) = lab.transfer("node-1");
+    let wireguard_before = counter(&lab, "node-1", "wireguard");
+    let (rx0, tx0) = transfer(&lab, "node-0");
+    let (rx1, tx1) = transfer(&lab, "node-1");
 
     // Pods on the two nodes reach each other, both ways.
     let fetched = wait_for("web-1 fetches from web-0", Duration::from_secs(30), || {
@@ -327,6 +221,7 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
             "-qO-",
             &format!("http://[{address0}]:8080/passwd"),
         ])
+        .ok()
     });
     assert!(fetched.contains("root:"), "{fetched}");
     for _ in 0..5 {
@@ -345,21 +240,21 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     }
 
     // The tunnel carried it: its counters rose on both ends.
-    let (rx0_after, tx0_after) = lab.transfer("node-0");
-    let (rx1_after, tx1_after) = lab.transfer("node-1");
+    let (rx0_after, tx0_after) = transfer(&lab, "node-0");
+    let (rx1_after, tx1_after) = transfer(&lab, "node-1");
     assert!(
         rx0_after > rx0 && tx0_after > tx0 && rx1_after > rx1 && tx1_after > tx1,
         "tunnel counters did not rise: node-0 {rx0}/{tx0} -> {rx0_after}/{tx0_after}, \
          node-1 {rx1}/{tx1} -> {rx1_after}/{tx1_after}"
     );
     // The plain link saw WireGuard's UDP, and nothing pod-addressed.
-    let wireguard_after = lab.counter("node-1", "wireguard");
+    let wireguard_after = counter(&lab, "node-1", "wireguard");
     assert!(
         wireguard_after > wireguard_before,
         "no WireGuard UDP on node-1's eth0 ({wireguard_before} -> {wireguard_after})"
     );
     assert_eq!(
-        lab.counter("node-1", "leaked"),
+        counter(&lab, "node-1", "leaked"),
         0,
         "pod traffic crossed node-1's eth0 outside the tunnel"
     );
@@ -368,7 +263,7 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     // talk, and the restarted agent adopts the same wireguard-go.
     let userspace = why.contains("(wireguard-go)");
     let interface1_pid = userspace.then(|| wireguard_go_pid(&interface1));
-    lab.lab(&["stop-agent", "node-1"]);
+    lab.lab_ok(&["stop-agent", "node-1"]);
     let during = lab.corral(&[
         "exec",
         "pod/web-0",
@@ -381,7 +276,7 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
         &format!("http://[{address1}]:8080/group"),
     ]);
     assert!(during.contains("root:"), "{during}");
-    lab.lab(&["start-agent", "node-1"]);
+    lab.lab_ok(&["start-agent", "node-1"]);
     // `start-agent` starts a fresh log; the agent logs its tunnel at start.
     wait_for(
         "node-1's restarted agent to take its tunnel",
@@ -398,7 +293,7 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
             "the restarted agent replaced wireguard-go instead of adopting it"
         );
     }
-    let (rx_before, _) = lab.transfer("node-1");
+    let (rx_before, _) = transfer(&lab, "node-1");
     let after_restart = lab.corral(&[
         "exec",
         "pod/web-0",
@@ -411,11 +306,11 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
         &format!("http://[{address1}]:8080/group"),
     ]);
     assert!(after_restart.contains("root:"), "{after_restart}");
-    assert!(lab.transfer("node-1").0 > rx_before);
+    assert!(transfer(&lab, "node-1").0 > rx_before);
 
     // A node leaving stops being a peer (and its route goes).
     // A node leaving stops being a peer (and its route goes).
-    lab.lab(&["stop-agent", "node-1"]);
+    lab.lab_ok(&["stop-agent", "node-1"]);
     lab.corral(&["delete", "node/node-1"]);
     wait_for(
         "node-0 to drop node-1 as a peer",

@@ -22,6 +22,13 @@ pub struct DatastoreArgs {
     /// Several corral servers on one etcd serve the same cluster.
     #[arg(long, value_name = "URL", env = "CORRAL_DATASTORE")]
     pub datastore: Option<String>,
+    #[command(flatten)]
+    pub etcd_tls: EtcdTlsArgs,
+}
+
+/// TLS to etcd, beyond what an `etcds://…?ca=&cert=&key=` URL says.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdTlsArgs {
     /// CA certificate (PEM) that signed the etcd members' certificates.
     #[arg(long, value_name = "PATH")]
     pub etcd_ca: Option<PathBuf>,
@@ -31,6 +38,17 @@ pub struct DatastoreArgs {
     /// The client certificate's key (PEM).
     #[arg(long, value_name = "PATH", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    /// `config` with these files applied.
+    fn apply(&self, config: EtcdConfig) -> EtcdConfig {
+        config.with_tls_files(
+            self.etcd_ca.clone(),
+            self.etcd_cert.clone(),
+            self.etcd_key.clone(),
+        )
+    }
 }
 
 /// An opened store, and the etcd handle when it is one (for leadership).
@@ -54,11 +72,7 @@ impl DatastoreArgs {
             return Ok(Datastore::Sqlite(data_dir.join("store.db")));
         };
         Ok(match Datastore::parse(url).context("--datastore")? {
-            Datastore::Etcd(config) => Datastore::Etcd(config.with_tls_files(
-                self.etcd_ca.clone(),
-                self.etcd_cert.clone(),
-                self.etcd_key.clone(),
-            )),
+            Datastore::Etcd(config) => Datastore::Etcd(self.etcd_tls.apply(config)),
             sqlite => sqlite,
         })
     }
@@ -212,15 +226,8 @@ pub struct MigrateArgs {
     /// prefix other than /corral). The prefix must be empty.
     #[arg(long, value_name = "URL")]
     pub to: String,
-    /// CA certificate (PEM) that signed the etcd members' certificates.
-    #[arg(long, value_name = "PATH")]
-    pub etcd_ca: Option<PathBuf>,
-    /// Client certificate (PEM) for etcd's client-certificate auth.
-    #[arg(long, value_name = "PATH", requires = "etcd_key")]
-    pub etcd_cert: Option<PathBuf>,
-    /// The client certificate's key (PEM).
-    #[arg(long, value_name = "PATH", requires = "etcd_cert")]
-    pub etcd_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub etcd_tls: EtcdTlsArgs,
 }
 
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
@@ -240,7 +247,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<()> {
     let Datastore::Etcd(config) = Datastore::parse(&args.to).context("--to")? else {
         anyhow::bail!("--to {}: the target must be etcd://… or etcds://…", args.to);
     };
-    let config = config.with_tls_files(args.etcd_ca, args.etcd_cert, args.etcd_key);
+    let config = args.etcd_tls.apply(config);
     let source = {
         let path = path.clone();
         tokio::task::spawn_blocking(move || SqliteStore::open(&path))

@@ -1,0 +1,165 @@
+//! A `corral lab` for a test: built in its own directory under /run, the
+//! CLI run inside its nodes, and taken down on drop even when the test
+//! fails (unless CORRAL_TEST_KEEP_LAB is set, to look at it afterwards).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use super::CORRAL;
+
+pub struct Lab {
+    pub dir: PathBuf,
+    /// The lab's `lab.json`.
+    pub state: serde_json::Value,
+}
+
+impl Lab {
+    /// `corral lab up --nodes N --image IMAGE FLAGS…` in a fresh directory
+    /// named after `name`; insists it succeeds.
+    pub fn up(name: &str, nodes: usize, image: &Path, flags: &[&str]) -> Lab {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mut lab = Lab {
+            dir: PathBuf::from(format!(
+                "/run/corral-{name}-test-{}-{nanos:x}",
+                std::process::id()
+            )),
+            state: serde_json::Value::Null,
+        };
+        let output = Command::new(CORRAL)
+            .args(["lab", "up", "--nodes", &nodes.to_string()])
+            .args(flags)
+            .arg("--dir")
+            .arg(&lab.dir)
+            .arg("--image")
+            .arg(image)
+            .output()
+            .expect("run corral lab up");
+        assert!(
+            output.status.success(),
+            "corral lab up {flags:?} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        lab.state = serde_json::from_str(
+            &std::fs::read_to_string(lab.dir.join("lab.json")).expect("lab.json"),
+        )
+        .expect("lab.json is JSON");
+        lab
+    }
+
+    /// `corral lab ARGS --dir DIR`.
+    pub fn lab(&self, args: &[&str]) -> Output {
+        Command::new(CORRAL)
+            .arg("lab")
+            .args(args)
+            .arg("--dir")
+            .arg(&self.dir)
+            .output()
+            .expect("run corral lab")
+    }
+
+    /// [`Lab::lab`], insisting it succeeds.
+    pub fn lab_ok(&self, args: &[&str]) {
+        let output = self.lab(args);
+        assert!(output.status.success(), "corral lab {args:?}: {output:?}");
+    }
+
+    /// `corral lab exec` of `command` in `node`, not yet run.
+    pub fn command(&self, node: &str, command: &[&str]) -> Command {
+        let mut lab = Command::new(CORRAL);
+        lab.args(["lab", "exec", "--dir"])
+            .arg(&self.dir)
+            .args(["--node", node, "--"])
+            .args(command);
+        lab
+    }
+
+    /// Runs `command` in `node`'s namespace; returns the output.
+    pub fn exec(&self, node: &str, command: &[&str]) -> Output {
+        self.command(node, command)
+            .output()
+            .expect("run corral lab exec")
+    }
+
+    /// Runs `command` in `node`'s namespace and insists it succeeds.
+    pub fn run(&self, node: &str, command: &[&str]) -> String {
+        let output = self.exec(node, command);
+        assert!(
+            output.status.success(),
+            "{command:?} in {node} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The CLI against the lab's API (from node-0); insists it succeeds.
+    pub fn corral(&self, args: &[&str]) -> String {
+        self.try_corral(args)
+            .unwrap_or_else(|error| panic!("corral {args:?} failed: {error}"))
+    }
+
+    /// The CLI against the lab's API: its stdout, or what it printed when
+    /// it failed.
+    pub fn try_corral(&self, args: &[&str]) -> Result<String, String> {
+        let mut command = vec![CORRAL];
+        command.extend_from_slice(args);
+        let output = self.exec("node-0", &command);
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    }
+
+    /// `corral get OBJECT -o json`, if it exists and parses.
+    pub fn json(&self, object: &str) -> Option<serde_json::Value> {
+        let text = self.try_corral(&["get", object, "-o", "json"]).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// A field of node `index` in `lab.json` (`name`, `ipv6`, `ipv4`, …).
+    pub fn node_field(&self, index: usize, field: &str) -> String {
+        self.state["nodes"][index][field]
+            .as_str()
+            .unwrap_or_else(|| panic!("lab.json has no nodes[{index}].{field}"))
+            .to_string()
+    }
+
+    /// corral's routes (protocol 87) in `node`.
+    pub fn routes(&self, node: &str) -> String {
+        self.run(node, &["ip", "-6", "route", "show", "proto", "87"])
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if std::env::var_os("CORRAL_TEST_KEEP_LAB").is_some() {
+            eprintln!(
+                "CORRAL_TEST_KEEP_LAB: the lab stays in {}",
+                self.dir.display()
+            );
+            return;
+        }
+        // `lab down` ends every process the lab runs, also those a test
+        // started with `lab exec`.
+        let output = Command::new(CORRAL)
+            .args(["lab", "down", "--dir"])
+            .arg(&self.dir)
+            .output();
+        if let Ok(output) = output
+            && !output.status.success()
+        {
+            eprintln!(
+                "corral lab down failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+}
