@@ -164,37 +164,65 @@ impl PluginExec for ProcessExec {
         input: &[u8],
         timeout: Duration,
     ) -> std::io::Result<PluginOutput> {
-        // The agent is a subreaper: hold the spawn lock until the child is
-        // waited for so the orphan reaper never takes its status.
-        let _spawning = corral_runtime::oci::reap::spawn_lock();
+        use std::os::unix::process::CommandExt;
+        // The agent is a subreaper: the child is tracked from its spawn (under
+        // the spawn lock) so the orphan reaper never takes its status; the
+        // lock is not held while the plugin runs.
+        let spawning = corral_runtime::oci::reap::spawn_lock();
         let mut child = Command::new(executable)
             .arg(verb.as_str())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group, so a timeout ends what it started too.
+            .process_group(0)
             .spawn()?;
+        let pid = child.id();
+        corral_runtime::oci::reap::track(pid);
+        drop(spawning);
         let readers = [
             child.stdout.take().map(drain),
             child.stderr.take().map(drain),
         ];
         if let Some(mut stdin) = child.stdin.take() {
-            // A plugin that does not read its input closes the pipe early.
-            let _ = stdin.write_all(input);
+            // From a thread: a plugin that does not read a large input must
+            // not block the agent. One that does not read closes the pipe.
+            let input = input.to_vec();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&input);
+            });
         }
         let started = Instant::now();
         let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break Some(status);
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) => {}
+                Err(error) => {
+                    corral_runtime::oci::reap::untrack(pid);
+                    return Err(error);
+                }
             }
             if started.elapsed() >= timeout {
-                let _ = child.kill();
+                kill_group(pid);
                 let _ = child.wait();
                 break None;
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        let [stdout, stderr] =
-            readers.map(|reader| reader.and_then(|r| r.join().ok()).unwrap_or_default());
+        corral_runtime::oci::reap::untrack(pid);
+        // Something the plugin left running may hold its output open: wait
+        // for the rest of the output briefly, then take what came.
+        let deadline = Instant::now() + OUTPUT_GRACE;
+        let [stdout, stderr] = readers.map(|reader| {
+            let Some((thread, buffer)) = reader else {
+                return String::new();
+            };
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let bytes = buffer.lock().map(|b| b.clone()).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).into_owned()
+        });
         Ok(PluginOutput {
             code: status.and_then(|s| s.code()),
             stdout,
@@ -206,12 +234,42 @@ impl PluginExec for ProcessExec {
     }
 }
 
-fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
+/// How long the output of a finished plugin may take to close.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
+/// SIGKILL to the plugin's process group (it leads it).
+fn kill_group(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// Reads a pipe to its end on a thread, keeping what it read so far
+/// where the caller can take it without waiting for the end.
+fn drain(
+    mut pipe: impl Read + Send + 'static,
+) -> (
+    std::thread::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+) {
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = buffer.clone();
+    let thread = std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => match kept.lock() {
+                    Ok(mut kept) => kept.extend_from_slice(&chunk[..n]),
+                    Err(_) => break,
+                },
+            }
+        }
+    });
+    (thread, buffer)
 }
 
 /// A completed call: the reply and the plugin's output for the step log.
@@ -377,7 +435,24 @@ pub fn accept_path(
         let wanted = Relaxation::HostPath(path.to_string_lossy().into_owned());
         relax.iter().any(|r| r.covers(&wanted))
     };
-    if plain && (path.starts_with(dir) || granted()) {
+    // A path that exists is judged by where it leads: a symlink inside
+    // `dir` (which the pod owns) must not reach the host.
+    let resolved = match (std::fs::canonicalize(path), std::fs::canonicalize(dir)) {
+        (Ok(path), Ok(dir)) => Some((path, dir)),
+        _ => None,
+    };
+    let inside = match &resolved {
+        Some((path, dir)) => path.starts_with(dir),
+        None => path.starts_with(dir),
+    };
+    let granted = || match &resolved {
+        Some((path, _)) => {
+            let wanted = Relaxation::HostPath(path.to_string_lossy().into_owned());
+            relax.iter().any(|r| r.covers(&wanted))
+        }
+        None => granted(),
+    };
+    if plain && (inside || granted()) {
         return Ok(path.to_path_buf());
     }
     Err(PluginError::HostPath {

@@ -203,7 +203,11 @@ pub fn prepare(
 /// the pod's directory never reaches into a mounted filesystem; the
 /// directories go with the pod's directory. `local` volumes are left
 /// alone: they outlive the pod.
-pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) {
+///
+/// Returns whether nothing is mounted under the pod's directory any more
+/// (a plugin may have mounted below its volume's directory): only then may
+/// the directory be removed without reaching into a mounted filesystem.
+pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) -> bool {
     for volume in &spec.volumes {
         if let Ok(place) = volume_path(pods_dir, uid, volume)
             && (place.memory || volume.plugin.is_some())
@@ -212,6 +216,49 @@ pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) {
             let _ = nix::mount::umount2(&place.path, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+    let pod_dir = crate::containers::pod_dir(pods_dir, uid);
+    for mounted in mounts_under(&pod_dir) {
+        let _ = nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH);
+    }
+    mounts_under(&pod_dir).is_empty()
+}
+
+/// Mount points strictly below `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .map(|escaped| std::path::PathBuf::from(unescape_mountinfo(escaped)))
+        .filter(|mounted| mounted != dir && mounted.starts_with(dir))
+        .collect();
+    found.sort_by_key(|path| std::cmp::Reverse(path.components().count()));
+    found.dedup();
+    found
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let octal = bytes.get(index + 1..index + 4).and_then(|digits| {
+            let digits = std::str::from_utf8(digits).ok()?;
+            u8::from_str_radix(digits, 8).ok()
+        });
+        match (bytes[index], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                index += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The bind mounts of `container`'s `mounts`.
@@ -285,6 +332,13 @@ pub(crate) fn is_mount_point(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo("/a\\040b\\011c"), "/a b\tc");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(unescape_mountinfo("/end\\"), "/end\\");
+    }
 
     fn spec() -> PodSpec {
         serde_json::from_value(serde_json::json!({

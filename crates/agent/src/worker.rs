@@ -453,11 +453,18 @@ impl PodWorker {
                 }
             }
             other => {
-                let delegated = instance.and_then(|i| i.step(other)).is_some_and(|s| {
-                    s.definition.executor == Some(corral_api::workflow::StepExecutor::Node)
-                });
+                let step = instance.and_then(|i| i.step(other));
                 match Verb::of_step(other) {
-                    Some((plugin, verb)) if delegated => {
+                    // Only the plugin's own Controller can hand its steps
+                    // to the node: a step of another owner named like it
+                    // must not make the node run the plugin.
+                    Some((plugin, verb))
+                        if step.is_some_and(|s| {
+                            s.definition.owner == plugin
+                                && s.definition.executor
+                                    == Some(corral_api::workflow::StepExecutor::Node)
+                        }) =>
+                    {
                         self.plugin_step(spec, plugin.to_string(), verb).await
                     }
                     _ => StepOutcome::Failed(format!("this node does not know step {other}")),
@@ -903,11 +910,14 @@ impl PodWorker {
                 tracing::warn!(pod = %self.key(), %problem, "volume plugin teardown failed; removing the pod's directory anyway");
             }
         }
-        crate::volumes::release(&self.ctx.runner.pods_dir, &self.uid(), &spec);
-        let _ = std::fs::remove_dir_all(crate::containers::pod_dir(
-            &self.ctx.runner.pods_dir,
-            &self.uid(),
-        ));
+        if crate::volumes::release(&self.ctx.runner.pods_dir, &self.uid(), &spec) {
+            let _ = std::fs::remove_dir_all(crate::containers::pod_dir(
+                &self.ctx.runner.pods_dir,
+                &self.uid(),
+            ));
+        } else {
+            tracing::error!(pod = %self.key(), "something stays mounted in the pod's directory; it is kept so no mounted data is deleted");
+        }
         let uid = self.uid();
         let ranges = self.ctx.id_ranges.clone();
         let released = tokio::task::spawn_blocking(move || {

@@ -87,7 +87,12 @@ pub async fn run(args: VolumeStartArgs) -> anyhow::Result<()> {
     std::fs::copy(args.examples.join("dirvol"), plugins.join("dirvol"))
         .context("cannot install dirvol")?;
     let root = node.process.data_dir().join("dirvol-root");
-    let dirvol = json!({"plugin": {"driver": "dirvol", "options": {"root": root}}});
+    std::fs::write(
+        plugins.join("dirvol.conf"),
+        format!("root={}\n", root.display()),
+    )
+    .context("cannot configure dirvol")?;
+    let dirvol = json!({"plugin": {"driver": "dirvol", "options": {}}});
     let empty = json!({"emptyDir": {}});
 
     let n = args.pods;

@@ -195,13 +195,15 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
             },
         );
         // It holds its own identity now, kept private in its data dir.
-        let kept = nodes.path(name).join("node.json");
+        let kept = nodes.path(name).join(format!("node-{name}.json"));
         let mode = std::os::unix::fs::PermissionsExt::mode(
-            &std::fs::metadata(&kept).expect("node.json").permissions(),
+            &std::fs::metadata(&kept)
+                .expect("node-NAME.json")
+                .permissions(),
         );
         assert_eq!(mode & 0o777, 0o600, "{}", kept.display());
         let config: Value =
-            serde_json::from_str(&std::fs::read_to_string(&kept).expect("read node.json"))
+            serde_json::from_str(&std::fs::read_to_string(&kept).expect("read node-NAME.json"))
                 .expect("json");
         let token = config["token"].as_str().expect("a token");
         assert_ne!(token, join.trim(), "the join token was exchanged");

@@ -17,21 +17,27 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/volume-plugins")
 }
 
-/// Installs dirvol on the node and registers its Controller.
+/// Installs dirvol on the node (its backing root and call journal in the
+/// node's data dir, set by the operator's dirvol.conf) and registers its
+/// Controller.
 fn install_dirvol(cluster: &common::Cluster) {
     corral_testkit::require_tool("jq");
     let plugins = cluster.data_dir.path().join("plugins");
     std::fs::create_dir_all(&plugins).expect("plugins dir");
     std::fs::copy(examples().join("dirvol"), plugins.join("dirvol")).expect("install dirvol");
+    let conf = format!(
+        "root={}\njournal={}\n",
+        cluster.data_dir.path().join("dirvol-root").display(),
+        cluster.data_dir.path().join("dirvol-journal").display()
+    );
+    std::fs::write(plugins.join("dirvol.conf"), conf).expect("write dirvol.conf");
     let controller = examples().join("dirvol-controller.yaml");
     cluster.ok(&["apply", "-f", &controller.to_string_lossy()]);
 }
 
-fn manifest(name: &str, root: &Path, journal: &Path, extra: &str) -> String {
+fn manifest(name: &str, options: &str) -> String {
     format!(
-        "kind: Pod\nmetadata: {{name: {name}}}\nspec:\n  volumes:\n    - name: data\n      plugin: {{driver: dirvol, options: {{root: \"{}\", journal: \"{}\"{extra}}}}}\n  containers:\n    - name: main\n      image: local/busybox:1\n      command: [sh, -c, \"echo written-by-pod > /data/file; exec sleep 3600\"]\n      mounts: [{{volume: data, path: /data}}]\n",
-        root.display(),
-        journal.display()
+        "kind: Pod\nmetadata: {{name: {name}}}\nspec:\n  volumes:\n    - name: data\n      plugin: {{driver: dirvol, options: {{{options}}}}}\n  containers:\n    - name: main\n      image: local/busybox:1\n      command: [sh, -c, \"echo written-by-pod > /data/file; exec sleep 3600\"]\n      mounts: [{{volume: data, path: /data}}]\n"
     )
 }
 
@@ -44,7 +50,7 @@ fn a_plugin_volume_is_prepared_mounted_and_released_by_its_plugin() {
 
     let name = unique_name("plugvol");
     let target = format!("pod/{name}");
-    let path = cluster.manifest("good.yaml", &manifest(&name, &root, &journal, ""));
+    let path = cluster.manifest("good.yaml", &manifest(&name, ""));
     cluster.ok(&["apply", "-f", &path]);
     let pod = common::wait_for(
         &format!("{target} running"),
@@ -95,12 +101,10 @@ fn a_plugin_volume_is_prepared_mounted_and_released_by_its_plugin() {
 fn a_failing_plugin_shows_its_message_in_why_and_its_output_in_step_logs() {
     let cluster = common::start_node();
     install_dirvol(&cluster);
-    let root = cluster.data_dir.path().join("dirvol-root");
-    let journal = cluster.data_dir.path().join("dirvol-journal");
 
     let name = unique_name("plugfail");
     let target = format!("pod/{name}");
-    let text = manifest(&name, &root, &journal, ", fail: prepare");
+    let text = manifest(&name, "fail: prepare");
     let path = cluster.manifest("bad.yaml", &text);
     cluster.ok(&["apply", "-f", &path]);
     let message = "refusing to prepare volume data on purpose (option fail=prepare)";
@@ -137,8 +141,7 @@ fn a_plugin_volume_without_its_controller_fails_prepare_volumes_clearly() {
     let cluster = common::start_node();
     let name = unique_name("plugnone");
     let target = format!("pod/{name}");
-    let dir = cluster.data_dir.path();
-    let text = manifest(&name, &dir.join("r"), &dir.join("j"), "");
+    let text = manifest(&name, "");
     let path = cluster.manifest("none.yaml", &text);
     cluster.ok(&["apply", "-f", &path]);
     common::wait_for(

@@ -231,6 +231,16 @@ async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
     .await;
     assert_eq!(status, StatusCode::OK, "{joined}");
     let node = joined["token"].as_str().expect("a node token").to_string();
+    // The name is claimed at once, before the agent first reports.
+    let (status, body) = common::call(
+        &server,
+        "POST",
+        "/v1/join",
+        Some(&join),
+        Some(json!({"node": "node-7"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, me) = common::call(&server, "GET", "/v1/whoami", Some(&node), None).await;
     assert_eq!(status, StatusCode::OK, "{me}");
     assert_eq!(

@@ -2,14 +2,15 @@
 //! prefix: `corral migrate`. Revisions are written one transaction each,
 //! in the order the source wrote them, through the same encoder as live
 //! writes (so a record's `seq` keeps the source's order and specs are
-//! delta-compressed as usual); then the history keys, the live objects,
-//! the tokens and the step logs. Objects come last: until they are
-//! written nothing is visible to a server, and an import that fails half
-//! way is retried into a fresh prefix.
+//! delta-compressed as usual); then the history keys, the tokens, the step
+//! logs, and the live objects last: until they are written nothing is
+//! visible to a server, and an import that fails half way is retried into
+//! a fresh prefix.
 
 use std::collections::BTreeMap;
 
 use corral_api::ObjectKey;
+use corral_api::workflow::StepLogEntry;
 use corral_store::dump::Dump;
 use corral_store::{ChangeMeta, StoreError};
 use etcd_client::{GetOptions, Txn, TxnOp};
@@ -18,8 +19,10 @@ use crate::history::{self, NewRevision};
 use crate::objects::body;
 use crate::{EtcdStore, records, unavailable};
 
-/// Step log entries written per append.
+/// At most this many step log entries, and about this many bytes of
+/// them, per append (etcd refuses requests over 1.5 MiB by default).
 const STEP_LOG_CHUNK: usize = 500;
+const STEP_LOG_CHUNK_BYTES: usize = 512 * 1024;
 
 /// Why an import did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -95,17 +98,44 @@ pub(crate) async fn import(store: &EtcdStore, dump: &Dump) -> Result<(), ImportE
     for chunk in operations.chunks(records::MAX_TXN_OPS) {
         commit(store, chunk.to_vec()).await?;
     }
+    for token in &dump.tokens {
+        records::put_token(store, token.clone()).await?;
+    }
+    for chunk in step_log_chunks(&dump.step_logs) {
+        records::append_step_logs(store, chunk).await?;
+    }
     for object in &dump.objects {
         let operation = TxnOp::put(store.keys.object(&object.key()), body(object)?, None);
         commit(store, vec![operation]).await?;
     }
-    for token in &dump.tokens {
-        records::put_token(store, token.clone()).await?;
-    }
-    for chunk in dump.step_logs.chunks(STEP_LOG_CHUNK) {
-        records::append_step_logs(store, chunk).await?;
-    }
     Ok(())
+}
+
+/// `entries` in order, cut into appends small enough for one etcd request.
+fn step_log_chunks(entries: &[StepLogEntry]) -> Vec<&[StepLogEntry]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (index, entry) in entries.iter().enumerate() {
+        let size = entry.message.len()
+            + entry.step.len()
+            + entry.workflow_id.len()
+            + entry
+                .fields
+                .values()
+                .map(|v| v.to_string().len())
+                .sum::<usize>()
+            + 128;
+        if index > start && (index - start >= STEP_LOG_CHUNK || bytes + size > STEP_LOG_CHUNK_BYTES)
+        {
+            chunks.push(&entries[start..index]);
+            (start, bytes) = (index, 0);
+        }
+        bytes += size;
+    }
+    if start < entries.len() {
+        chunks.push(&entries[start..]);
+    }
+    chunks
 }
 
 async fn commit(store: &EtcdStore, operations: Vec<TxnOp>) -> Result<(), StoreError> {
@@ -115,4 +145,40 @@ async fn commit(store: &EtcdStore, operations: Vec<TxnOp>) -> Result<(), StoreEr
         .await
         .map_err(unavailable)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(message: String) -> StepLogEntry {
+        StepLogEntry {
+            time: chrono::DateTime::UNIX_EPOCH,
+            object_uid: "u".into(),
+            workflow_id: "start-1".into(),
+            workflow: "start".into(),
+            step: "s".into(),
+            owner: "o".into(),
+            level: corral_api::workflow::LogLevel::Info,
+            message,
+            fields: Default::default(),
+        }
+    }
+
+    #[test]
+    fn step_logs_are_cut_by_count_and_by_size_in_order() {
+        let small: Vec<StepLogEntry> = (0..1200).map(|i| entry(format!("line {i}"))).collect();
+        let chunks = step_log_chunks(&small);
+        assert_eq!(
+            chunks.iter().map(|c| c.len()).collect::<Vec<_>>(),
+            [500, 500, 200]
+        );
+        let big: Vec<StepLogEntry> = (0..10).map(|_| entry("x".repeat(200 * 1024))).collect();
+        let chunks = step_log_chunks(&big);
+        assert!(chunks.len() >= 4, "{}", chunks.len());
+        assert!(chunks.iter().all(|c| c.len() <= 2));
+        let flat: Vec<&StepLogEntry> = chunks.iter().flat_map(|c| c.iter()).collect();
+        assert_eq!(flat.len(), 10);
+        assert!(step_log_chunks(&[]).is_empty());
+    }
 }

@@ -234,6 +234,16 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
+        // A version from the future comes from another store (a cluster
+        // migrated here from SQLite renumbers its versions): etcd would
+        // wait silently until it got there, so the caller lists again.
+        let current = self.current_revision().await?;
+        if after > current {
+            return Err(StoreError::Expired {
+                requested: after,
+                compacted: current,
+            });
+        }
         watch::watch(self, filter, after).await
     }
 

@@ -223,6 +223,18 @@ async fn a_sqlite_store_moves_to_etcd_with_its_whole_history() {
     let record = store.revision(&web, 72).await.expect("the next revision");
     assert_eq!(record.author, "dave");
 
+    // A client resuming a watch from a SQLite version (far ahead of etcd's
+    // count) is told to list again instead of waiting silently.
+    let ahead = sqlite.current_revision().await.expect("revision") + 10_000;
+    match store
+        .watch(corral_store::WatchFilter::default(), ahead)
+        .await
+    {
+        Err(corral_store::StoreError::Expired { requested, .. }) => assert_eq!(requested, ahead),
+        Err(other) => panic!("a watch from the future must be Expired, got {other}"),
+        Ok(_) => panic!("a watch from the future must be Expired, got a stream"),
+    }
+
     // A second import finds the prefix in use and writes nothing.
     let before = answers(&store).await;
     match store.import(&dump).await {

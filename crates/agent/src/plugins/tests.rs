@@ -102,6 +102,22 @@ fn host_paths_need_a_covering_relaxation() {
     assert!(accept("/srvx", &granted).is_err());
 }
 
+#[test]
+fn a_symlink_inside_the_volume_does_not_lead_out_of_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("volumes").join("v");
+    std::fs::create_dir_all(dir.join("real")).unwrap();
+    std::os::unix::fs::symlink("/etc", dir.join("escape")).unwrap();
+    let none = BTreeSet::new();
+    assert!(accept_path("p", "v", &dir, Some(&dir.join("real")), &none).is_ok());
+    assert!(matches!(
+        accept_path("p", "v", &dir, Some(&dir.join("escape")), &none),
+        Err(PluginError::HostPath { .. })
+    ));
+    let granted: BTreeSet<Relaxation> = ["host-path:/etc".parse().unwrap()].into();
+    assert!(accept_path("p", "v", &dir, Some(&dir.join("escape")), &granted).is_ok());
+}
+
 struct Fake(std::sync::Mutex<Vec<(String, String)>>, PluginOutput);
 
 impl PluginExec for Fake {
@@ -194,6 +210,56 @@ fn a_real_process_gets_the_request_and_its_streams_are_kept() {
             .output
             .stderr
             .starts_with("unmount saw {\"volume\":\"data\"")
+    );
+}
+
+#[test]
+fn a_process_a_plugin_leaves_running_does_not_hold_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("leaves");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nsleep 29 &\necho '{\"ok\": true, \"message\": \"done\"}'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let plugins = Plugins::new(vec![dir.path().into()]);
+    let started = Instant::now();
+    let reply = plugins
+        .call("leaves", Verb::Prepare, &request())
+        .unwrap_or_else(|failure| panic!("{}", failure.error));
+    let elapsed = started.elapsed();
+    // What it left may be legitimate (a FUSE daemon); this one is not ours to keep.
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", "^sleep 29$"])
+        .status();
+    assert!(elapsed < Duration::from_secs(10));
+    assert_eq!(reply.reply.message.as_deref(), Some("done"));
+}
+
+#[test]
+fn a_plugin_past_its_timeout_is_killed_with_what_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("slower");
+    std::fs::write(&script, "#!/bin/sh\nsleep 31 &\nexec sleep 30\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut plugins = Plugins::new(vec![dir.path().into()]);
+    plugins.timeout = Duration::from_millis(200);
+    let started = Instant::now();
+    let failure = plugins
+        .call("slower", Verb::Prepare, &request())
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(failure.error.to_string().contains("killed after"));
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", "^sleep 31$"])
+        .output()
+        .unwrap();
+    assert!(
+        !left.status.success(),
+        "the plugin's background process was killed too"
     );
 }
 

@@ -19,8 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ADMIN_CONFIG, default_data_dir};
 
-/// The agent's client config inside the data dir of `corral up`, and the
-/// identity a `corral agent --join-token` got by joining.
+/// The agent's client config inside the data dir of `corral up`.
 pub const NODE_CONFIG: &str = "node.json";
 /// The cluster's settings chosen at first start.
 pub const CLUSTER_FILE: &str = "cluster.json";
@@ -172,7 +171,8 @@ pub struct AgentArgs {
     token: Option<String>,
     /// A join token (`corral token create --join`): on first start the
     /// agent exchanges it for this node's own token and keeps that in
-    /// DATA/node.json; later starts use the kept one.
+    /// DATA/node-NAME.json; later starts under the same --name use the
+    /// kept one.
     #[arg(long, value_name = "TOKEN", env = "CORRAL_JOIN_TOKEN")]
     join_token: Option<String>,
     /// Read server and token from this client config instead.
@@ -627,7 +627,9 @@ async fn node_identity(
     node: &str,
     data_dir: &Path,
 ) -> anyhow::Result<ClientConfig> {
-    let path = data_dir.join(NODE_CONFIG);
+    // Named after the node: a changed --name joins again (and is refused
+    // if that name belongs to a live node) instead of acting as the old one.
+    let path = data_dir.join(format!("node-{node}.json"));
     if path.exists() {
         let kept = ClientConfig::load(&path)?;
         tracing::info!(path = %path.display(), "using the node identity kept from an earlier join");

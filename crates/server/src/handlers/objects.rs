@@ -53,7 +53,7 @@ pub async fn create(
 }
 
 /// Readies a new object for the store: server-set metadata, no status.
-fn fresh(server: &crate::Server, mut object: Object) -> Object {
+pub(crate) fn fresh(server: &crate::Server, mut object: Object) -> Object {
     let key = object.key();
     object.metadata.namespace = (!key.namespace.is_empty()).then_some(key.namespace);
     object.metadata.uid = server.ids.uid();

@@ -6,13 +6,16 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use corral_api::kinds::{NodePhase, NodeStatus};
-use corral_api::{Identity, Kind, ObjectKey, Role};
+use corral_api::{Identity, Kind, Object, ObjectKey, Role};
+use corral_store::StoreError;
 use serde::{Deserialize, Serialize};
 
 use crate::SharedServer;
 use crate::auth::{Caller, TokenIssuer};
 use crate::error::ApiError;
+use crate::ownership;
 use crate::validate_name;
+use crate::workflows::WriteError;
 
 pub async fn healthz(State(server): State<SharedServer>) -> Result<&'static str, ApiError> {
     server.store.current_revision().await?;
@@ -138,17 +141,37 @@ pub async fn join(
         )));
     }
     validate_name("node", &request.node)?;
+    let taken = |phase: String| {
+        ApiError::Conflict(format!(
+            "node {} has already joined ({phase}); a join token cannot take over a node: pick another name, or `corral node forget {}` first",
+            request.node, request.node
+        ))
+    };
     let key = ObjectKey::new(Kind::Node, None, &request.node);
-    if let Some(node) = server.store.get(&key).await? {
-        let phase = node.typed_status::<NodeStatus>().unwrap_or_default().phase;
-        if phase != NodePhase::Lost {
-            return Err(ApiError::Conflict(format!(
-                "node {} has already joined (phase {phase:?}); a join token cannot take over a node: pick another name, or `corral node forget {}` first",
-                request.node, request.node
-            )));
+    let identity = Identity::new(request.node.clone(), Role::Node);
+    match server.store.get(&key).await? {
+        Some(node) => {
+            let phase = node.typed_status::<NodeStatus>().unwrap_or_default().phase;
+            if phase != NodePhase::Lost {
+                return Err(taken(format!("phase {phase:?}")));
+            }
+        }
+        None => {
+            // Claim the name now, atomically: a second join of the same
+            // name, even before the agent first reports, finds it taken.
+            let node = Object::new(Kind::Node, None, &request.node, serde_json::json!({}));
+            let message = format!("joined with join token {}", caller.name);
+            let change = super::change(&server, &identity, Some(&message));
+            let node = super::objects::fresh(&server, node);
+            match ownership::create(&server, &identity, node, &change).await {
+                Ok(_) => {}
+                Err(WriteError::Store(StoreError::AlreadyExists { .. })) => {
+                    return Err(taken("just now".to_string()));
+                }
+                Err(error) => return Err(error.into()),
+            }
         }
     }
-    let identity = Identity::new(request.node, Role::Node);
     let token = TokenIssuer::issue(&*server.store, &*server.clock, identity.clone()).await?;
     tracing::info!(node = %identity.name, joiner = %caller.name, "a node joined with a join token");
     Ok(Json(TokenResponse { token, identity }))
