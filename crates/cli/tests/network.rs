@@ -13,29 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::lab::Lab;
+use common::lab::{Lab, httpd_pod};
 use common::{CORRAL, wait_for};
-
-fn pod(name: &str, node: &str) -> String {
-    format!(
-        "kind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec:\n  placement: {{node: {node}}}\n  containers:\n    - name: web\n      image: local/busybox:1\n      command: [httpd, -f, -p, \"8080\", -h, /etc]\n      ports: [8080]\n"
-    )
-}
-
-fn running_address(lab: &Lab, name: &str) -> String {
-    wait_for(
-        &format!("pod {name} running with an address"),
-        Duration::from_secs(90),
-        || {
-            let text = lab
-                .try_corral(&["get", &format!("pod/{name}"), "-o", "json"])
-                .ok()?;
-            let pod: serde_json::Value = serde_json::from_str(&text).ok()?;
-            (pod["status"]["phase"] == "Running")
-                .then(|| pod["status"]["address"].as_str().map(str::to_string))?
-        },
-    )
-}
 
 #[test]
 fn three_node_lab_routes_pods_across_nodes() {
@@ -71,12 +50,16 @@ fn three_node_lab_routes_pods_across_nodes() {
     let manifest = lab.dir.join("pods.yaml");
     std::fs::write(
         &manifest,
-        format!("{}---\n{}", pod("web-0", "node-0"), pod("web-1", "node-1")),
+        format!(
+            "{}---\n{}",
+            httpd_pod("web-0", "node-0"),
+            httpd_pod("web-1", "node-1")
+        ),
     )
     .expect("write manifest");
     lab.corral(&["apply", "-f", &manifest.to_string_lossy()]);
-    let address0 = running_address(&lab, "web-0");
-    let address1 = running_address(&lab, "web-1");
+    let address0 = lab.running_address("web-0");
+    let address1 = lab.running_address("web-1");
 
     // status.address is the address the pod has.
     let seen = lab.corral(&[

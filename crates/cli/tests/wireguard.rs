@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::lab::Lab;
+use common::lab::{Lab, httpd_pod};
 use common::wait_for;
 
 /// The node's tunnel interface, as its agent recorded it.
@@ -72,27 +72,6 @@ fn wireguard_go_pid(interface: &str) -> u32 {
 
 /// The test's nftables table in node-1 (its namespace dies with the lab).
 const NFT_TABLE: &str = "corral_wg_test";
-
-fn pod(name: &str, node: &str) -> String {
-    format!(
-        "kind: Pod\nmetadata: {{name: {name}}}\nspec:\n  placement: {{node: {node}}}\n  containers:\n    - name: web\n      image: local/busybox:1\n      command: [httpd, -f, -p, \"8080\", -h, /etc]\n      ports: [8080]\n"
-    )
-}
-
-fn running_address(lab: &Lab, name: &str) -> String {
-    wait_for(
-        &format!("pod {name} running with an address"),
-        Duration::from_secs(90),
-        || {
-            let text = lab
-                .try_corral(&["get", &format!("pod/{name}"), "-o", "json"])
-                .ok()?;
-            let pod: serde_json::Value = serde_json::from_str(&text).ok()?;
-            (pod["status"]["phase"] == "Running")
-                .then(|| pod["status"]["address"].as_str().map(str::to_string))?
-        },
-    )
-}
 
 #[test]
 fn pod_traffic_between_nodes_crosses_wireguard_only() {
@@ -172,12 +151,16 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     let manifest = lab.dir.join("pods.yaml");
     std::fs::write(
         &manifest,
-        format!("{}---\n{}", pod("web-0", "node-0"), pod("web-1", "node-1")),
+        format!(
+            "{}---\n{}",
+            httpd_pod("web-0", "node-0"),
+            httpd_pod("web-1", "node-1")
+        ),
     )
     .expect("write manifest");
     lab.corral(&["apply", "-f", &manifest.to_string_lossy()]);
-    let address0 = running_address(&lab, "web-0");
-    let address1 = running_address(&lab, "web-1");
+    let address0 = lab.running_address("web-0");
+    let address1 = lab.running_address("web-1");
 
     // Count, on node-1's plain link, every packet to or from a pod /64 or
     // the pods' port, and the WireGuard UDP.

@@ -7,6 +7,14 @@ use std::process::{Command, Output};
 
 use super::CORRAL;
 
+/// A busybox httpd pod (`app: web`) serving the image's /etc on port 8080,
+/// pinned to `node`.
+pub fn httpd_pod(name: &str, node: &str) -> String {
+    format!(
+        "kind: Pod\nmetadata: {{name: {name}, labels: {{app: web}}}}\nspec:\n  placement: {{node: {node}}}\n  containers:\n    - name: web\n      image: local/busybox:1\n      command: [httpd, -f, -p, \"8080\", -h, /etc]\n      ports: [8080]\n"
+    )
+}
+
 pub struct Lab {
     pub dir: PathBuf,
     /// The lab's `lab.json`.
@@ -130,6 +138,19 @@ impl Lab {
             .as_str()
             .unwrap_or_else(|| panic!("lab.json has no nodes[{index}].{field}"))
             .to_string()
+    }
+
+    /// Waits for pod `name` to run and returns its `status.address`.
+    pub fn running_address(&self, name: &str) -> String {
+        super::wait_for(
+            &format!("pod {name} running with an address"),
+            std::time::Duration::from_secs(90),
+            || {
+                let pod = self.json(&format!("pod/{name}"))?;
+                (pod["status"]["phase"] == "Running")
+                    .then(|| pod["status"]["address"].as_str().map(str::to_string))?
+            },
+        )
     }
 
     /// corral's routes (protocol 87) in `node`.
