@@ -79,31 +79,13 @@ fn three_node_lab_routes_pods_across_nodes() {
     );
 
     let fetched = wait_for("web-1 fetches from web-0", Duration::from_secs(30), || {
-        lab.try_corral(&[
-            "exec",
-            "pod/web-1",
-            "--",
-            "busybox",
-            "timeout",
-            "5",
-            "wget",
-            "-qO-",
-            &format!("http://[{address0}]:8080/passwd"),
-        ])
-        .ok()
+        lab.fetch("web-1", &format!("http://[{address0}]:8080/passwd"))
+            .ok()
     });
     assert!(fetched.contains("root:"), "{fetched}");
-    let back = lab.corral(&[
-        "exec",
-        "pod/web-0",
-        "--",
-        "busybox",
-        "timeout",
-        "5",
-        "wget",
-        "-qO-",
-        &format!("http://[{address1}]:8080/group"),
-    ]);
+    let back = lab
+        .fetch("web-0", &format!("http://[{address1}]:8080/group"))
+        .unwrap_or_else(|error| panic!("fetch failed: {error}"));
     assert!(back.contains("root:"), "{back}");
 
     // Pods find each other by DNS name, served by their node's agent.

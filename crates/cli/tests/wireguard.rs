@@ -193,32 +193,14 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
 
     // Pods on the two nodes reach each other, both ways.
     let fetched = wait_for("web-1 fetches from web-0", Duration::from_secs(30), || {
-        lab.try_corral(&[
-            "exec",
-            "pod/web-1",
-            "--",
-            "busybox",
-            "timeout",
-            "5",
-            "wget",
-            "-qO-",
-            &format!("http://[{address0}]:8080/passwd"),
-        ])
-        .ok()
+        lab.fetch("web-1", &format!("http://[{address0}]:8080/passwd"))
+            .ok()
     });
     assert!(fetched.contains("root:"), "{fetched}");
     for _ in 0..5 {
-        let back = lab.corral(&[
-            "exec",
-            "pod/web-0",
-            "--",
-            "busybox",
-            "timeout",
-            "5",
-            "wget",
-            "-qO-",
-            &format!("http://[{address1}]:8080/group"),
-        ]);
+        let back = lab
+            .fetch("web-0", &format!("http://[{address1}]:8080/group"))
+            .unwrap_or_else(|error| panic!("fetch failed: {error}"));
         assert!(back.contains("root:"), "{back}");
     }
 
@@ -247,17 +229,9 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     let userspace = why.contains("(wireguard-go)");
     let interface1_pid = userspace.then(|| wireguard_go_pid(&interface1));
     lab.lab_ok(&["stop-agent", "node-1"]);
-    let during = lab.corral(&[
-        "exec",
-        "pod/web-0",
-        "--",
-        "busybox",
-        "timeout",
-        "5",
-        "wget",
-        "-qO-",
-        &format!("http://[{address1}]:8080/group"),
-    ]);
+    let during = lab
+        .fetch("web-0", &format!("http://[{address1}]:8080/group"))
+        .unwrap_or_else(|error| panic!("fetch failed: {error}"));
     assert!(during.contains("root:"), "{during}");
     lab.lab_ok(&["start-agent", "node-1"]);
     // `start-agent` starts a fresh log; the agent logs its tunnel at start.
@@ -277,17 +251,9 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
         );
     }
     let (rx_before, _) = transfer(&lab, "node-1");
-    let after_restart = lab.corral(&[
-        "exec",
-        "pod/web-0",
-        "--",
-        "busybox",
-        "timeout",
-        "5",
-        "wget",
-        "-qO-",
-        &format!("http://[{address1}]:8080/group"),
-    ]);
+    let after_restart = lab
+        .fetch("web-0", &format!("http://[{address1}]:8080/group"))
+        .unwrap_or_else(|error| panic!("fetch failed: {error}"));
     assert!(after_restart.contains("root:"), "{after_restart}");
     assert!(transfer(&lab, "node-1").0 > rx_before);
 

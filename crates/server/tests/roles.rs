@@ -180,6 +180,18 @@ async fn a_node_writes_only_pods_bound_to_it() {
     assert!(body.to_string().contains("node-a"), "{body}");
 }
 
+/// `POST /v1/join {"node": NODE}` with `token`.
+async fn join_as(server: &SharedServer, token: &str, node: &str) -> (StatusCode, Value) {
+    common::call(
+        server,
+        "POST",
+        "/v1/join",
+        Some(token),
+        Some(json!({ "node": node })),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
     let server = common::new_server();
@@ -221,25 +233,11 @@ async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
     );
 
     // Joining gives the node its own token, which acts as that node.
-    let (status, joined) = common::call(
-        &server,
-        "POST",
-        "/v1/join",
-        Some(&join),
-        Some(json!({"node": "node-7"})),
-    )
-    .await;
+    let (status, joined) = join_as(&server, &join, "node-7").await;
     assert_eq!(status, StatusCode::OK, "{joined}");
     let node = joined["token"].as_str().expect("a node token").to_string();
     // The name is claimed at once, before the agent first reports.
-    let (status, body) = common::call(
-        &server,
-        "POST",
-        "/v1/join",
-        Some(&join),
-        Some(json!({"node": "node-7"})),
-    )
-    .await;
+    let (status, body) = join_as(&server, &join, "node-7").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, me) = common::call(&server, "GET", "/v1/whoami", Some(&node), None).await;
     assert_eq!(status, StatusCode::OK, "{me}");
@@ -258,14 +256,7 @@ async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
     assert_eq!(status, StatusCode::OK, "the node registers itself: {body}");
 
     // The same join token cannot take over a node that is alive.
-    let (status, body) = common::call(
-        &server,
-        "POST",
-        "/v1/join",
-        Some(&join),
-        Some(json!({"node": "node-7"})),
-    )
-    .await;
+    let (status, body) = join_as(&server, &join, "node-7").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(
         body["message"]
@@ -275,23 +266,9 @@ async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
         "{body}"
     );
     // Only join tokens join; a bad name is refused naming the field.
-    let (status, _) = common::call(
-        &server,
-        "POST",
-        "/v1/join",
-        Some(&admin),
-        Some(json!({"node": "node-8"})),
-    )
-    .await;
+    let (status, _) = join_as(&server, &admin, "node-8").await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    let (status, body) = common::call(
-        &server,
-        "POST",
-        "/v1/join",
-        Some(&join),
-        Some(json!({"node": "Not A Name"})),
-    )
-    .await;
+    let (status, body) = join_as(&server, &join, "Not A Name").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(body.to_string().contains("node"), "{body}");
 
@@ -304,14 +281,7 @@ async fn a_join_token_only_joins_a_node_which_then_holds_its_own_identity() {
     )
     .await
     .expect("issue a token");
-    let (status, body) = common::call(
-        &server,
-        "POST",
-        "/v1/join",
-        Some(&expired),
-        Some(json!({"node": "node-9"})),
-    )
-    .await;
+    let (status, body) = join_as(&server, &expired, "node-9").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     assert!(body.to_string().contains("expired"), "{body}");
 }

@@ -140,6 +140,22 @@ impl Lab {
             .to_string()
     }
 
+    /// `pod` fetches `url` with busybox wget (bounded by `timeout`, since
+    /// busybox 1.35's `wget -T` crashes): the body, or what went wrong.
+    pub fn fetch(&self, pod: &str, url: &str) -> Result<String, String> {
+        self.try_corral(&[
+            "exec",
+            &format!("pod/{pod}"),
+            "--",
+            "busybox",
+            "timeout",
+            "5",
+            "wget",
+            "-qO-",
+            url,
+        ])
+    }
+
     /// Waits for pod `name` to run and returns its `status.address`.
     pub fn running_address(&self, name: &str) -> String {
         super::wait_for(
