@@ -7,6 +7,7 @@
 mod config;
 pub mod exec_protocol;
 mod pod_io;
+pub mod runtime;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -520,18 +521,42 @@ impl Client {
         after: u64,
     ) -> Result<impl Stream<Item = Result<WatchEvent, ClientError>> + Send + use<>, ClientError>
     {
-        let mut query = vec![
-            ("watch", "true".to_string()),
-            ("resourceVersion", after.to_string()),
-        ];
+        let scope = runtime::Scope {
+            namespace: namespace.map(str::to_string),
+            ..runtime::Scope::all(kind)
+        };
+        let mut query = Vec::new();
         if let Some(name) = name {
             query.push(("name", name.to_string()));
         }
+        self.open_watch(&scope, query, after).await
+    }
+
+    /// Changes to the objects in `scope` after store revision `after`. A
+    /// node-scoped watch also delivers, as a deletion, each object that
+    /// leaves the node. An expired `after` is a 410 error.
+    pub async fn watch_scope(
+        &self,
+        scope: &runtime::Scope,
+        after: u64,
+    ) -> Result<impl Stream<Item = Result<WatchEvent, ClientError>> + Send + use<>, ClientError>
+    {
+        self.open_watch(scope, Vec::new(), after).await
+    }
+
+    async fn open_watch(
+        &self,
+        scope: &runtime::Scope,
+        mut query: Vec<(&'static str, String)>,
+        after: u64,
+    ) -> Result<impl Stream<Item = Result<WatchEvent, ClientError>> + Send + use<>, ClientError>
+    {
+        query.push(("watch", "true".to_string()));
+        query.push(("resourceVersion", after.to_string()));
+        query.extend(scope.query());
+        let path = collection_path(scope.kind, scope.namespace.as_deref());
         let response = self
-            .execute(
-                self.request(Method::GET, &collection_path(kind, namespace))
-                    .query(&query),
-            )
+            .execute(self.request(Method::GET, &path).query(&query))
             .await?;
         let status = response.status();
         if !status.is_success() {
@@ -560,21 +585,57 @@ impl Client {
                     }
                 };
                 buffer.extend_from_slice(&chunk);
-                while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                let mut start = 0;
+                while let Some(end) = buffer[start..].iter().position(|b| *b == b'\n') {
+                    let line = &buffer[start..start + end];
+                    start += end + 1;
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    if sender.send(decode_watch_line(&line)).await.is_err() {
+                    if sender.send(decode_watch_line(line)).await.is_err() {
                         return; // the stream was dropped
                     }
                 }
+                buffer.drain(..start);
             }
         });
         Ok(futures::stream::unfold(
             receiver,
             |mut receiver| async move { receiver.recv().await.map(|item| (item, receiver)) },
         ))
+    }
+
+    /// One page of the objects in `scope`: at most `limit`, after the
+    /// position `continue_token` (from the previous page) names.
+    pub async fn list_scope_page(
+        &self,
+        scope: &runtime::Scope,
+        limit: usize,
+        continue_token: Option<&str>,
+    ) -> Result<ObjectList, ClientError> {
+        let mut query = scope.query();
+        query.push(("limit", limit.to_string()));
+        if let Some(token) = continue_token {
+            query.push(("continue", token.to_string()));
+        }
+        let path = collection_path(scope.kind, scope.namespace.as_deref());
+        self.call(self.request(Method::GET, &path).query(&query))
+            .await
+    }
+
+    /// Every object in `scope`, read page by page; the resourceVersion is
+    /// the first page's, so a watch from it misses nothing.
+    pub async fn list_scope_all(&self, scope: &runtime::Scope) -> Result<ObjectList, ClientError> {
+        let mut list = self.list_scope_page(scope, runtime::PAGE, None).await?;
+        let mut next = list.continue_token.take();
+        while let Some(token) = next {
+            let page = self
+                .list_scope_page(scope, runtime::PAGE, Some(&token))
+                .await?;
+            list.items.extend(page.items);
+            next = page.continue_token;
+        }
+        Ok(list)
     }
 }
 
@@ -585,6 +646,15 @@ fn decode_watch_line(line: &[u8]) -> Result<WatchEvent, ClientError> {
             .pointer("/error/message")
             .and_then(|m| m.as_str())
             .unwrap_or("the server ended the watch");
+        // A window that moved on is told apart, so watchers list again.
+        if value.pointer("/error/code").and_then(|c| c.as_str()) == Some("Gone") {
+            return Err(ClientError::Api {
+                status: StatusCode::GONE.as_u16(),
+                code: "Gone".to_string(),
+                message: message.to_string(),
+                fields: Vec::new(),
+            });
+        }
         return Err(ClientError::Watch(message.to_string()));
     }
     serde_json::from_value(value).map_err(ClientError::Decode)

@@ -58,6 +58,11 @@ impl ApiError {
         }
     }
 
+    /// The machine-readable class of the error, as in [`ErrorBody::code`].
+    pub fn code(&self) -> &'static str {
+        self.parts().1
+    }
+
     fn parts(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "Unauthenticated"),

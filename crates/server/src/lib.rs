@@ -22,6 +22,7 @@ pub mod render;
 pub mod scope;
 pub mod security;
 pub mod tls;
+pub mod watchcache;
 pub mod workflows;
 
 use std::sync::Arc;
@@ -51,6 +52,9 @@ pub struct Server {
     /// Cancelled when the server stops: open watch streams end then, so a
     /// graceful shutdown never waits on a watcher.
     pub stopping: CancellationToken,
+    /// Every object in memory, fed by the store's watch: lists and watches
+    /// are served from it.
+    pub cache: Arc<watchcache::WatchCache>,
 }
 
 impl std::fmt::Debug for Server {
@@ -67,21 +71,26 @@ impl Server {
         Self::with(store, Arc::new(SystemClock), Arc::new(RandomIds))
     }
 
-    /// A server with an injected clock and id generator (tests).
+    /// A server with an injected clock and id generator (tests). Must be
+    /// called within a tokio runtime: the watch cache starts loading.
     pub fn with(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         ids: Arc<dyn IdGenerator>,
     ) -> SharedServer {
+        let stopping = CancellationToken::new();
+        let cache = Arc::new(watchcache::WatchCache::default());
+        cache.start(store.clone(), stopping.clone());
         Arc::new(Server {
             tokens: auth::TokenCache::new(store.clone()),
             store,
             clock,
             ids,
             metrics: metrics::Metrics::default(),
-            stopping: CancellationToken::new(),
+            stopping,
             ownership: ownership::Ownership::default(),
             agent_secret: std::sync::OnceLock::new(),
+            cache,
         })
     }
 }

@@ -39,6 +39,11 @@ impl ReadView {
         ReadView { controller }
     }
 
+    /// Whether this caller is served whole objects (people and nodes).
+    pub fn sees_everything(&self) -> bool {
+        self.controller.is_none()
+    }
+
     /// `object` as this caller may see it.
     pub fn serve(&self, object: Object) -> Object {
         let Some((name, paths)) = &self.controller else {

@@ -1,0 +1,142 @@
+//! Which cached objects a list or watch serves, and what a watcher hears
+//! when an object moves into or out of its scope.
+
+use std::collections::BTreeMap;
+
+use corral_api::LabelSelector;
+use corral_api::watch::EventType;
+
+use super::{CachedEvent, CachedObject};
+
+/// The scope of one list or watch. `None` fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    /// Only objects whose `status.node` is this node.
+    pub node: Option<String>,
+    pub selector: LabelSelector,
+}
+
+impl Scope {
+    /// Whether an object with these facts is in scope.
+    fn admits(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: Option<&str>,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.namespace.as_deref().is_none_or(|ns| ns == namespace)
+            && self.name.as_deref().is_none_or(|n| n == name)
+            && self.node.as_deref().is_none_or(|n| Some(n) == node)
+            && self.selector.matches(labels)
+    }
+
+    pub fn admits_object(&self, object: &CachedObject) -> bool {
+        self.admits(
+            &object.namespace,
+            &object.name,
+            object.node.as_deref(),
+            &object.labels,
+        )
+    }
+
+    /// What a watcher with this scope is sent for `event`: nothing, the
+    /// event as it is, or — when the object left the scope — a deletion
+    /// (the object as it is now), and an addition when it entered it.
+    pub fn view(&self, event: &CachedEvent) -> Option<EventType> {
+        let now = self.admits_object(&event.object);
+        let before = event.previous.as_ref().is_some_and(|previous| {
+            self.admits(
+                &event.object.namespace,
+                &event.object.name,
+                previous.node.as_deref(),
+                &previous.labels,
+            )
+        });
+        match (event.event_type, before, now) {
+            (EventType::Deleted, _, now) => now.then_some(EventType::Deleted),
+            (_, false, true) => Some(EventType::Added),
+            (_, true, true) => Some(EventType::Modified),
+            (_, true, false) => Some(EventType::Deleted),
+            (_, false, false) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::super::PreviousFacts;
+    use super::*;
+
+    fn object(node: Option<&str>, app: &str) -> Arc<CachedObject> {
+        Arc::new(CachedObject {
+            namespace: "default".into(),
+            name: "web".into(),
+            resource_version: 1,
+            node: node.map(str::to_string),
+            labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+            json: Bytes::new(),
+        })
+    }
+
+    fn event(
+        event_type: EventType,
+        before: Option<(Option<&str>, &str)>,
+        now: (Option<&str>, &str),
+    ) -> CachedEvent {
+        CachedEvent {
+            event_type,
+            object: object(now.0, now.1),
+            previous: before.map(|(node, app)| PreviousFacts {
+                node: node.map(str::to_string),
+                labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_node_watch_hears_a_pod_arrive_and_leave() {
+        let scope = Scope {
+            node: Some("n1".into()),
+            ..Scope::default()
+        };
+        let bound = event(EventType::Modified, Some((None, "a")), (Some("n1"), "a"));
+        assert_eq!(scope.view(&bound), Some(EventType::Added));
+        let changed = event(
+            EventType::Modified,
+            Some((Some("n1"), "a")),
+            (Some("n1"), "b"),
+        );
+        assert_eq!(scope.view(&changed), Some(EventType::Modified));
+        let moved = event(
+            EventType::Modified,
+            Some((Some("n1"), "a")),
+            (Some("n2"), "a"),
+        );
+        assert_eq!(scope.view(&moved), Some(EventType::Deleted));
+        let elsewhere = event(EventType::Modified, Some((Some("n2"), "a")), (None, "a"));
+        assert_eq!(scope.view(&elsewhere), None);
+        let deleted = event(EventType::Deleted, None, (Some("n1"), "a"));
+        assert_eq!(scope.view(&deleted), Some(EventType::Deleted));
+        let created = event(EventType::Added, None, (Some("n2"), "a"));
+        assert_eq!(scope.view(&created), None);
+    }
+
+    #[test]
+    fn a_selector_watch_hears_labels_change() {
+        let scope = Scope {
+            selector: "app=a".parse().expect("selector"),
+            ..Scope::default()
+        };
+        let relabelled = event(EventType::Modified, Some((None, "a")), (None, "b"));
+        assert_eq!(scope.view(&relabelled), Some(EventType::Deleted));
+        let labelled = event(EventType::Modified, Some((None, "b")), (None, "a"));
+        assert_eq!(scope.view(&labelled), Some(EventType::Added));
+    }
+}

@@ -1,0 +1,327 @@
+//! The server's watch cache: every object of every kind in memory, as the
+//! JSON it is served as, fed by one store watch, with a window of recent
+//! changes — what Kubernetes' apiserver calls the cacher.
+//!
+//! Lists and watches are served from here, so they cost no store reads and
+//! the JSON of an object is made once per change, not once per reader:
+//! - a **list** waits until the cache has applied every write the store
+//!   had committed when the request came (so a client reads its own
+//!   writes), then copies out the objects in scope, in (namespace, name)
+//!   order, a page at a time;
+//! - a **watch** replays the window's changes after the given
+//!   `resourceVersion`, then follows live ones. A watch scoped to a node
+//!   or a label selector hears an object leave its scope as a deletion and
+//!   enter it as an addition, because each change carries the facts (node,
+//!   labels) of the version it replaced. A watch from before the window
+//!   falls back to the store's own replay (unscoped by node), or is `410
+//!   Gone` so the watcher lists again.
+//!
+//! When the store's watch breaks (its window moved on, the backend went
+//! away) the cache loads everything again and ends every open watch with
+//! `Gone`: their clients list again, from the cache.
+
+mod filter;
+mod serve;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_api::watch::EventType;
+use corral_api::{Kind, Object};
+use corral_store::{Store, StoreError, WatchFilter};
+use futures::StreamExt;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+pub use filter::Scope;
+pub use serve::{ListPage, ListRequest};
+
+/// Changes kept for watchers that resume.
+pub const WINDOW: usize = 10_000;
+/// Live changes buffered per watcher before it lags and re-reads the window.
+const LIVE_CAPACITY: usize = 4_096;
+/// How long a list waits for the cache to catch up with the store.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The wait before loading again after the store failed.
+const RELOAD_BACKOFF: Duration = Duration::from_millis(500);
+
+/// One object as the cache keeps it: the facts scopes filter on and the
+/// JSON it is served as.
+#[derive(Debug)]
+pub struct CachedObject {
+    pub namespace: String,
+    pub name: String,
+    pub resource_version: u64,
+    /// `status.node` of pods and VirtualMachines.
+    pub node: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub json: Bytes,
+}
+
+impl CachedObject {
+    fn from_object(object: &Object) -> Result<Self, serde_json::Error> {
+        let key = object.key();
+        Ok(CachedObject {
+            namespace: key.namespace,
+            name: key.name,
+            resource_version: object.metadata.resource_version,
+            node: object
+                .status
+                .get("node")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
+            labels: object.metadata.labels.clone(),
+            json: Bytes::from(serde_json::to_vec(object)?),
+        })
+    }
+
+    /// The object, decoded again (for callers served a masked view).
+    pub fn decode(&self) -> Result<Object, serde_json::Error> {
+        serde_json::from_slice(&self.json)
+    }
+}
+
+/// The facts of the version a change replaced, to tell when an object left
+/// or entered a scope.
+#[derive(Debug, Clone)]
+pub struct PreviousFacts {
+    pub node: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One change, as the cache keeps it.
+#[derive(Debug)]
+pub struct CachedEvent {
+    pub event_type: EventType,
+    /// The object after the change (for a deletion, its last state).
+    pub object: Arc<CachedObject>,
+    pub previous: Option<PreviousFacts>,
+}
+
+/// What a kind's objects are filed under: (namespace, name).
+type Objects = BTreeMap<(String, String), Arc<CachedObject>>;
+
+#[derive(Debug, Default)]
+struct State {
+    kinds: HashMap<Kind, Objects>,
+    /// Recent changes, oldest first, each with its kind.
+    window: VecDeque<(Kind, Arc<CachedEvent>)>,
+    /// Every change after this store revision is in `window`.
+    window_start: u64,
+    /// The store revision the cache reflects.
+    resource_version: u64,
+    /// Bumped at every load; a watch of an older one has missed changes.
+    generation: u64,
+}
+
+/// A live change or the news that the cache loaded everything again.
+#[derive(Debug, Clone)]
+enum Live {
+    Change(Kind, Arc<CachedEvent>),
+    Reloaded,
+}
+
+/// The cache. Built once per server; [`WatchCache::start`] loads it and
+/// follows the store until the server stops.
+#[derive(Debug)]
+pub struct WatchCache {
+    state: RwLock<State>,
+    live: broadcast::Sender<Live>,
+    /// The store revision the cache reflects, for waiters; `None` while
+    /// loading.
+    progress: watch::Sender<Option<u64>>,
+}
+
+impl Default for WatchCache {
+    fn default() -> Self {
+        WatchCache {
+            state: RwLock::new(State::default()),
+            live: broadcast::channel(LIVE_CAPACITY).0,
+            progress: watch::channel(None).0,
+        }
+    }
+}
+
+impl WatchCache {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // Writers finish each change before releasing the lock.
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Loads the cache from `store` and keeps it following the store until
+    /// `stopping` is cancelled.
+    pub fn start(self: &Arc<Self>, store: Arc<dyn Store>, stopping: CancellationToken) {
+        let cache = self.clone();
+        tokio::spawn(async move {
+            while !stopping.is_cancelled() {
+                let ended = tokio::select! {
+                    ended = cache.load_and_follow(store.as_ref()) => ended,
+                    () = stopping.cancelled() => break,
+                };
+                tracing::warn!(error = %ended, "watch cache lost the store's watch; loading again");
+                cache.progress.send_replace(None);
+                let _ = cache.live.send(Live::Reloaded);
+                tokio::select! {
+                    () = tokio::time::sleep(RELOAD_BACKOFF) => {}
+                    () = stopping.cancelled() => break,
+                }
+            }
+        });
+    }
+
+    /// Loads every kind, then applies the store's changes as they come.
+    /// Returns why it stopped.
+    async fn load_and_follow(&self, store: &dyn Store) -> StoreError {
+        let start = match store.current_revision().await {
+            Ok(revision) => revision,
+            Err(error) => return error,
+        };
+        let mut kinds = HashMap::new();
+        // Each kind is listed at its own revision, all at or after `start`:
+        // replaying the changes after `start` brings them to one revision
+        // (a change older than a cached object is skipped).
+        let mut listed_through = start;
+        for kind in Kind::ALL {
+            let listed = match store.list(kind, None).await {
+                Ok(listed) => listed,
+                Err(error) => return error,
+            };
+            listed_through = listed_through.max(listed.resource_version);
+            let mut objects = Objects::new();
+            for object in &listed.objects {
+                match CachedObject::from_object(object) {
+                    Ok(cached) => {
+                        objects.insert(
+                            (cached.namespace.clone(), cached.name.clone()),
+                            Arc::new(cached),
+                        );
+                    }
+                    Err(error) => return StoreError::Corrupt(format!("{}: {error}", object.key())),
+                }
+            }
+            kinds.insert(kind, objects);
+        }
+        let mut events = match store.watch(WatchFilter::default(), start).await {
+            Ok(events) => events,
+            Err(error) => return error,
+        };
+        {
+            let mut state = self.write();
+            state.kinds = kinds;
+            state.window.clear();
+            state.window_start = listed_through;
+            state.resource_version = start;
+            state.generation += 1;
+        }
+        let mut ready = false;
+        if start >= listed_through {
+            ready = true;
+            self.progress.send_replace(Some(start));
+        }
+        loop {
+            let event = match events.next().await {
+                Some(Ok(event)) => event,
+                Some(Err(error)) => return error,
+                None => return StoreError::Unavailable("the store ended its watch".into()),
+            };
+            let revision = event.resource_version();
+            if let Err(error) = self.apply(&event, ready) {
+                return error;
+            }
+            if !ready && revision >= listed_through {
+                ready = true;
+            }
+            if ready {
+                self.progress.send_replace(Some(revision));
+            }
+        }
+    }
+
+    /// Applies one store change; once `ready`, it joins the window and
+    /// goes out to live watchers.
+    fn apply(&self, event: &corral_api::watch::WatchEvent, ready: bool) -> Result<(), StoreError> {
+        let kind = event.object.kind;
+        let cached = CachedObject::from_object(&event.object)
+            .map_err(|error| StoreError::Corrupt(format!("{}: {error}", event.object.key())))?;
+        let revision = cached.resource_version;
+        let slot = (cached.namespace.clone(), cached.name.clone());
+        let cached = Arc::new(cached);
+        let mut state = self.write();
+        state.resource_version = state.resource_version.max(revision);
+        let objects = state.kinds.entry(kind).or_default();
+        let current = objects.get(&slot).cloned();
+        // A replayed change older than the listed object changes nothing.
+        if current
+            .as_ref()
+            .is_some_and(|current| current.resource_version >= revision)
+        {
+            return Ok(());
+        }
+        if event.event_type == EventType::Deleted {
+            objects.remove(&slot);
+        } else {
+            objects.insert(slot, cached.clone());
+        }
+        if !ready {
+            return Ok(());
+        }
+        let change = Arc::new(CachedEvent {
+            event_type: event.event_type,
+            object: cached,
+            previous: current.map(|previous| PreviousFacts {
+                node: previous.node.clone(),
+                labels: previous.labels.clone(),
+            }),
+        });
+        state.window.push_back((kind, change.clone()));
+        while state.window.len() > WINDOW {
+            if let Some((_, oldest)) = state.window.pop_front() {
+                state.window_start = oldest.object.resource_version;
+            }
+        }
+        drop(state);
+        // No receiver is fine: nobody is watching.
+        let _ = self.live.send(Live::Change(kind, change));
+        Ok(())
+    }
+
+    /// Waits until the cache reflects store revision `revision`.
+    async fn caught_up(&self, revision: u64) -> Result<(), ApiWait> {
+        let mut progress = self.progress.subscribe();
+        let waited = tokio::time::timeout(
+            CATCH_UP_TIMEOUT,
+            progress.wait_for(|seen| seen.is_some_and(|seen| seen >= revision)),
+        )
+        .await;
+        match waited {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) | Err(_) => Err(ApiWait { revision }),
+        }
+    }
+
+    /// The number of cached objects of `kind` (for metrics).
+    pub fn count(&self, kind: Kind) -> usize {
+        self.read().kinds.get(&kind).map_or(0, BTreeMap::len)
+    }
+}
+
+/// The cache did not reach a revision in time.
+#[derive(Debug)]
+struct ApiWait {
+    revision: u64,
+}
+
+impl From<ApiWait> for crate::error::ApiError {
+    fn from(wait: ApiWait) -> Self {
+        crate::error::ApiError::Unavailable(format!(
+            "the watch cache has not caught up with store revision {} yet; try again",
+            wait.revision
+        ))
+    }
+}
