@@ -152,15 +152,24 @@ async fn the_informer_survives_a_restart_and_an_expired_watch() {
 
     // A change while the server is down is replayed when it is back.
     server.stop().await;
-    store.create(pod("b"), &change("while down")).await.expect("b");
+    store
+        .create(pod("b"), &change("while down"))
+        .await
+        .expect("b");
     server.run().await;
     wait_for(&heard, "+b").await;
 
     // Down again; meanwhile the store forgets the changes the informer
     // would resume from: the watch is expired, and the informer lists again.
     server.stop().await;
-    store.create(pod("c"), &change("forgotten")).await.expect("c");
-    store.delete(&key("a"), None, &change("gone")).await.expect("delete a");
+    store
+        .create(pod("c"), &change("forgotten"))
+        .await
+        .expect("c");
+    store
+        .delete(&key("a"), None, &change("gone"))
+        .await
+        .expect("delete a");
     let newest = store.current_revision().await.expect("revision");
     store.compact_events(newest).await.expect("compact events");
     server.run().await;

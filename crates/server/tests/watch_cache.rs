@@ -221,3 +221,75 @@ async fn a_watch_resumes_inside_the_window_and_replays_older_changes_from_the_st
     .await;
     assert_eq!(status, StatusCode::GONE, "a watch from the future");
 }
+
+#[tokio::test]
+async fn the_driver_times_out_a_step_at_its_deadline_without_ticking_everything() {
+    let (server, admin, _) = setup().await;
+    let controller = json!({
+        "kind": "Controller",
+        "metadata": {"name": "acme-storage"},
+        "spec": {"steps": [{
+            "name": "acme/slow-mount", "kind": "Pod", "workflow": "start",
+            "before": ["storage"], "timeout": "1s"
+        }]}
+    });
+    let (status, body) = common::call(
+        &server,
+        "PUT",
+        "/v1/controllers/acme-storage",
+        Some(&admin),
+        Some(controller),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    create(&server, &admin, "web").await;
+    let owner = TokenIssuer::issue(
+        &*server.store,
+        &*server.clock,
+        Identity::new("acme-storage", Role::Controller),
+    )
+    .await
+    .expect("issue a token");
+    let (status, body) = common::call(
+        &server,
+        "POST",
+        "/v1/namespaces/default/pods/web/steps",
+        Some(&owner),
+        Some(json!({"action": "claim", "step": "acme/slow-mount"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let driver = tokio::spawn(corral_server::workflows::drive(
+        server.clone(),
+        shutdown.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let phase = loop {
+        let (_, pod) = common::call(
+            &server,
+            "GET",
+            "/v1/namespaces/default/pods/web",
+            Some(&admin),
+            None,
+        )
+        .await;
+        let steps = pod["status"]["workflow"]["instances"][0]["steps"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let phase = steps
+            .iter()
+            .find(|step| step["name"] == "acme/slow-mount")
+            .map(|step| step["state"]["phase"].clone())
+            .unwrap_or_default();
+        if phase == "timedOut" || tokio::time::Instant::now() > deadline {
+            break phase;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(phase, "timedOut", "the driver woke at the step's deadline");
+    shutdown.cancel();
+    driver.await.expect("the driver stops");
+}

@@ -91,6 +91,26 @@ pub fn tick(instance: &mut WorkflowInstance, now: DateTime<Utc>) -> Vec<StepLogE
     logs
 }
 
+/// The earliest time [`tick`] would change `instance` on its own, with no
+/// owner acting: a running step's deadline or a failed step's retry. `None`
+/// for a finished instance or one that only waits on its owners.
+pub fn next_deadline(instance: &WorkflowInstance) -> Option<DateTime<Utc>> {
+    if instance.outcome != WorkflowOutcome::Running {
+        return None;
+    }
+    instance
+        .steps
+        .iter()
+        .filter_map(|step| match &step.state {
+            StepState::Running { deadline, .. } => *deadline,
+            StepState::Failed { next_retry_at, .. } | StepState::TimedOut { next_retry_at, .. } => {
+                *next_retry_at
+            }
+            _ => None,
+        })
+        .min()
+}
+
 /// Marks a running instance cancelled, e.g. when a newer operation on the
 /// object replaces it.
 pub fn cancel(

@@ -30,7 +30,7 @@ mod verdict;
 pub use builtin::{BUILTIN_WORKFLOWS, builtin};
 pub use definition::{DefinitionError, ENGINE_OWNER, WorkflowDefinition, validate};
 pub use duration::format_duration;
-pub use engine::{backoff, cancel, instantiate, record, tick};
+pub use engine::{backoff, cancel, instantiate, next_deadline, record, tick};
 pub use owner::{
     NODE_OWNER, WriteError, check_write, may_act, may_move, mover_description, owner_description,
 };

@@ -1,47 +1,206 @@
-//! The driver: a background loop that brings every running workflow
-//! instance up to the clock — timeouts, retries that are due, and the
-//! waiting / ready / blocked states and targets that follow — and writes an
-//! object back only when one of its instances changed.
+//! The driver: brings running workflow instances up to the clock —
+//! timeouts, retries that are due, and the states that follow — and puts
+//! a pod whose update failed back on its previous revision when it asked
+//! for that.
+//!
+//! It lists nothing on a timer. It follows pods, VirtualMachines and nodes
+//! through the watch cache, keeps an index of each object's nearest
+//! deadline (a running step's timeout, a failed step's retry), and sleeps
+//! until the nearest one; an object is read and ticked only when its
+//! deadline is due. Owners' transitions already derive the states that
+//! follow them in the same write, so the driver has nothing to do between
+//! deadlines.
 
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
+use corral_api::watch::EventType;
 use corral_api::workflow::WorkflowOutcome;
-use corral_api::{AuthorClass, Kind, Object};
+use corral_api::{AuthorClass, Kind, Object, ObjectKey};
 use corral_store::{ChangeMeta, StoreError};
-use tokio::time::MissedTickBehavior;
+use futures::StreamExt;
+use futures::stream::SelectAll;
 use tokio_util::sync::CancellationToken;
 
 use super::{read_status, store_logs, write_status};
+use crate::watchcache::{CachedObject, ListRequest, Scope};
 use crate::{Server, SharedServer};
-
-/// How often the driver ticks.
-pub const TICK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The kinds whose objects carry workflow instances.
 const KINDS: [Kind; 3] = [Kind::Pod, Kind::VirtualMachine, Kind::Node];
 
-/// Ticks every [`TICK_INTERVAL`] until `shutdown` is cancelled. A failed
-/// round is logged and the next one tries again.
-pub async fn drive(server: SharedServer, shutdown: CancellationToken) {
-    let mut interval = tokio::time::interval(TICK_INTERVAL);
-    interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            _ = interval.tick() => {}
+/// How long the driver waits before following the cache again after it
+/// failed to.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Each object's nearest deadline, and the objects by deadline.
+#[derive(Debug, Default)]
+struct Deadlines {
+    by_key: HashMap<ObjectKey, DateTime<Utc>>,
+    by_time: BTreeSet<(DateTime<Utc>, ObjectKey)>,
+}
+
+impl Deadlines {
+    fn set(&mut self, key: ObjectKey, deadline: Option<DateTime<Utc>>) {
+        if let Some(old) = self.by_key.remove(&key) {
+            self.by_time.remove(&(old, key.clone()));
         }
-        if let Err(error) = tick_all(&server).await {
-            tracing::warn!(%error, "workflow tick failed; retrying next round");
+        if let Some(deadline) = deadline {
+            self.by_time.insert((deadline, key.clone()));
+            self.by_key.insert(key, deadline);
+        }
+    }
+
+    fn nearest(&self) -> Option<DateTime<Utc>> {
+        self.by_time.first().map(|(at, _)| *at)
+    }
+
+    /// Removes and returns every key due at `now`.
+    fn due(&mut self, now: DateTime<Utc>) -> Vec<ObjectKey> {
+        let mut due = Vec::new();
+        while let Some((at, _)) = self.by_time.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, key)) = self.by_time.pop_first() {
+                self.by_key.remove(&key);
+                due.push(key);
+            }
+        }
+        due
+    }
+}
+
+/// Follows the cache and ticks objects at their deadlines until
+/// `shutdown` is cancelled.
+pub async fn drive(server: SharedServer, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        tokio::select! {
+            ended = follow(&server) => {
+                if let Err(error) = ended {
+                    tracing::warn!(%error, "workflow driver lost its feed; following again");
+                }
+            }
+            () = shutdown.cancelled() => break,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(RETRY) => {}
+            () = shutdown.cancelled() => break,
         }
     }
     tracing::debug!("workflow driver stopped");
 }
 
-/// One round: ticks every running instance of every object at the server
-/// clock's `now`. Returns how many objects were written. An object changed
-/// by someone else meanwhile is skipped (compare-and-swap) and ticked again
-/// next round.
+/// One run of the driver: lists the kinds once, then follows their
+/// changes until the cache's feed ends.
+async fn follow(server: &Server) -> Result<(), crate::error::ApiError> {
+    let mut deadlines = Deadlines::default();
+    let mut feeds = SelectAll::new();
+    let mut after = None;
+    for kind in KINDS {
+        let request = ListRequest {
+            kind,
+            scope: Scope::default(),
+            limit: None,
+            continue_token: None,
+        };
+        let page = server.cache.list(server.store.as_ref(), &request).await?;
+        let start = *after.get_or_insert(page.resource_version);
+        for object in &page.items {
+            note(server, &mut deadlines, kind, object).await;
+        }
+        let Some(changes) = server.cache.watch(kind, Scope::default(), start).await? else {
+            return Err(crate::error::ApiError::Gone(
+                "the watch cache moved on".into(),
+            ));
+        };
+        feeds.push(changes.map(move |change| (kind, change)).boxed());
+    }
+    loop {
+        let sleep = deadlines.nearest().map(|at| {
+            let wait = (at - server.clock.now()).to_std().unwrap_or_default();
+            tokio::time::sleep(wait)
+        });
+        tokio::select! {
+            change = feeds.next() => match change {
+                Some((kind, Ok((event_type, object)))) => {
+                    if event_type == EventType::Deleted {
+                        deadlines.set(key_of(kind, &object), None);
+                    } else {
+                        note(server, &mut deadlines, kind, &object).await;
+                    }
+                }
+                Some((_, Err(gone))) => {
+                    return Err(crate::error::ApiError::Gone(gone.0));
+                }
+                None => return Ok(()),
+            },
+            () = async { if let Some(sleep) = sleep { sleep.await } else { std::future::pending().await } } => {
+                let now = server.clock.now();
+                for key in deadlines.due(now) {
+                    match tick_key(server, &key, now).await {
+                        Ok(()) => {}
+                        Err(error) => tracing::warn!(object = %key, %error, "workflow tick failed"),
+                    }
+                    // The write (or a concurrent one) comes back through the
+                    // feed and sets the next deadline; a failed tick tries
+                    // again shortly.
+                    if let Ok(Some(object)) = server.store.get(&key).await {
+                        let soonest = now + chrono::TimeDelta::milliseconds(100);
+                        deadlines.set(key, object_deadline(&object).map(|at| at.max(soonest)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn key_of(kind: Kind, object: &CachedObject) -> ObjectKey {
+    ObjectKey::new(kind, Some(&object.namespace), &object.name)
+}
+
+/// Files the object's nearest deadline; a pod whose update failed and that
+/// asked for automatic rollback is rolled back.
+async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &CachedObject) {
+    let object = match cached.decode() {
+        Ok(object) => object,
+        Err(error) => {
+            tracing::warn!(object = %key_of(kind, cached), %error, "unreadable cached object");
+            return;
+        }
+    };
+    if kind == Kind::Pod {
+        match super::rollback::maybe_roll_back(server, &object).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(error) => tracing::warn!(object = %object.key(), %error, "rollback check failed"),
+        }
+    }
+    deadlines.set(object.key(), object_deadline(&object));
+}
+
+/// The nearest deadline of the object's running instances.
+fn object_deadline(object: &Object) -> Option<DateTime<Utc>> {
+    let status = read_status(object).ok()?;
+    status
+        .instances
+        .iter()
+        .filter(|instance| instance.outcome == WorkflowOutcome::Running)
+        .filter_map(corral_workflow::next_deadline)
+        .min()
+}
+
+/// Reads the object at `key` and brings its running instances up to `now`.
+async fn tick_key(server: &Server, key: &ObjectKey, now: DateTime<Utc>) -> Result<(), StoreError> {
+    let Some(object) = server.store.get(key).await? else {
+        return Ok(());
+    };
+    tick_object(server, object, now).await.map(|_| ())
+}
+
+/// One round over every object (tests drive the engine with it): ticks
+/// every running instance at the server clock's `now`. Returns how many
+/// objects were written. It lists everything, so nothing but tests call it.
 pub async fn tick_all(server: &Server) -> Result<usize, StoreError> {
     let now = server.clock.now();
     let mut written = 0;
@@ -98,11 +257,43 @@ async fn tick_object(
     match server.store.update(object, expected, &change).await {
         Ok(_) => {}
         Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
-            tracing::debug!(object = %key, "changed meanwhile; ticked again next round");
+            tracing::debug!(object = %key, "changed meanwhile; ticked again at its next deadline");
             return Ok(false);
         }
         Err(error) => return Err(error),
     }
     store_logs(server, &logs).await;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + seconds, 0)
+            .single()
+            .expect("a valid time")
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new(Kind::Pod, Some("default"), name)
+    }
+
+    #[test]
+    fn deadlines_come_due_in_order_and_can_move() {
+        let mut deadlines = Deadlines::default();
+        deadlines.set(key("a"), Some(at(30)));
+        deadlines.set(key("b"), Some(at(10)));
+        deadlines.set(key("c"), Some(at(20)));
+        deadlines.set(key("c"), Some(at(40)));
+        deadlines.set(key("b"), None);
+        assert_eq!(deadlines.nearest(), Some(at(30)));
+        assert!(deadlines.due(at(29)).is_empty());
+        assert_eq!(deadlines.due(at(35)), [key("a")]);
+        assert_eq!(deadlines.due(at(100)), [key("c")]);
+        assert_eq!(deadlines.nearest(), None);
+    }
 }

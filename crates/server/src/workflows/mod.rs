@@ -11,7 +11,8 @@
 //!   cleared: its node went silent or was lost) gets a `move` instance and a
 //!   history record of the move (the same spec, a new revision). They also refuse a `Controller` whose registered
 //!   steps would break a workflow (unknown reference, duplicate, cycle).
-//! - [`drive`] is the background loop; [`tick_all`] is one round of it.
+//! - [`drive`] is the background loop that ticks each object at its
+//!   nearest deadline; [`tick_all`] ticks everything once (tests).
 //! - [`act`] executes a step owner's claim / complete / fail / log.
 //!
 //! Deletion is still immediate: the `stop` workflow needs the node agent to
@@ -33,7 +34,7 @@ use corral_store::{ChangeMeta, StoreError};
 use corral_workflow::{RegisteredController, WorkflowDefinition};
 use serde_json::{Map, Value};
 
-pub use driver::{TICK_INTERVAL, drive, tick_all};
+pub use driver::{drive, tick_all};
 pub use steps::{StepAction, act, step_logs};
 
 use crate::Server;

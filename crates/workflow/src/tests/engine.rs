@@ -6,7 +6,8 @@ use corral_api::workflow::{StepState, WorkflowOutcome, WorkflowStatus};
 
 use super::*;
 use crate::{
-    DefinitionError, VerdictState, backoff, fail, instantiate, record, tick, validate, verdict,
+    DefinitionError, VerdictState, backoff, fail, instantiate, next_deadline, record, tick,
+    validate, verdict,
 };
 
 #[test]
@@ -314,9 +315,12 @@ fn retries_back_off_then_succeed() {
         at(0),
     );
     let x = controller("x");
+    assert_eq!(next_deadline(&instance), None, "waiting on its owner only");
     // Attempt 1 fails; retry after 1s.
     claim(&mut instance, "x/a", &x, None, at(0)).expect("claim 1");
+    assert_eq!(next_deadline(&instance), Some(at(10_000)), "the timeout");
     fail(&mut instance, "x/a", &x, None, at(100), "flaky").expect("fail 1");
+    assert_eq!(next_deadline(&instance), Some(at(1_100)), "the retry");
     let StepState::Failed { next_retry_at, .. } = state(&instance, "x/a") else {
         panic!("expected failed");
     };
@@ -363,6 +367,7 @@ fn retries_back_off_then_succeed() {
         Some(at(0))
     );
     assert_eq!(instance.outcome, WorkflowOutcome::Succeeded);
+    assert_eq!(next_deadline(&instance), None, "finished");
 }
 
 #[test]
