@@ -370,6 +370,21 @@ pub struct StepActionRequest {
     pub fields: BTreeMap<String, Value>,
 }
 
+/// The body of `POST …/{name}/steps` for several actions at once: applied
+/// in order, all or none, in one write of the object — with, optionally,
+/// status fields the caller owns (`status.node`, `status.address`, a
+/// node's container statuses) written in that same write. An owner that
+/// claims a step, does the work and completes it sends one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StepBatchRequest {
+    pub actions: Vec<StepActionRequest>,
+    /// Top-level status fields to set (a `null` removes one); never
+    /// `workflow`, which only the actions change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub status: BTreeMap<String, Value>,
+}
+
 impl StepActionRequest {
     /// A request of `action` on `step` with every optional field empty.
     pub fn new(action: StepActionKind, step: impl Into<String>) -> Self {

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use corral_api::history::RevisionDiff;
 use corral_api::watch::{ObjectList, WatchEvent};
 use corral_api::workflow::{
-    LogLevel, StepActionKind, StepActionRequest, StepLogEntry, WorkflowInstance,
+    LogLevel, StepActionKind, StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance,
 };
 use corral_api::{
     FieldError, HistoryQuery, Identity, Kind, Object, ObjectKey, RevisionRecord, Role,
@@ -441,6 +441,19 @@ impl Client {
     ) -> Result<WorkflowInstance, ClientError> {
         let path = format!("{}/steps", object_path(key));
         self.call(self.request(Method::POST, &path).json(request))
+            .await
+    }
+
+    /// Several step actions, and status fields the caller owns, in one
+    /// write of the object: all or none. Returns the instance the last
+    /// action moved.
+    pub async fn step_batch(
+        &self,
+        key: &ObjectKey,
+        batch: &StepBatchRequest,
+    ) -> Result<WorkflowInstance, ClientError> {
+        let path = format!("{}/steps", object_path(key));
+        self.call(self.request(Method::POST, &path).json(batch))
             .await
     }
 

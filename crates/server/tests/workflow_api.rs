@@ -548,3 +548,70 @@ async fn a_step_delegated_to_the_node_is_moved_by_the_bound_nodes_agent() {
         .await;
     assert_eq!(phase(&done, "dirvol/prepare"), "done");
 }
+
+#[tokio::test]
+async fn a_batch_moves_several_steps_and_owned_status_in_one_write() {
+    let h = Harness::new().await;
+    h.create_pod("web", "img:1").await;
+    let before = h.ok("GET", &format!("{PODS}/web"), None).await;
+    let version = before["metadata"]["resourceVersion"]
+        .as_u64()
+        .expect("version");
+    let scheduler = h.token("scheduler", Role::Controller).await;
+    let batch = json!({
+        "actions": [
+            {"action": "claim", "step": "scheduler/place"},
+            {"action": "log", "step": "scheduler/place", "message": "chose node-1"},
+            {"action": "complete", "step": "scheduler/place", "note": "node-1"}
+        ],
+        "status": {"node": "node-1"}
+    });
+    let instance = h.step_ok("web", &scheduler, batch).await;
+    assert_eq!(phase(&instance, "scheduler/place"), "done");
+    assert_eq!(phase(&instance, "ipam/assign-address"), "ready");
+    let after = h.ok("GET", &format!("{PODS}/web"), None).await;
+    assert_eq!(after["status"]["node"], "node-1");
+    assert_eq!(
+        after["metadata"]["resourceVersion"].as_u64(),
+        Some(version + 1),
+        "one write for the whole batch"
+    );
+    let logs = h.logs("web", "?step=scheduler/place").await;
+    assert!(
+        logs.iter().any(|entry| entry.message == "chose node-1"),
+        "{logs:?}"
+    );
+
+    // A field the caller does not own refuses the whole batch.
+    let ipam = h.token("ipam", Role::Controller).await;
+    let (status, refused) = h
+        .step(
+            "web",
+            &ipam,
+            json!({
+                "actions": [{"action": "claim", "step": "ipam/assign-address"}],
+                "status": {"node": "node-2"}
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("status.node"),
+        "{refused}"
+    );
+    let instance = h.workflows("web").await;
+    let latest = instance.latest().expect("an instance");
+    assert_eq!(
+        phase(latest, "ipam/assign-address"),
+        "ready",
+        "nothing changed"
+    );
+
+    let (status, _) = h
+        .step("web", &ipam, json!({"actions": [], "status": {}}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

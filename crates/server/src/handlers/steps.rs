@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use bytes::Bytes;
-use corral_api::workflow::{StepActionRequest, StepLogEntry, WorkflowInstance};
+use corral_api::workflow::{StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance};
 use corral_store::StepLogFilter;
 
 use super::Target;
@@ -17,8 +17,10 @@ use crate::error::ApiError;
 use crate::query::Params;
 use crate::workflows::{self, StepAction};
 
-/// `POST …/{name}/steps {"action", "step", "workflow"?, …}`: returns the
-/// instance after the transition.
+/// `POST …/{name}/steps {"action", "step", "workflow"?, …}`, or
+/// `{"actions": […], "status": {…}?}` for several actions (and status
+/// fields the caller owns) in one write: returns the instance after the
+/// transitions.
 pub async fn act(
     State(server): State<SharedServer>,
     Caller(caller): Caller,
@@ -26,7 +28,25 @@ pub async fn act(
     body: Bytes,
 ) -> Result<Json<WorkflowInstance>, ApiError> {
     let key = Target::from_params(&params)?.key()?;
-    let request: StepActionRequest = serde_json::from_slice(&body).map_err(|error| {
+    let value: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    if value.get("actions").is_some() {
+        let batch: StepBatchRequest = serde_json::from_value(value).map_err(|error| {
+            ApiError::BadRequest(format!(
+                "request body is not a step batch ({{\"actions\": [{{\"action\": …, \"step\": …}}, …], \"status\": {{…}}}}): {error}"
+            ))
+        })?;
+        let actions = batch
+            .actions
+            .into_iter()
+            .map(StepAction::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let status = batch.status.into_iter().collect();
+        return Ok(Json(
+            workflows::act_batch(&server, &caller, &key, actions, status).await?,
+        ));
+    }
+    let request: StepActionRequest = serde_json::from_value(value).map_err(|error| {
         ApiError::BadRequest(format!(
             "request body is not a step action ({{\"action\": \"claim\"|\"complete\"|\"fail\"|\"log\", \"step\": …}}): {error}"
         ))

@@ -35,7 +35,7 @@ use corral_workflow::{RegisteredController, WorkflowDefinition};
 use serde_json::{Map, Value};
 
 pub use driver::{drive, tick_all};
-pub use steps::{StepAction, act, step_logs};
+pub use steps::{StepAction, act, act_batch, step_logs};
 
 use crate::Server;
 use crate::error::ApiError;

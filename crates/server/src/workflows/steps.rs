@@ -11,7 +11,7 @@ use corral_api::workflow::{
 use corral_api::{Identity, ObjectKey};
 use corral_store::{StepLogFilter, StoreError};
 use corral_workflow::TransitionError;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{bound_node, read_status, store_logs, write_status};
 use crate::Server;
@@ -132,63 +132,91 @@ pub async fn act(
     key: &ObjectKey,
     action: StepAction,
 ) -> Result<WorkflowInstance, ApiError> {
+    act_batch(server, caller, key, vec![action], Map::new()).await
+}
+
+/// Applies `actions` in order, and sets the top-level `status` fields
+/// given, in one write of the object: all or none. Returns the instance the
+/// last action moved, as stored. The status fields are checked against
+/// field ownership like any status write.
+pub async fn act_batch(
+    server: &Server,
+    caller: &Identity,
+    key: &ObjectKey,
+    actions: Vec<StepAction>,
+    status: Map<String, Value>,
+) -> Result<WorkflowInstance, ApiError> {
+    if actions.is_empty() {
+        return Err(ApiError::BadRequest(
+            "actions: name at least one step action".into(),
+        ));
+    }
+    if status.contains_key("workflow") {
+        return Err(ApiError::BadRequest(
+            "status.workflow: steps move only through actions".into(),
+        ));
+    }
     for _ in 0..ATTEMPTS {
         let object = server
             .store
             .get(key)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
-        let mut status = read_status(&object).map_err(|error| {
+        let mut next = object.clone();
+        if !status.is_empty() {
+            if !next.status.is_object() {
+                next.status = Value::Object(Map::new());
+            }
+            if let Some(fields) = next.status.as_object_mut() {
+                for (field, value) in &status {
+                    if value.is_null() {
+                        fields.remove(field);
+                    } else {
+                        fields.insert(field.clone(), value.clone());
+                    }
+                }
+            }
+            let registry = crate::ownership::registry(server).await?;
+            registry
+                .check_write(caller, Some(&object), &next)
+                .map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
+        }
+        let mut workflows = read_status(&object).map_err(|error| {
             ApiError::Internal(format!("{key}: status.workflow is unreadable: {error}"))
         })?;
-        let index = choose(&status, key, action.workflow())?;
-        let bound = bound_node(&object);
-        let bound = bound.as_deref();
+        let bound = bound_node(&next);
         let now = server.clock.now();
-        let instance = &mut status.instances[index];
-        let logs = match &action {
-            StepAction::Claim { step, .. } => {
-                corral_workflow::claim(instance, step, caller, bound, now)
-            }
-            StepAction::Complete { step, note, .. } => {
-                corral_workflow::complete(instance, step, caller, bound, now, note.clone())
-            }
-            StepAction::Fail { step, error, .. } => {
-                corral_workflow::fail(instance, step, caller, bound, now, error)
-            }
-            StepAction::Log {
-                step,
-                level,
-                message,
-                fields,
-                ..
-            } => {
-                // A log line changes no state: store it, write nothing.
-                let entry = corral_workflow::append_log(
-                    instance,
-                    step,
-                    caller,
-                    bound,
-                    now,
-                    *level,
-                    message,
-                    fields.clone(),
-                )
-                .map_err(refusal)?;
-                server.store.append_step_logs(&[entry]).await?;
-                return Ok(instance.clone());
+        let mut logs = Vec::new();
+        let mut lines = Vec::new();
+        let mut moved = None;
+        let mut changed = !status.is_empty();
+        for action in &actions {
+            let index = choose(&workflows, key, action.workflow())?;
+            let instance = &mut workflows.instances[index];
+            moved = Some(index);
+            match apply(instance, action, caller, bound.as_deref(), now)? {
+                Applied::Moved(entries) => {
+                    logs.extend(entries);
+                    changed = true;
+                }
+                Applied::Line(entry) => lines.push(entry),
             }
         }
-        .map_err(refusal)?;
-        let result = instance.clone();
+        // INVARIANT: `actions` is not empty, so some instance was chosen.
+        let result = workflows.instances[moved.expect("an action chose an instance")].clone();
+        if !changed {
+            // Only log lines: they change no state, so nothing is written.
+            server.store.append_step_logs(&lines).await?;
+            return Ok(result);
+        }
         let expected = object.metadata.resource_version;
-        let mut next = object;
-        write_status(&mut next, &status);
+        write_status(&mut next, &workflows);
         let change = crate::handlers::change(server, caller, None);
         match server.store.update(next, expected, &change).await {
             Err(StoreError::Conflict { .. }) => continue,
             Err(error) => return Err(error.into()),
             Ok(_) => {
+                logs.extend(lines);
                 store_logs(server, &logs).await;
                 return Ok(result);
             }
@@ -197,6 +225,55 @@ pub async fn act(
     Err(ApiError::Conflict(format!(
         "{key} kept changing under this step action; try again"
     )))
+}
+
+/// What one action did to an instance.
+enum Applied {
+    /// A transition, with its log entries.
+    Moved(Vec<StepLogEntry>),
+    /// A log line, which changes no state.
+    Line(StepLogEntry),
+}
+
+fn apply(
+    instance: &mut WorkflowInstance,
+    action: &StepAction,
+    caller: &Identity,
+    bound: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Applied, ApiError> {
+    let moved = match action {
+        StepAction::Claim { step, .. } => {
+            corral_workflow::claim(instance, step, caller, bound, now)
+        }
+        StepAction::Complete { step, note, .. } => {
+            corral_workflow::complete(instance, step, caller, bound, now, note.clone())
+        }
+        StepAction::Fail { step, error, .. } => {
+            corral_workflow::fail(instance, step, caller, bound, now, error)
+        }
+        StepAction::Log {
+            step,
+            level,
+            message,
+            fields,
+            ..
+        } => {
+            let entry = corral_workflow::append_log(
+                instance,
+                step,
+                caller,
+                bound,
+                now,
+                *level,
+                message,
+                fields.clone(),
+            )
+            .map_err(refusal)?;
+            return Ok(Applied::Line(entry));
+        }
+    };
+    moved.map(Applied::Moved).map_err(refusal)
 }
 
 /// The instance a request is about: the one named, else the newest running
