@@ -137,16 +137,19 @@ async fn the_informer_survives_a_restart_and_an_expired_watch() {
     let shutdown = CancellationToken::new();
     let informer = Informer::start(client, Scope::all(Kind::Pod), Vec::new(), shutdown.clone());
     let heard: Heard = Arc::default();
-    informer.on_change({
-        let heard = heard.clone();
-        move |change| {
-            let entry = match change {
-                Change::Applied { new, .. } => format!("+{}", new.metadata.name),
-                Change::Deleted(old) => format!("-{}", old.metadata.name),
-            };
-            heard.lock().expect("heard").push(entry);
-        }
-    });
+    informer.on_change(
+        |key, _| heard.lock().expect("heard").push(format!("+{}", key.name)),
+        {
+            let heard = heard.clone();
+            move |change| {
+                let entry = match change {
+                    Change::Applied { key, .. } => format!("+{}", key.name),
+                    Change::Deleted { key, .. } => format!("-{}", key.name),
+                };
+                heard.lock().expect("heard").push(entry);
+            }
+        },
+    );
     informer.synced().await;
     wait_for(&heard, "+a").await;
 
@@ -181,7 +184,7 @@ async fn the_informer_survives_a_restart_and_an_expired_watch() {
             .cache()
             .list()
             .iter()
-            .map(|o| o.metadata.name.clone())
+            .map(|(key, _)| key.name.clone())
             .collect();
         names.sort();
         names

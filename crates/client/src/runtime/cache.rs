@@ -1,84 +1,124 @@
 //! The shared in-memory copy of one kind's objects an [`super::Informer`]
 //! keeps, with secondary indexes.
+//!
+//! The cache holds what the informer's projection makes of each object:
+//! the whole object by default, or just the facts a controller needs (a
+//! scheduler keeps each pod's node and requests, not its spec), so a
+//! controller of 10,000 pods keeps 10,000 small records.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use corral_api::{Object, ObjectKey};
+use corral_api::ObjectKey;
 
-/// A secondary index: the values an object is filed under (`node-1` for a
-/// pod bound to node-1). An object may be under several values or none.
-#[derive(Clone, Copy)]
-pub struct Index {
+/// A secondary index: the values an item is filed under (`node-1` for a
+/// pod bound to node-1). An item may be under several values or none.
+pub struct Index<T> {
     pub name: &'static str,
-    pub values: fn(&Object) -> Vec<String>,
+    pub values: fn(&T) -> Vec<String>,
 }
 
-impl std::fmt::Debug for Index {
+impl<T> Clone for Index<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Index<T> {}
+
+impl<T> std::fmt::Debug for Index<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Index").field("name", &self.name).finish()
     }
 }
 
+/// One cached item and the `resourceVersion` of the object it came from.
+#[derive(Debug)]
+struct Entry<T> {
+    version: u64,
+    item: Arc<T>,
+}
+
 /// What a cache holds. Readers take the lock briefly and clone `Arc`s out;
 /// nobody holds it across an `.await`.
-#[derive(Debug, Default)]
-struct CacheState {
-    objects: HashMap<ObjectKey, Arc<Object>>,
+#[derive(Debug)]
+struct CacheState<T> {
+    entries: HashMap<ObjectKey, Entry<T>>,
     /// Index name → value → keys filed under it.
     indexed: HashMap<&'static str, HashMap<String, BTreeSet<ObjectKey>>>,
-    indexes: Vec<Index>,
+    indexes: Vec<Index<T>>,
     /// The store revision the cache reflects.
     resource_version: u64,
     /// Whether the first list has been applied.
     synced: bool,
 }
 
-/// A shared, read-only (to its users) view of one kind's objects. Cheap to
-/// clone; clones share the same state.
-#[derive(Debug, Clone, Default)]
-pub struct Cache {
-    state: Arc<RwLock<CacheState>>,
+/// A shared, read-only (to its users) view of one kind's objects, as
+/// projected. Cheap to clone; clones share the same state.
+#[derive(Debug)]
+pub struct Cache<T> {
+    state: Arc<RwLock<CacheState<T>>>,
 }
 
-impl Cache {
-    pub(crate) fn new(indexes: Vec<Index>) -> Self {
+impl<T> Clone for Cache<T> {
+    fn clone(&self) -> Self {
+        Cache {
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// What [`Cache::replace`] found: the items gone, and the new or changed
+/// ones with what they replaced.
+pub(crate) type Replaced<T> = (
+    Vec<(ObjectKey, Arc<T>)>,
+    Vec<(ObjectKey, Option<Arc<T>>, Arc<T>)>,
+);
+
+impl<T> Cache<T> {
+    pub(crate) fn new(indexes: Vec<Index<T>>) -> Self {
         let indexed = indexes
             .iter()
             .map(|index| (index.name, HashMap::new()))
             .collect();
         Cache {
             state: Arc::new(RwLock::new(CacheState {
+                entries: HashMap::new(),
                 indexed,
                 indexes,
-                ..CacheState::default()
+                resource_version: 0,
+                synced: false,
             })),
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, CacheState> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, CacheState<T>> {
         // A panic in a reader cannot leave the maps half-written (writers
         // finish each change before releasing), so a poisoned lock is fine.
         self.state.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, CacheState> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, CacheState<T>> {
         self.state.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn get(&self, key: &ObjectKey) -> Option<Arc<Object>> {
-        self.read().objects.get(key).cloned()
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<T>> {
+        self.read().entries.get(key).map(|entry| entry.item.clone())
     }
 
-    /// Every object, in no particular order. O(n): for rare whole-kind
-    /// questions, never for per-change work.
-    pub fn list(&self) -> Vec<Arc<Object>> {
-        self.read().objects.values().cloned().collect()
+    /// Every item with its key, in no particular order. O(n): for rare
+    /// whole-kind questions, never for per-change work.
+    pub fn list(&self) -> Vec<(ObjectKey, Arc<T>)> {
+        self.read()
+            .entries
+            .iter()
+            .map(|(key, entry)| (key.clone(), entry.item.clone()))
+            .collect()
     }
 
-    /// The objects filed under `value` in index `index` (empty for an
+    /// The items filed under `value` in index `index` (empty for an
     /// unknown index).
-    pub fn by_index(&self, index: &str, value: &str) -> Vec<Arc<Object>> {
+    pub fn by_index(&self, index: &str, value: &str) -> Vec<(ObjectKey, Arc<T>)> {
         let state = self.read();
         let Some(keys) = state
             .indexed
@@ -88,11 +128,16 @@ impl Cache {
             return Vec::new();
         };
         keys.iter()
-            .filter_map(|key| state.objects.get(key).cloned())
+            .filter_map(|key| {
+                state
+                    .entries
+                    .get(key)
+                    .map(|entry| (key.clone(), entry.item.clone()))
+            })
             .collect()
     }
 
-    /// How many objects are filed under `value` in index `index`.
+    /// How many items are filed under `value` in index `index`.
     pub fn count_by_index(&self, index: &str, value: &str) -> usize {
         self.read()
             .indexed
@@ -102,7 +147,7 @@ impl Cache {
     }
 
     pub fn len(&self) -> usize {
-        self.read().objects.len()
+        self.read().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -120,88 +165,93 @@ impl Cache {
         self.read().resource_version
     }
 
-    /// Stores `object` unless the cache already has it at the same or a
-    /// newer `resourceVersion` (a replayed, older event). Returns the
-    /// object it replaced, and whether anything changed.
-    pub(crate) fn apply(&self, object: Object) -> Option<(Option<Arc<Object>>, Arc<Object>)> {
-        let mut state = self.write();
-        let key = object.key();
-        let version = object.metadata.resource_version;
-        state.resource_version = state.resource_version.max(version);
-        if let Some(current) = state.objects.get(&key)
-            && current.metadata.resource_version >= version
-        {
-            return None;
-        }
-        let object = Arc::new(object);
-        let old = state.objects.insert(key.clone(), object.clone());
-        if let Some(old) = &old {
-            unindex(&mut state, &key, old);
-        }
-        index(&mut state, &key, &object);
-        Some((old, object))
-    }
-
-    /// Forgets the object at `key` if the deletion is newer than what the
-    /// cache has. Returns the object removed.
-    pub(crate) fn remove(&self, key: &ObjectKey, version: u64) -> Option<Arc<Object>> {
+    /// Stores `item` for the object at `key` unless the cache already has
+    /// it at the same or a newer `version` (a replayed, older event).
+    /// Returns the item it replaced, if anything changed.
+    pub(crate) fn apply(
+        &self,
+        key: &ObjectKey,
+        version: u64,
+        item: T,
+    ) -> Option<(Option<Arc<T>>, Arc<T>)> {
         let mut state = self.write();
         state.resource_version = state.resource_version.max(version);
         if state
-            .objects
+            .entries
             .get(key)
-            .is_none_or(|current| current.metadata.resource_version > version)
+            .is_some_and(|current| current.version >= version)
         {
             return None;
         }
-        let old = state.objects.remove(key)?;
+        let item = Arc::new(item);
+        let entry = Entry {
+            version,
+            item: item.clone(),
+        };
+        let old = state.entries.insert(key.clone(), entry).map(|old| old.item);
+        if let Some(old) = &old {
+            unindex(&mut state, key, old);
+        }
+        index(&mut state, key, &item);
+        Some((old, item))
+    }
+
+    /// Forgets the object at `key` if the deletion (at `version`) is newer
+    /// than what the cache has. Returns the item removed.
+    pub(crate) fn remove(&self, key: &ObjectKey, version: u64) -> Option<Arc<T>> {
+        let mut state = self.write();
+        state.resource_version = state.resource_version.max(version);
+        if state
+            .entries
+            .get(key)
+            .is_none_or(|current| current.version > version)
+        {
+            return None;
+        }
+        let old = state.entries.remove(key)?.item;
         unindex(&mut state, key, &old);
         Some(old)
     }
 
     /// Replaces everything with a fresh list read at `resource_version`.
-    /// Returns the objects that are gone and the ones that are new or
-    /// changed (with what they replaced).
-    #[allow(clippy::type_complexity)]
     pub(crate) fn replace(
         &self,
-        objects: Vec<Object>,
+        items: Vec<(ObjectKey, u64, T)>,
         resource_version: u64,
-    ) -> (Vec<Arc<Object>>, Vec<(Option<Arc<Object>>, Arc<Object>)>) {
+    ) -> Replaced<T> {
         let mut state = self.write();
-        let mut old = std::mem::take(&mut state.objects);
+        let mut old = std::mem::take(&mut state.entries);
         for values in state.indexed.values_mut() {
             values.clear();
         }
         let mut applied = Vec::new();
-        for object in objects {
-            let key = object.key();
-            let previous = old.remove(&key);
-            let object = match previous {
-                Some(previous)
-                    if previous.metadata.resource_version == object.metadata.resource_version =>
-                {
-                    previous
-                }
+        for (key, version, item) in items {
+            let entry = match old.remove(&key) {
+                Some(previous) if previous.version == version => previous,
                 previous => {
-                    let object = Arc::new(object);
-                    applied.push((previous, object.clone()));
-                    object
+                    let item = Arc::new(item);
+                    applied.push((key.clone(), previous.map(|p| p.item), item.clone()));
+                    Entry { version, item }
                 }
             };
-            index(&mut state, &key, &object);
-            state.objects.insert(key, object);
+            let item = entry.item.clone();
+            state.entries.insert(key.clone(), entry);
+            index(&mut state, &key, &item);
         }
         state.resource_version = resource_version;
         state.synced = true;
-        (old.into_values().collect(), applied)
+        let gone = old
+            .into_iter()
+            .map(|(key, entry)| (key, entry.item))
+            .collect();
+        (gone, applied)
     }
 }
 
-fn index(state: &mut CacheState, key: &ObjectKey, object: &Object) {
+fn index<T>(state: &mut CacheState<T>, key: &ObjectKey, item: &T) {
     for position in 0..state.indexes.len() {
         let index = state.indexes[position];
-        let values = (index.values)(object);
+        let values = (index.values)(item);
         let filed = state.indexed.entry(index.name).or_default();
         for value in values {
             filed.entry(value).or_default().insert(key.clone());
@@ -209,13 +259,13 @@ fn index(state: &mut CacheState, key: &ObjectKey, object: &Object) {
     }
 }
 
-fn unindex(state: &mut CacheState, key: &ObjectKey, object: &Object) {
+fn unindex<T>(state: &mut CacheState<T>, key: &ObjectKey, item: &T) {
     for position in 0..state.indexes.len() {
         let index = state.indexes[position];
         let Some(filed) = state.indexed.get_mut(index.name) else {
             continue;
         };
-        for value in (index.values)(object) {
+        for value in (index.values)(item) {
             if let Some(keys) = filed.get_mut(&value) {
                 keys.remove(key);
                 if keys.is_empty() {
@@ -228,7 +278,7 @@ fn unindex(state: &mut CacheState, key: &ObjectKey, object: &Object) {
 
 #[cfg(test)]
 mod tests {
-    use corral_api::Kind;
+    use corral_api::{Kind, Object};
     use serde_json::json;
 
     use super::*;
@@ -252,25 +302,34 @@ mod tests {
             .collect()
     }
 
-    fn cache() -> Cache {
+    fn cache() -> Cache<Object> {
         Cache::new(vec![Index {
             name: "node",
             values: by_node,
         }])
     }
 
-    fn names(objects: &[Arc<Object>]) -> Vec<String> {
-        let mut names: Vec<String> = objects.iter().map(|o| o.metadata.name.clone()).collect();
+    fn apply(cache: &Cache<Object>, object: Object) -> bool {
+        let (key, version) = (object.key(), object.metadata.resource_version);
+        cache.apply(&key, version, object).is_some()
+    }
+
+    fn names(items: &[(ObjectKey, Arc<Object>)]) -> Vec<String> {
+        let mut names: Vec<String> = items.iter().map(|(key, _)| key.name.clone()).collect();
         names.sort();
         names
+    }
+
+    fn entry(object: Object) -> (ObjectKey, u64, Object) {
+        (object.key(), object.metadata.resource_version, object)
     }
 
     #[test]
     fn an_older_event_never_replaces_a_newer_object() {
         let cache = cache();
-        assert!(cache.apply(pod("a", None, 5)).is_some());
-        assert!(cache.apply(pod("a", Some("n1"), 4)).is_none());
-        assert!(cache.apply(pod("a", Some("n1"), 5)).is_none());
+        assert!(apply(&cache, pod("a", None, 5)));
+        assert!(!apply(&cache, pod("a", Some("n1"), 4)));
+        assert!(!apply(&cache, pod("a", Some("n1"), 5)));
         let key = pod("a", None, 0).key();
         assert_eq!(
             cache.get(&key).map(|o| o.metadata.resource_version),
@@ -287,11 +346,11 @@ mod tests {
     #[test]
     fn indexes_follow_changes() {
         let cache = cache();
-        cache.apply(pod("a", Some("n1"), 1));
-        cache.apply(pod("b", Some("n1"), 2));
-        cache.apply(pod("c", Some("n2"), 3));
+        apply(&cache, pod("a", Some("n1"), 1));
+        apply(&cache, pod("b", Some("n1"), 2));
+        apply(&cache, pod("c", Some("n2"), 3));
         assert_eq!(names(&cache.by_index("node", "n1")), ["a", "b"]);
-        cache.apply(pod("b", Some("n2"), 4));
+        apply(&cache, pod("b", Some("n2"), 4));
         assert_eq!(names(&cache.by_index("node", "n1")), ["a"]);
         assert_eq!(names(&cache.by_index("node", "n2")), ["b", "c"]);
         cache.remove(&pod("c", None, 0).key(), 5);
@@ -302,14 +361,14 @@ mod tests {
     #[test]
     fn replace_reports_what_is_gone_and_what_changed() {
         let cache = cache();
-        cache.apply(pod("a", Some("n1"), 1));
-        cache.apply(pod("b", Some("n1"), 2));
-        let (gone, applied) = cache.replace(vec![pod("b", Some("n1"), 2), pod("c", None, 7)], 9);
+        apply(&cache, pod("a", Some("n1"), 1));
+        apply(&cache, pod("b", Some("n1"), 2));
+        let (gone, applied) = cache.replace(
+            vec![entry(pod("b", Some("n1"), 2)), entry(pod("c", None, 7))],
+            9,
+        );
         assert_eq!(names(&gone), ["a"]);
-        let changed: Vec<String> = applied
-            .iter()
-            .map(|(_, o)| o.metadata.name.clone())
-            .collect();
+        let changed: Vec<String> = applied.iter().map(|(key, _, _)| key.name.clone()).collect();
         assert_eq!(changed, ["c"], "b is unchanged");
         assert_eq!(names(&cache.by_index("node", "n1")), ["b"]);
         assert_eq!(cache.resource_version(), 9);

@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use corral_api::Object;
 use corral_api::watch::EventType;
+use corral_api::{Object, ObjectKey};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -21,60 +21,89 @@ pub(crate) const PAGE: usize = 500;
 
 /// One change the informer applied to its cache.
 #[derive(Debug)]
-pub enum Change<'a> {
+pub enum Change<'a, T> {
     /// Created or changed; `old` is what the cache held before, if anything
-    /// (with another uid when the object was deleted and created again).
+    /// (for another uid when the object was deleted and created again).
     Applied {
-        old: Option<&'a Object>,
-        new: &'a Object,
+        key: &'a ObjectKey,
+        object: &'a Object,
+        old: Option<&'a T>,
+        new: &'a T,
     },
-    /// Deleted, or out of the informer's scope now.
-    Deleted(&'a Object),
+    /// Deleted, or out of the informer's scope now; `old` is what the
+    /// cache held.
+    Deleted { key: &'a ObjectKey, old: &'a T },
 }
 
-impl Change<'_> {
-    /// The object as it is now, or as it was last for a deletion.
-    pub fn object(&self) -> &Object {
+impl<T> Change<'_, T> {
+    pub fn key(&self) -> &ObjectKey {
         match self {
-            Change::Applied { new, .. } => new,
-            Change::Deleted(object) => object,
+            Change::Applied { key, .. } | Change::Deleted { key, .. } => key,
         }
     }
 }
 
-type Handler = Box<dyn Fn(&Change<'_>) + Send + Sync>;
+type Handler<T> = Box<dyn Fn(&Change<'_, T>) + Send + Sync>;
 
-/// A watch-fed cache of the objects in one [`Scope`], and the handlers told
-/// about each change. Cheap to clone.
-#[derive(Clone)]
-pub struct Informer {
-    cache: Cache,
-    handlers: Arc<Mutex<Vec<Handler>>>,
+/// What the cache keeps of each object.
+pub type Projection<T> = fn(&Object) -> T;
+
+/// A watch-fed cache of the objects in one [`Scope`] — whole, or as a
+/// projection keeps them — and the handlers told about each change. Cheap
+/// to clone.
+pub struct Informer<T = Object> {
+    cache: Cache<T>,
+    handlers: Arc<Mutex<Vec<Handler<T>>>>,
     synced: watch::Receiver<bool>,
+    project: Projection<T>,
 }
 
-impl std::fmt::Debug for Informer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Informer")
-            .field("cache", &self.cache)
-            .finish_non_exhaustive()
+impl<T> Clone for Informer<T> {
+    fn clone(&self) -> Self {
+        Informer {
+            cache: self.cache.clone(),
+            handlers: self.handlers.clone(),
+            synced: self.synced.clone(),
+            project: self.project,
+        }
     }
 }
 
-impl Informer {
-    /// Starts following `scope` through `client` until `shutdown`, filing
-    /// objects under `indexes`.
+impl<T> std::fmt::Debug for Informer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Informer").finish_non_exhaustive()
+    }
+}
+
+impl Informer<Object> {
+    /// Starts following `scope` through `client` until `shutdown`, keeping
+    /// whole objects filed under `indexes`.
     pub fn start(
         client: Client,
         scope: Scope,
-        indexes: Vec<Index>,
+        indexes: Vec<Index<Object>>,
         shutdown: CancellationToken,
-    ) -> Informer {
+    ) -> Informer<Object> {
+        Informer::start_projected(client, scope, Object::clone, indexes, shutdown)
+    }
+}
+
+impl<T: Send + Sync + 'static> Informer<T> {
+    /// Starts following `scope` through `client` until `shutdown`, keeping
+    /// what `project` makes of each object, filed under `indexes`.
+    pub fn start_projected(
+        client: Client,
+        scope: Scope,
+        project: Projection<T>,
+        indexes: Vec<Index<T>>,
+        shutdown: CancellationToken,
+    ) -> Informer<T> {
         let (synced_tx, synced) = watch::channel(false);
         let informer = Informer {
             cache: Cache::new(indexes),
             handlers: Arc::new(Mutex::new(Vec::new())),
             synced,
+            project,
         };
         let follower = Follower {
             client,
@@ -86,20 +115,22 @@ impl Informer {
         informer
     }
 
-    pub fn cache(&self) -> &Cache {
+    pub fn cache(&self) -> &Cache<T> {
         &self.cache
     }
 
-    /// Calls `handler` for every object already cached (as applied) and
-    /// for every later change, in order. Handlers run on the informer's
-    /// task and must not block: queue work, do not do it.
-    pub fn on_change(&self, handler: impl Fn(&Change<'_>) + Send + Sync + 'static) {
+    /// Calls `existing` for every item already cached, then `handler` for
+    /// every later change, in order, with nothing missed in between.
+    /// Handlers run on the informer's task and must not block or register
+    /// handlers: queue work, do not do it.
+    pub fn on_change(
+        &self,
+        existing: impl Fn(&ObjectKey, &T),
+        handler: impl Fn(&Change<'_, T>) + Send + Sync + 'static,
+    ) {
         let mut handlers = self.lock_handlers();
-        for object in self.cache.list() {
-            handler(&Change::Applied {
-                old: None,
-                new: &object,
-            });
+        for (key, item) in self.cache.list() {
+            existing(&key, &item);
         }
         handlers.push(Box::new(handler));
     }
@@ -111,19 +142,26 @@ impl Informer {
         let _ = synced.wait_for(|synced| *synced).await;
     }
 
-    fn lock_handlers(&self) -> std::sync::MutexGuard<'_, Vec<Handler>> {
+    fn lock_handlers(&self) -> std::sync::MutexGuard<'_, Vec<Handler<T>>> {
         self.handlers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn notify(&self, change: &Change<'_>) {
+    fn notify(&self, change: &Change<'_, T>) {
         for handler in self.lock_handlers().iter() {
             handler(change);
         }
     }
 
-    fn apply(&self, object: Object) {
-        if let Some((old, new)) = self.cache.apply(object) {
+    fn apply(&self, object: &Object) {
+        let key = object.key();
+        let item = (self.project)(object);
+        if let Some((old, new)) = self
+            .cache
+            .apply(&key, object.metadata.resource_version, item)
+        {
             self.notify(&Change::Applied {
+                key: &key,
+                object,
                 old: old.as_deref(),
                 new: &new,
             });
@@ -131,33 +169,52 @@ impl Informer {
     }
 
     fn remove(&self, object: &Object) {
-        if let Some(old) = self
-            .cache
-            .remove(&object.key(), object.metadata.resource_version)
-        {
-            self.notify(&Change::Deleted(&old));
+        let key = object.key();
+        if let Some(old) = self.cache.remove(&key, object.metadata.resource_version) {
+            self.notify(&Change::Deleted {
+                key: &key,
+                old: &old,
+            });
         }
     }
 
-    fn replace(&self, objects: Vec<Object>, resource_version: u64) {
-        let (gone, applied) = self.cache.replace(objects, resource_version);
-        for object in &gone {
-            self.notify(&Change::Deleted(object));
+    fn replace(&self, objects: &[Object], resource_version: u64) {
+        let items = objects
+            .iter()
+            .map(|object| {
+                (
+                    object.key(),
+                    object.metadata.resource_version,
+                    (self.project)(object),
+                )
+            })
+            .collect();
+        let (gone, applied) = self.cache.replace(items, resource_version);
+        for (key, old) in &gone {
+            self.notify(&Change::Deleted { key, old });
         }
-        for (old, new) in &applied {
-            self.notify(&Change::Applied {
-                old: old.as_deref(),
-                new,
-            });
+        let objects: std::collections::HashMap<ObjectKey, &Object> = objects
+            .iter()
+            .map(|object| (object.key(), object))
+            .collect();
+        for (key, old, new) in &applied {
+            if let Some(object) = objects.get(key) {
+                self.notify(&Change::Applied {
+                    key,
+                    object,
+                    old: old.as_deref(),
+                    new,
+                });
+            }
         }
     }
 }
 
 /// The task behind an informer.
-struct Follower {
+struct Follower<T> {
     client: Client,
     scope: Scope,
-    informer: Informer,
+    informer: Informer<T>,
     synced: watch::Sender<bool>,
 }
 
@@ -170,7 +227,7 @@ enum Ended {
     Expired,
 }
 
-impl Follower {
+impl<T: Send + Sync + 'static> Follower<T> {
     async fn run(self, shutdown: CancellationToken) {
         let mut backoff = FIRST_BACKOFF;
         let mut listed = false;
@@ -182,7 +239,7 @@ impl Follower {
                 };
                 match list {
                     Ok(list) => {
-                        self.informer.replace(list.items, list.resource_version);
+                        self.informer.replace(&list.items, list.resource_version);
                         self.synced.send_replace(true);
                         listed = true;
                     }
@@ -238,7 +295,7 @@ impl Follower {
             match event {
                 Some(Ok(event)) => match event.event_type {
                     EventType::Deleted => self.informer.remove(&event.object),
-                    EventType::Added | EventType::Modified => self.informer.apply(event.object),
+                    EventType::Added | EventType::Modified => self.informer.apply(&event.object),
                 },
                 Some(Err(error)) if error.status() == Some(410) => return Some(Ended::Expired),
                 Some(Err(error)) => return Some(Ended::Broken(Some(error))),
