@@ -12,7 +12,7 @@
 //!   [`Departure::NoLongerFits`]).
 
 use chrono::{DateTime, Utc};
-use corral_api::kinds::{Availability, NodePhase, PodSpec};
+use corral_api::kinds::{Availability, NodePhase};
 
 use crate::lifecycle::Timing;
 
@@ -40,7 +40,7 @@ impl Departure {
     /// The history message of the move: why the pod left `node`.
     pub fn message(
         self,
-        spec: &PodSpec,
+        pinned: Option<&str>,
         node: &str,
         state: Option<NodeState>,
         timing: Timing,
@@ -59,10 +59,7 @@ impl Departure {
             Departure::NodeLost => "the node is lost".to_string(),
             Departure::Repinned => format!(
                 "spec.placement.node names {}",
-                spec.placement
-                    .as_ref()
-                    .and_then(|placement| placement.node.as_deref())
-                    .unwrap_or("another node")
+                pinned.unwrap_or("another node")
             ),
             Departure::NoLongerFits => {
                 "its spec no longer fits there and another node can run it".to_string()
@@ -75,13 +72,14 @@ impl Departure {
 /// Whether the pod leaves its node now. `None` for a node the cluster
 /// does not know: that is a Lost node too.
 pub fn departure(
-    spec: &PodSpec,
+    availability: Availability,
+    pinned: Option<&str>,
     node: &str,
     state: Option<NodeState>,
     now: DateTime<Utc>,
     timing: Timing,
 ) -> Option<Departure> {
-    match spec.placement.as_ref().and_then(|p| p.node.as_deref()) {
+    match pinned {
         Some(pinned) if pinned == node => return None,
         Some(_) => return Some(Departure::Repinned),
         None => {}
@@ -92,7 +90,7 @@ pub fn departure(
     });
     match state.phase {
         NodePhase::Lost => Some(Departure::NodeLost),
-        NodePhase::Silent if spec.availability == Availability::Ha => {
+        NodePhase::Silent if availability == Availability::Ha => {
             let since = state.silent_since?;
             (now - since >= timing.ha_grace).then_some(Departure::SilentPastGrace)
         }
@@ -110,18 +108,18 @@ mod tests {
         let timing = Timing::default();
         let silent = state(NodePhase::Silent, 0);
         assert_eq!(
-            Departure::SilentPastGrace.message(&spec("ha", None), "node-1", silent, timing),
+            Departure::SilentPastGrace.message(None, "node-1", silent, timing),
             format!(
                 "moved off node-1: the node is silent since 2026-01-01T00:00:00Z, past the {}s grace of an availability: ha pod",
                 timing.ha_grace.num_seconds()
             )
         );
         assert_eq!(
-            Departure::NodeLost.message(&spec("best-effort", None), "node-1", None, timing),
+            Departure::NodeLost.message(None, "node-1", None, timing),
             "moved off node-1: the node is lost"
         );
         assert_eq!(
-            Departure::Repinned.message(&spec("ha", Some("node-2")), "node-1", None, timing),
+            Departure::Repinned.message(Some("node-2"), "node-1", None, timing),
             "moved off node-1: spec.placement.node names node-2"
         );
     }
@@ -130,15 +128,15 @@ mod tests {
         DateTime::from_timestamp(1_767_225_600 + seconds, 0).unwrap()
     }
 
-    fn spec(availability: &str, pinned: Option<&str>) -> PodSpec {
-        let mut value = serde_json::json!({
-            "availability": availability,
-            "containers": [{"name": "c", "image": "i"}],
-        });
-        if let Some(node) = pinned {
-            value["placement"] = serde_json::json!({"node": node});
-        }
-        serde_json::from_value(value).unwrap()
+    /// A pod's availability and pin.
+    type Spec = (Availability, Option<&'static str>);
+
+    fn spec(availability: &str, pinned: Option<&'static str>) -> Spec {
+        let availability = match availability {
+            "ha" => Availability::Ha,
+            _ => Availability::BestEffort,
+        };
+        (availability, pinned)
     }
 
     fn state(phase: NodePhase, since: i64) -> Option<NodeState> {
@@ -175,7 +173,7 @@ mod tests {
         ];
         for (index, (spec, node, want)) in cases.into_iter().enumerate() {
             assert_eq!(
-                departure(spec, "n1", node, now, timing),
+                departure(spec.0, spec.1, "n1", node, now, timing),
                 want,
                 "case {index}"
             );
@@ -187,7 +185,7 @@ mod tests {
         let moved = spec("best-effort", Some("n2"));
         for phase in [NodePhase::Ready, NodePhase::Silent, NodePhase::Lost] {
             let node = state(phase, 0);
-            let verdict = departure(&moved, "n1", node, at(1), Timing::default());
+            let verdict = departure(moved.0, moved.1, "n1", node, at(1), Timing::default());
             assert_eq!(verdict, Some(Departure::Repinned));
         }
     }

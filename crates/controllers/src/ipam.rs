@@ -1,169 +1,261 @@
 //! The IPAM controller: a /64 of the cluster prefix for every joining node
 //! (`status.prefix`), and one random address of its node's /64 for every
-//! pod (`status.address`), unique on that node and kept across in-place
-//! updates because the pod object, and so its status, stays.
+//! pod and VM (`status.address`), unique on that node and kept across
+//! in-place updates because the object, and so its status, stays.
+//!
+//! It follows nodes, pods and VMs through informers that keep only the
+//! addresses (pods filed by node), and answers a ready step with one
+//! request that claims it, writes the address and completes it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv6Addr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use corral_api::kinds::{NodeStatus, PodStatus};
-use corral_api::workflow::{StepActionKind, StepActionRequest};
-use corral_api::{Kind, Object};
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
 use corral_net::ipam::{ClusterPrefix, allocate_pod_address};
 use ipnet::Ipv6Net;
 use tokio_util::sync::CancellationToken;
 
-use crate::steps::ready_instance;
+use crate::steps::{ReadyStep, ready_instance};
 
 pub const PREFIX_STEP: &str = "ipam/assign-prefix";
 pub const ADDRESS_STEP: &str = "ipam/assign-address";
 
-pub async fn run(
+/// How long an address or prefix handed out is held back from others
+/// before the caches show it.
+const PENDING_FOR: Duration = Duration::from_secs(60);
+
+/// What IPAM keeps of a node, pod or VM: its block or address, where it
+/// is, and the instance whose IPAM step is ready.
+#[derive(Debug, Clone)]
+pub struct Addressing {
+    node: Option<String>,
+    /// A node's `status.prefix`.
+    prefix: Option<Ipv6Net>,
+    /// A pod's or VM's `status.address`.
+    address: Option<Ipv6Addr>,
+    /// The instance whose IPAM step is ready.
+    ready: Option<String>,
+}
+
+fn status_text(object: &Object, field: &str) -> Option<String> {
+    object
+        .status
+        .get(field)
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string)
+}
+
+fn project(object: &Object) -> Addressing {
+    let step = if object.kind == Kind::Node {
+        PREFIX_STEP
+    } else {
+        ADDRESS_STEP
+    };
+    Addressing {
+        node: status_text(object, "node"),
+        prefix: status_text(object, "prefix").and_then(|p| p.parse().ok()),
+        address: status_text(object, "address").and_then(|a| a.parse().ok()),
+        ready: ready_instance(object, step),
+    }
+}
+
+fn by_node(addressing: &Addressing) -> Vec<String> {
+    addressing.node.clone().into_iter().collect()
+}
+
+const BY_NODE: &str = "node";
+
+struct Shared {
     client: Client,
-    prefix: ClusterPrefix,
-    feed: crate::ChangeFeed,
-    shutdown: CancellationToken,
-) {
-    crate::run_loop("ipam", feed, shutdown, || round(&client, &prefix)).await;
+    cluster: ClusterPrefix,
+    nodes: Cache<Addressing>,
+    pods: Cache<Addressing>,
+    vms: Cache<Addressing>,
+    /// Blocks and addresses handed out that the caches may not show yet.
+    pending: Mutex<HashMap<String, Instant>>,
 }
 
-fn action(kind: StepActionKind, step: &str, workflow: &str) -> StepActionRequest {
-    let mut request = StepActionRequest::new(kind, step);
-    request.workflow = Some(workflow.to_string());
-    request
-}
-
-/// Claims `step`, runs `work` (which writes the status field and returns
-/// the note), and completes or fails the step with its outcome.
-async fn execute<F, Fut>(
-    client: &Client,
-    object: &Object,
-    step: &str,
-    workflow: &str,
-    work: F,
-) -> Result<(), ClientError>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<Result<String, String>, ClientError>>,
-{
-    let key = object.key();
-    client
-        .step_action(&key, &action(StepActionKind::Claim, step, workflow))
-        .await?;
-    let outcome = match work().await {
-        Ok(outcome) => outcome,
-        Err(error) => Err(format!("the API refused the write: {error}")),
-    };
-    let report = match outcome {
-        Ok(note) => {
-            let mut done = action(StepActionKind::Complete, step, workflow);
-            done.note = Some(note);
-            done
+impl Shared {
+    fn cache(&self, kind: Kind) -> &Cache<Addressing> {
+        match kind {
+            Kind::Node => &self.nodes,
+            Kind::VirtualMachine => &self.vms,
+            _ => &self.pods,
         }
-        Err(error) => {
-            let mut fail = action(StepActionKind::Fail, step, workflow);
-            fail.error = Some(error);
-            fail
-        }
-    };
-    client.step_action(&key, &report).await?;
-    Ok(())
+    }
+
+    /// The pending values handed out less than [`PENDING_FOR`] ago.
+    fn pending(&self) -> BTreeSet<String> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.retain(|_, at| at.elapsed() < PENDING_FOR);
+        pending.keys().cloned().collect()
+    }
+
+    fn hold(&self, value: String) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(value, Instant::now());
+    }
 }
 
-/// One pass over nodes and pods.
-pub async fn round(client: &Client, prefix: &ClusterPrefix) -> Result<(), ClientError> {
-    let nodes = client.list(Kind::Node, None, None).await?.items;
-    for node in &nodes {
-        if let Some(workflow) = ready_instance(node, PREFIX_STEP) {
-            let taken: BTreeSet<Ipv6Net> = nodes
-                .iter()
-                .filter_map(|n| n.typed_status::<NodeStatus>().ok()?.prefix?.parse().ok())
-                .collect();
-            execute(client, node, PREFIX_STEP, &workflow, || async {
-                let current = client.get(&node.key()).await?;
-                let existing = current
-                    .typed_status::<NodeStatus>()
-                    .ok()
-                    .and_then(|s| s.prefix);
-                if let Some(existing) = existing {
-                    return Ok(Ok(existing));
+/// Hands out blocks and addresses until `shutdown`.
+pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationToken) {
+    let follow = |kind| {
+        Informer::start_projected(
+            client.clone(),
+            Scope::all(kind),
+            project,
+            vec![Index {
+                name: BY_NODE,
+                values: by_node,
+            }],
+            shutdown.clone(),
+        )
+    };
+    let (nodes, pods, vms) = (
+        follow(Kind::Node),
+        follow(Kind::Pod),
+        follow(Kind::VirtualMachine),
+    );
+    for informer in [&nodes, &pods, &vms] {
+        informer.synced().await;
+    }
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        cluster,
+        nodes: nodes.cache().clone(),
+        pods: pods.cache().clone(),
+        vms: vms.cache().clone(),
+        pending: Mutex::new(HashMap::new()),
+    });
+    let queue = WorkQueue::new();
+    for informer in [&nodes, &pods, &vms] {
+        let (existing, changed) = (queue.clone(), queue.clone());
+        informer.on_change(
+            move |key, addressing| {
+                if addressing.ready.is_some() {
+                    existing.add(key.clone());
                 }
-                let subnet = match prefix.allocate_node_subnet(&taken, &mut rand::rng()) {
-                    Ok(subnet) => subnet.to_string(),
-                    Err(error) => return Ok(Err(error.to_string())),
-                };
-                crate::steps::set_status_field(
-                    client,
-                    &node.key(),
-                    "prefix",
-                    subnet.clone().into(),
-                )
-                .await?;
-                Ok(Ok(subnet))
-            })
-            .await?;
-            // The taken set is now stale: the next prefix waits for the next
-            // round, which the write just triggered.
-            return Ok(());
-        }
+            },
+            move |change| {
+                if let Change::Applied { key, new, .. } = change
+                    && new.ready.is_some()
+                {
+                    changed.add((*key).clone());
+                }
+            },
+        );
     }
-    // Pods and VMs share their node's /64.
-    let mut pods = client.list(Kind::Pod, None, None).await?.items;
-    pods.extend(client.list(Kind::VirtualMachine, None, None).await?.items);
-    // One address per node per round, for the same reason.
-    let mut served_nodes = BTreeSet::new();
-    for pod in &pods {
-        let Some(workflow) = ready_instance(pod, ADDRESS_STEP) else {
-            continue;
+    runtime::run("ipam", queue, 1, shutdown, move |key: ObjectKey| {
+        let shared = shared.clone();
+        async move { reconcile(&shared, &key).await }
+    })
+    .await;
+}
+
+async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientError> {
+    let Some(addressing) = shared.cache(key.kind).get(key) else {
+        return Ok(Action::Done);
+    };
+    let Some(workflow) = &addressing.ready else {
+        return Ok(Action::Done);
+    };
+    if key.kind == Kind::Node {
+        let step = ReadyStep {
+            key,
+            step: PREFIX_STEP,
+            workflow,
         };
-        let status: PodStatus = pod.typed_status().unwrap_or_default();
-        if !served_nodes.insert(status.node.clone()) {
-            continue;
-        }
-        let node_prefix = status.node.as_ref().and_then(|node_name| {
-            nodes
-                .iter()
-                .find(|n| n.metadata.name == *node_name)
-                .and_then(|n| {
-                    n.typed_status::<NodeStatus>()
-                        .ok()?
-                        .prefix?
-                        .parse::<Ipv6Net>()
-                        .ok()
-                })
-        });
-        let taken: BTreeSet<Ipv6Addr> = pods
-            .iter()
-            .filter_map(|p| p.typed_status::<PodStatus>().ok())
-            .filter(|s| s.node == status.node)
-            .filter_map(|s| s.address?.parse().ok())
-            .collect();
-        execute(client, pod, ADDRESS_STEP, &workflow, || async {
-            // An address kept across in-place updates; a pod that moved
-            // to another node gets a new one in that node's /64.
-            if let Some(address) = status.address.clone()
-                && address
-                    .parse::<Ipv6Addr>()
-                    .is_ok_and(|a| node_prefix.is_none_or(|p| p.contains(&a)))
-            {
-                return Ok(Ok(address));
-            }
-            let Some(subnet) = node_prefix else {
-                return Ok(Err(format!(
-                    "node {} has no /64 yet (its join workflow's {PREFIX_STEP} is not done)",
-                    status.node.as_deref().unwrap_or("?")
-                )));
-            };
-            let address = match allocate_pod_address(subnet, &taken, &mut rand::rng()) {
-                Ok(address) => address.to_string(),
-                Err(error) => return Ok(Err(error.to_string())),
-            };
-            crate::steps::set_status_field(client, &pod.key(), "address", address.clone().into())
-                .await?;
-            Ok(Ok(address))
-        })
-        .await?;
+        let (outcome, status) = node_prefix(shared, &addressing);
+        step.finish(&shared.client, outcome, status).await?;
+    } else {
+        let step = ReadyStep {
+            key,
+            step: ADDRESS_STEP,
+            workflow,
+        };
+        let (outcome, status) = workload_address(shared, &addressing);
+        step.finish(&shared.client, outcome, status).await?;
     }
-    Ok(())
+    Ok(Action::Done)
+}
+
+type Decided = (Result<String, String>, BTreeMap<String, serde_json::Value>);
+
+/// The node's /64: the one it has, or a free one of the cluster prefix.
+fn node_prefix(shared: &Shared, node: &Addressing) -> Decided {
+    if let Some(existing) = node.prefix {
+        return (Ok(existing.to_string()), BTreeMap::new());
+    }
+    let mut taken: BTreeSet<Ipv6Net> = shared
+        .nodes
+        .list()
+        .into_iter()
+        .filter_map(|(_, node)| node.prefix)
+        .collect();
+    taken.extend(
+        shared
+            .pending()
+            .iter()
+            .filter_map(|p| p.parse::<Ipv6Net>().ok()),
+    );
+    match shared
+        .cluster
+        .allocate_node_subnet(&taken, &mut rand::rng())
+    {
+        Ok(subnet) => {
+            let subnet = subnet.to_string();
+            shared.hold(subnet.clone());
+            let status = BTreeMap::from([("prefix".to_string(), subnet.clone().into())]);
+            (Ok(subnet), status)
+        }
+        Err(error) => (Err(error.to_string()), BTreeMap::new()),
+    }
+}
+
+/// The workload's address: the one it has if it is in its node's /64 (an
+/// in-place update keeps it), else a free one there.
+fn workload_address(shared: &Shared, workload: &Addressing) -> Decided {
+    let node = workload.node.as_deref().unwrap_or("?");
+    let node_prefix = shared
+        .nodes
+        .get(&ObjectKey::new(Kind::Node, None, node))
+        .and_then(|facts| facts.prefix);
+    if let Some(address) = workload.address
+        && node_prefix.is_none_or(|prefix| prefix.contains(&address))
+    {
+        return (Ok(address.to_string()), BTreeMap::new());
+    }
+    let Some(subnet) = node_prefix else {
+        let error =
+            format!("node {node} has no /64 yet (its join workflow's {PREFIX_STEP} is not done)");
+        return (Err(error), BTreeMap::new());
+    };
+    let mut taken: BTreeSet<Ipv6Addr> = shared
+        .pods
+        .by_index(BY_NODE, node)
+        .into_iter()
+        .chain(shared.vms.by_index(BY_NODE, node))
+        .filter_map(|(_, workload)| workload.address)
+        .collect();
+    taken.extend(
+        shared
+            .pending()
+            .iter()
+            .filter_map(|a| a.parse::<Ipv6Addr>().ok()),
+    );
+    match allocate_pod_address(subnet, &taken, &mut rand::rng()) {
+        Ok(address) => {
+            let address = address.to_string();
+            shared.hold(address.clone());
+            let status = BTreeMap::from([("address".to_string(), address.clone().into())]);
+            (Ok(address), status)
+        }
+        Err(error) => (Err(error.to_string()), BTreeMap::new()),
+    }
 }

@@ -9,7 +9,8 @@
 use chrono::{DateTime, Duration, Utc};
 use corral_api::kinds::{NodePhase, NodeSpec, NodeStatus};
 use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
-use corral_api::{Kind, Object};
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::runtime::{self, Action, Change, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
 use tokio_util::sync::CancellationToken;
 
@@ -38,13 +39,43 @@ impl Default for Timing {
     }
 }
 
-pub async fn run(
-    client: Client,
-    timing: Timing,
-    feed: crate::ChangeFeed,
-    shutdown: CancellationToken,
-) {
-    crate::run_loop("node-lifecycle", feed, shutdown, || round(&client, timing)).await;
+/// Keeps every node's phase until `shutdown`: a node is looked at when it
+/// changes and again when its next deadline (silence, loss) comes.
+pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
+    let nodes = Informer::start(
+        client.clone(),
+        Scope::all(Kind::Node),
+        Vec::new(),
+        shutdown.clone(),
+    );
+    nodes.synced().await;
+    let queue = WorkQueue::new();
+    let (existing, changed) = (queue.clone(), queue.clone());
+    nodes.on_change(
+        move |key, _| existing.add(key.clone()),
+        move |change| {
+            if let Change::Applied { key, .. } = change {
+                changed.add((*key).clone());
+            }
+        },
+    );
+    let cache = nodes.cache().clone();
+    runtime::run(
+        "node-lifecycle",
+        queue,
+        1,
+        shutdown,
+        move |key: ObjectKey| {
+            let (client, cache) = (client.clone(), cache.clone());
+            async move {
+                match cache.get(&key) {
+                    Some(node) => reconcile(&client, &node, timing).await,
+                    None => Ok(Action::Done),
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// The phase a node should have now, and since when it is silent. Pure.
@@ -87,38 +118,63 @@ pub fn phase(
     }
 }
 
-pub async fn round(client: &Client, timing: Timing) -> Result<(), ClientError> {
+/// Writes the node's phase if it is not what the clock says, and asks to
+/// look again when it would change next.
+pub async fn reconcile(
+    client: &Client,
+    node: &Object,
+    timing: Timing,
+) -> Result<Action, ClientError> {
     let now = Utc::now();
-    for node in client.list(Kind::Node, None, None).await?.items {
-        let status: NodeStatus = node.typed_status().unwrap_or_default();
-        let (next, silent_since) = phase(&node, now, timing);
-        if next == status.phase && silent_since == status.silent_since {
-            continue;
+    let status: NodeStatus = node.typed_status().unwrap_or_default();
+    let (next, silent_since) = phase(node, now, timing);
+    let again = next_change(&status, next, silent_since, now, timing);
+    if next == status.phase && silent_since == status.silent_since {
+        return Ok(again);
+    }
+    let mut current = node.clone();
+    if !current.status.is_object() {
+        current.status = serde_json::json!({});
+    }
+    current.status["phase"] = serde_json::to_value(next).unwrap_or_default();
+    match silent_since {
+        Some(since) => {
+            current.status["silentSince"] = serde_json::to_value(since).unwrap_or_default()
         }
-        let mut current = node;
-        if !current.status.is_object() {
-            current.status = serde_json::json!({});
-        }
-        current.status["phase"] = serde_json::to_value(next).unwrap_or_default();
-        match silent_since {
-            Some(since) => {
-                current.status["silentSince"] = serde_json::to_value(since).unwrap_or_default()
-            }
-            None => {
-                if let Some(map) = current.status.as_object_mut() {
-                    map.remove("silentSince");
-                }
-            }
-        }
-        // One node's conflict (a heartbeat just landed) must not hold up the rest.
-        match client.put_status(&current).await {
-            Ok(_) => tracing::info!(node = %current.metadata.name, phase = ?next, "node phase"),
-            Err(error) => {
-                tracing::debug!(node = %current.metadata.name, %error, "phase not written; next round")
+        None => {
+            if let Some(map) = current.status.as_object_mut() {
+                map.remove("silentSince");
             }
         }
     }
-    Ok(())
+    client.put_status(&current).await?;
+    tracing::info!(node = %current.metadata.name, phase = ?next, "node phase");
+    Ok(again)
+}
+
+/// When the node's phase would change next with no word from it: Ready
+/// turns Silent when its heartbeat gets old, Silent turns Lost.
+fn next_change(
+    status: &NodeStatus,
+    phase: NodePhase,
+    silent_since: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    timing: Timing,
+) -> Action {
+    let at = match phase {
+        NodePhase::Ready => status.heartbeat.map(|beat| beat + timing.silent_after),
+        NodePhase::Silent => silent_since.map(|since| since + timing.lost_after),
+        _ => None,
+    };
+    match at {
+        Some(at) => Action::RequeueAfter(
+            (at - now)
+                .to_std()
+                .unwrap_or_default()
+                .max(std::time::Duration::from_millis(100)),
+        ),
+        None => Action::Done,
+    }
 }
 
 #[cfg(test)]

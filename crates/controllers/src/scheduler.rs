@@ -1,115 +1,388 @@
-//! The scheduler controller: places pods and VirtualMachines whose `scheduler/place` step is
-//! ready, writing `status.node`, or fails the step with one reason per node.
-//! It also unbinds pods that must leave a silent or lost node
-//! ([`crate::evacuate`]): clearing `status.node` makes the server begin the
-//! pod's `move` workflow, whose `scheduler/place` then places it elsewhere.
+//! The scheduler controller: places pods and VirtualMachines whose
+//! `scheduler/place` step is ready, writing `status.node` in the same
+//! request that completes the step, or fails the step with one reason per
+//! node. It also unbinds pods that must leave a silent or lost node
+//! ([`crate::evacuate`]): clearing `status.node` makes the server begin
+//! the pod's `move` workflow, whose `scheduler/place` then places it
+//! elsewhere.
+//!
+//! It follows pods, VMs and nodes through informers that keep only what
+//! it needs of each (a workload's reservation and its placement request),
+//! and keeps one long-lived [`Scheduler`] whose reservations follow the
+//! changes: a placement costs the same with 10 or 10,000 pods. The
+//! scheduler is rebuilt from the caches only when a node changes.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use corral_api::kinds::{NodeStatus, PodSpec, PodStatus};
-use corral_api::workflow::{StepActionKind, StepActionRequest, WorkflowOutcome, WorkflowStatus};
-use corral_api::{Kind, Object};
+use chrono::Utc;
+use corral_api::kinds::{Availability, NodeStatus, PodSpec};
+use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
-use corral_scheduler::{Request, Scheduler, Snapshot, Strategy};
+use corral_scheduler::{BoundWorkload, NodeInfo, Request, Scheduler, Snapshot, Strategy};
 use tokio_util::sync::CancellationToken;
 
 use crate::evacuate::{Departure, NodeState, departure};
-use crate::steps::ready_instance;
+use crate::lifecycle::Timing;
+use crate::steps::{ReadyStep, ready_instance};
 
 pub const STEP: &str = "scheduler/place";
 
-pub async fn run(
+/// What the scheduler keeps of a pod or VM.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Its reservation, while bound and not finished.
+    bound: Option<BoundWorkload>,
+    /// The instance whose `scheduler/place` is ready, and what to place
+    /// (or why it cannot be read).
+    placing: Option<(String, Result<Request, String>)>,
+    /// `status.node`.
+    node: Option<String>,
+    /// What a departure depends on (pods only).
+    leaving: Option<Leaving>,
+}
+
+/// A pod's facts that decide whether it leaves its node.
+#[derive(Debug, Clone)]
+struct Leaving {
+    availability: Availability,
+    pinned: Option<String>,
+    /// Its newest instance is a failed update of its current revision (the
+    /// node refused it for room), and the request of that revision.
+    refused: Option<Request>,
+}
+
+fn project_workload(object: &Object) -> Workload {
+    let request = Request::from_object(object).map_err(|error| error.to_string());
+    let placing = ready_instance(object, STEP).map(|id| (id, request.clone()));
+    let node = object
+        .status
+        .get("node")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string);
+    let leaving = (object.kind == Kind::Pod)
+        .then(|| object.typed_spec::<PodSpec>().ok())
+        .flatten()
+        .map(|spec| Leaving {
+            availability: spec.availability,
+            pinned: spec.placement.and_then(|p| p.node),
+            refused: update_refused(object)
+                .then(|| request.clone().ok())
+                .flatten(),
+        });
+    Workload {
+        bound: BoundWorkload::from_object(object).ok().flatten(),
+        placing,
+        node,
+        leaving,
+    }
+}
+
+/// What the scheduler keeps of a node.
+#[derive(Debug, Clone)]
+pub struct NodeFacts {
+    info: Option<NodeInfo>,
+    state: NodeState,
+}
+
+fn project_node(object: &Object) -> NodeFacts {
+    let status: NodeStatus = object.typed_status().unwrap_or_default();
+    NodeFacts {
+        info: NodeInfo::from_node(object).ok(),
+        state: NodeState {
+            phase: status.phase,
+            silent_since: status.silent_since,
+        },
+    }
+}
+
+fn by_node(workload: &Workload) -> Vec<String> {
+    workload.node.clone().into_iter().collect()
+}
+
+const BY_NODE: &str = "node";
+
+/// The controller's state, shared by its informers' handlers and its
+/// reconciler.
+struct Shared {
     client: Client,
-    timing: crate::lifecycle::Timing,
-    feed: crate::ChangeFeed,
-    shutdown: CancellationToken,
-) {
-    crate::run_loop("scheduler", feed, shutdown, || async {
-        evacuate(&client, timing).await?;
-        round(&client).await
+    timing: Timing,
+    pods: Cache<Workload>,
+    vms: Cache<Workload>,
+    nodes: Cache<NodeFacts>,
+    /// The reservations as the caches say; `None` after a node changed,
+    /// until the next placement rebuilds it.
+    scheduler: Mutex<Option<Scheduler>>,
+}
+
+impl Shared {
+    fn workloads(&self, kind: Kind) -> &Cache<Workload> {
+        if kind == Kind::VirtualMachine {
+            &self.vms
+        } else {
+            &self.pods
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Scheduler>> {
+        self.scheduler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps the live scheduler's reservation of `key` as the cache has it.
+    fn follow_binding(&self, key: &ObjectKey, bound: Option<&BoundWorkload>) {
+        if let Some(scheduler) = self.lock().as_mut() {
+            match bound {
+                Some(bound) => scheduler.reserve(bound.clone()),
+                None => {
+                    scheduler.release(key);
+                }
+            }
+        }
+    }
+
+    /// Runs `decide` on the scheduler, built from the caches if a node
+    /// changed since it was last used.
+    fn with_scheduler<R>(&self, decide: impl FnOnce(&mut Scheduler) -> R) -> R {
+        let mut guard = self.lock();
+        let scheduler = guard.get_or_insert_with(|| {
+            let snapshot = Snapshot {
+                nodes: self
+                    .nodes
+                    .list()
+                    .into_iter()
+                    .filter_map(|(_, node)| node.info.clone())
+                    .collect(),
+                bound: self
+                    .pods
+                    .list()
+                    .into_iter()
+                    .chain(self.vms.list())
+                    .filter_map(|(_, workload)| workload.bound.clone())
+                    .collect(),
+                volumes: BTreeMap::new(),
+            };
+            Scheduler::new(&snapshot, Strategy::Spread)
+        });
+        decide(scheduler)
+    }
+}
+
+/// Places and evacuates until `shutdown`.
+pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
+    let workload_index = || {
+        vec![Index {
+            name: BY_NODE,
+            values: by_node,
+        }]
+    };
+    let pods = Informer::start_projected(
+        client.clone(),
+        Scope::all(Kind::Pod),
+        project_workload,
+        workload_index(),
+        shutdown.clone(),
+    );
+    let vms = Informer::start_projected(
+        client.clone(),
+        Scope::all(Kind::VirtualMachine),
+        project_workload,
+        workload_index(),
+        shutdown.clone(),
+    );
+    let nodes = Informer::start_projected(
+        client.clone(),
+        Scope::all(Kind::Node),
+        project_node,
+        Vec::new(),
+        shutdown.clone(),
+    );
+    pods.synced().await;
+    vms.synced().await;
+    nodes.synced().await;
+    let shared = Arc::new(Shared {
+        client,
+        timing,
+        pods: pods.cache().clone(),
+        vms: vms.cache().clone(),
+        nodes: nodes.cache().clone(),
+        scheduler: Mutex::new(None),
+    });
+    let queue = WorkQueue::new();
+    for informer in [&pods, &vms] {
+        let (shared, queue) = (shared.clone(), queue.clone());
+        let existing = queue.clone();
+        informer.on_change(
+            move |key, workload| {
+                if wants_attention(workload) {
+                    existing.add(key.clone());
+                }
+            },
+            move |change| match change {
+                Change::Applied { key, new, .. } => {
+                    shared.follow_binding(key, new.bound.as_ref());
+                    if wants_attention(new) {
+                        queue.add((*key).clone());
+                    }
+                }
+                Change::Deleted { key, .. } => shared.follow_binding(key, None),
+            },
+        );
+    }
+    {
+        let (shared, queue) = (shared.clone(), queue.clone());
+        nodes.on_change(
+            |_, _| {},
+            move |change| {
+                // Capacity, labels or phase changed: rebuild at the next
+                // placement, and look at the pods on the node again.
+                *shared.lock() = None;
+                let node = &change.key().name;
+                for (key, _) in shared.pods.by_index(BY_NODE, node) {
+                    queue.add(key);
+                }
+            },
+        );
+    }
+    runtime::run("scheduler", queue, 1, shutdown, move |key: ObjectKey| {
+        let shared = shared.clone();
+        async move { reconcile(&shared, &key).await }
     })
     .await;
 }
 
-/// Unbinds every pod that must leave its node now.
-pub async fn evacuate(
-    client: &Client,
-    timing: crate::lifecycle::Timing,
-) -> Result<(), ClientError> {
-    let pods = client.list(Kind::Pod, None, None).await?.items;
-    let bound: Vec<(Object, String)> = pods
-        .into_iter()
-        .filter_map(|pod| {
-            let node = pod.typed_status::<PodStatus>().ok()?.node?;
-            Some((pod, node))
+/// Whether a workload's change may need the scheduler: its place step is
+/// ready, or it is bound and its pin or room may have changed.
+fn wants_attention(workload: &Workload) -> bool {
+    workload.placing.is_some()
+        || workload.leaving.as_ref().is_some_and(|leaving| {
+            leaving.refused.is_some()
+                || (workload.node.is_some()
+                    && leaving.pinned.is_some()
+                    && leaving.pinned != workload.node)
         })
-        .collect();
-    if bound.is_empty() {
-        return Ok(());
+}
+
+async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientError> {
+    let Some(workload) = shared.workloads(key.kind).get(key) else {
+        return Ok(Action::Done);
+    };
+    if let Some((workflow, request)) = &workload.placing {
+        place(shared, key, workflow, request).await?;
+        return Ok(Action::Done);
     }
-    let nodes: BTreeMap<String, NodeState> = client
-        .list(Kind::Node, None, None)
-        .await?
-        .items
-        .iter()
-        .map(|node| {
-            let status: NodeStatus = node.typed_status().unwrap_or_default();
-            let state = NodeState {
-                phase: status.phase,
-                silent_since: status.silent_since,
-            };
-            (node.metadata.name.clone(), state)
-        })
-        .collect();
-    let now = chrono::Utc::now();
-    // Built only when a bound pod's update was refused for room.
-    let mut scheduler: Option<Scheduler> = None;
-    for (pod, node) in bound {
-        let Ok(spec) = pod.typed_spec::<PodSpec>() else {
-            continue;
-        };
-        let why = match departure(&spec, &node, nodes.get(&node).copied(), now, timing) {
-            Some(why) => why,
-            None if update_refused(&pod) => {
-                if scheduler.is_none() {
-                    scheduler = Some(snapshot_scheduler(client).await?);
-                }
-                let Some(scheduler) = scheduler.as_mut() else {
-                    continue;
-                };
-                if !fits_elsewhere(scheduler, &pod, &node) {
-                    continue;
-                }
-                Departure::NoLongerFits
+    match (&workload.node, &workload.leaving) {
+        (Some(node), Some(leaving)) => evacuate(shared, key, node, leaving).await,
+        _ => Ok(Action::Done),
+    }
+}
+
+async fn place(
+    shared: &Shared,
+    key: &ObjectKey,
+    workflow: &str,
+    request: &Result<Request, String>,
+) -> Result<(), ClientError> {
+    let step = ReadyStep {
+        key,
+        step: STEP,
+        workflow,
+    };
+    let request = match request {
+        Ok(request) => request,
+        Err(error) => {
+            let outcome = Err(format!("cannot read the workload: {error}"));
+            return step.finish(&shared.client, outcome, BTreeMap::new()).await;
+        }
+    };
+    match shared.with_scheduler(|scheduler| scheduler.place(request)) {
+        Ok(placement) => {
+            let status = BTreeMap::from([("node".to_string(), placement.node.clone().into())]);
+            let written = step
+                .finish(&shared.client, Ok(placement.node.clone()), status)
+                .await;
+            if written.is_err() {
+                // The reservation was never made real: the cache will say so.
+                shared.with_scheduler(|scheduler| scheduler.release(key));
+            } else {
+                tracing::info!(workload = %key, node = %placement.node, "placed");
             }
-            None => continue,
-        };
-        let key = pod.key();
-        let message = why.message(&spec, &node, nodes.get(&node).copied(), timing);
-        match unbind(client, &pod, &message).await {
-            Ok(_) => tracing::info!(pod = %key, %node, ?why, "unbound; moving"),
-            Err(error) => tracing::debug!(pod = %key, %error, "not unbound; next round"),
+            written
+        }
+        Err(unschedulable) => {
+            tracing::info!(workload = %key, reason = %unschedulable, "unschedulable");
+            step.finish(
+                &shared.client,
+                Err(unschedulable.to_string()),
+                BTreeMap::new(),
+            )
+            .await
         }
     }
-    Ok(())
 }
 
-/// Clears the pod's `status.node` as read (compare-and-swap on its
-/// `resourceVersion`: a pod changed meanwhile is looked at again next
-/// round). The server starts its `move` workflow and records `message` in
-/// its history.
-async fn unbind(client: &Client, pod: &Object, message: &str) -> Result<Object, ClientError> {
-    let mut next = pod.clone();
-    if let Some(status) = next.status.as_object_mut() {
+/// Unbinds the pod if it must leave `node` now; an ha pod on a Silent
+/// node is looked at again when its grace runs out.
+async fn evacuate(
+    shared: &Shared,
+    key: &ObjectKey,
+    node: &str,
+    leaving: &Leaving,
+) -> Result<Action, ClientError> {
+    let state = shared
+        .nodes
+        .get(&ObjectKey::new(Kind::Node, None, node))
+        .map(|facts| facts.state);
+    let now = Utc::now();
+    let timing = shared.timing;
+    let pinned = leaving.pinned.as_deref();
+    let why = match departure(leaving.availability, pinned, node, state, now, timing) {
+        Some(why) => why,
+        None if leaving.refused.as_ref().is_some_and(|request| {
+            shared.with_scheduler(|scheduler| fits_elsewhere(scheduler, request, node))
+        }) =>
+        {
+            Departure::NoLongerFits
+        }
+        None => return Ok(grace_left(leaving, state, now, timing)),
+    };
+    let message = why.message(pinned, node, state, timing);
+    let mut pod = shared.client.get(key).await?;
+    // Moved or rebound meanwhile: the change brings it back if needed.
+    if pod.status.get("node").and_then(serde_json::Value::as_str) != Some(node) {
+        return Ok(Action::Done);
+    }
+    if let Some(status) = pod.status.as_object_mut() {
         status.insert("node".to_string(), serde_json::Value::Null);
     }
-    client.put_status_with_message(&next, Some(message)).await
+    shared
+        .client
+        .put_status_with_message(&pod, Some(&message))
+        .await?;
+    tracing::info!(pod = %key, %node, ?why, "unbound; moving");
+    Ok(Action::Done)
 }
 
-fn action(kind: StepActionKind, workflow: &str) -> StepActionRequest {
-    let mut request = StepActionRequest::new(kind, STEP);
-    request.workflow = Some(workflow.to_string());
-    request
+/// When an ha pod on a Silent node must be looked at again: when its grace
+/// runs out.
+fn grace_left(
+    leaving: &Leaving,
+    state: Option<NodeState>,
+    now: chrono::DateTime<Utc>,
+    timing: Timing,
+) -> Action {
+    let Some(since) = state.and_then(|state| state.silent_since) else {
+        return Action::Done;
+    };
+    if leaving.availability != Availability::Ha {
+        return Action::Done;
+    }
+    let left = (since + timing.ha_grace - now).to_std().unwrap_or_default();
+    Action::RequeueAfter(left.max(Duration::from_millis(100)))
 }
 
 /// Whether the pod's newest instance is an update of its current revision
@@ -129,106 +402,19 @@ fn update_refused(pod: &Object) -> bool {
     })
 }
 
-async fn snapshot_scheduler(client: &Client) -> Result<Scheduler, ClientError> {
-    let nodes = client.list(Kind::Node, None, None).await?.items;
-    let pods = client.list(Kind::Pod, None, None).await?.items;
-    let objects: Vec<Object> = nodes.into_iter().chain(pods).collect();
-    let snapshot = Snapshot::from_objects(&objects).unwrap_or_default();
-    Ok(Scheduler::new(&snapshot, Strategy::Spread))
-}
-
-/// Whether the pod's spec does not fit `node` but fits another node.
-fn fits_elsewhere(scheduler: &mut Scheduler, pod: &Object, node: &str) -> bool {
-    let Ok(request) = Request::from_object(pod) else {
-        return false;
-    };
-    if scheduler.fits(&request, node).is_ok() {
+/// Whether the request does not fit `node` but fits another node.
+fn fits_elsewhere(scheduler: &mut Scheduler, request: &Request, node: &str) -> bool {
+    if scheduler.fits(request, node).is_ok() {
         return false;
     }
-    // `place` moves the reservation on success; the real move places again
-    // later, so the scheduler of this pass only has to stay plausible.
-    scheduler
-        .place(&request)
-        .is_ok_and(|placement| placement.node != node)
-}
-
-/// One pass: every pod waiting for placement is placed or told why not.
-pub async fn round(client: &Client) -> Result<(), ClientError> {
-    // VMs are placed like pods, against the same capacity.
-    let mut pods = client.list(Kind::Pod, None, None).await?.items;
-    pods.extend(client.list(Kind::VirtualMachine, None, None).await?.items);
-    let waiting: Vec<(Object, String)> = pods
-        .iter()
-        .filter_map(|pod| ready_instance(pod, STEP).map(|id| (pod.clone(), id)))
-        .collect();
-    if waiting.is_empty() {
-        return Ok(());
+    // Asking `place` reserves the other node; the real move places again
+    // later, so put the reservation back where the cache has it.
+    let placed = scheduler.place(request);
+    let elsewhere = placed
+        .as_ref()
+        .is_ok_and(|placement| placement.node != node);
+    if placed.is_ok() {
+        scheduler.reserve(BoundWorkload::new(request, node));
     }
-    let nodes = client.list(Kind::Node, None, None).await?.items;
-    let objects: Vec<Object> = nodes.into_iter().chain(pods).collect();
-    let snapshot = match Snapshot::from_objects(&objects) {
-        Ok(snapshot) => snapshot,
-        Err(error) => {
-            tracing::warn!(%error, "cannot build a scheduling snapshot");
-            return Ok(());
-        }
-    };
-    // One scheduler for the round: each placement counts against the next.
-    let mut scheduler = Scheduler::new(&snapshot, Strategy::Spread);
-    for (pod, workflow) in waiting {
-        let key = pod.key();
-        if let Err(error) = place(client, &mut scheduler, pod, &workflow).await {
-            tracing::debug!(pod = %key, %error, "placement not recorded; retried later");
-        }
-    }
-    Ok(())
-}
-
-async fn place(
-    client: &Client,
-    scheduler: &mut Scheduler,
-    pod: Object,
-    workflow: &str,
-) -> Result<(), ClientError> {
-    let key = pod.key();
-    let request = match Request::from_object(&pod) {
-        Ok(request) => request,
-        Err(error) => {
-            client
-                .step_action(&key, &action(StepActionKind::Claim, workflow))
-                .await?;
-            let mut fail = action(StepActionKind::Fail, workflow);
-            fail.error = Some(format!("cannot read the pod: {error}"));
-            client.step_action(&key, &fail).await?;
-            return Ok(());
-        }
-    };
-    client
-        .step_action(&key, &action(StepActionKind::Claim, workflow))
-        .await?;
-    match scheduler.place(&request) {
-        Ok(placement) => {
-            if let Err(error) =
-                crate::steps::set_status_field(client, &key, "node", placement.node.clone().into())
-                    .await
-            {
-                // Never leave the claimed step hanging: fail it (it is retried).
-                let mut fail = action(StepActionKind::Fail, workflow);
-                fail.error = Some(format!("cannot bind to {}: {error}", placement.node));
-                client.step_action(&key, &fail).await?;
-                return Ok(());
-            }
-            let mut done = action(StepActionKind::Complete, workflow);
-            done.note = Some(placement.node.clone());
-            client.step_action(&key, &done).await?;
-            tracing::info!(pod = %key, node = %placement.node, "placed");
-        }
-        Err(unschedulable) => {
-            let mut fail = action(StepActionKind::Fail, workflow);
-            fail.error = Some(unschedulable.to_string());
-            client.step_action(&key, &fail).await?;
-            tracing::info!(pod = %key, reason = %unschedulable, "unschedulable");
-        }
-    }
-    Ok(())
+    elsewhere
 }

@@ -1,7 +1,13 @@
-//! Finding ready steps a controller owns.
+//! Finding ready steps a controller owns, and moving one in one request.
 
-use corral_api::Object;
-use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
+use std::collections::BTreeMap;
+
+use corral_api::workflow::{
+    StepActionKind, StepActionRequest, StepBatchRequest, WorkflowOutcome, WorkflowStatus,
+};
+use corral_api::{Object, ObjectKey};
+use corral_client::{Client, ClientError};
+use serde_json::Value;
 
 /// The id of the newest running instance in which `step` is ready.
 pub fn ready_instance(object: &Object, step: &str) -> Option<String> {
@@ -15,25 +21,46 @@ pub fn ready_instance(object: &Object, step: &str) -> Option<String> {
     .then(|| instance.id.clone())
 }
 
-/// Sets `status.FIELD` of the object at `key` to `value`, reading it afresh
-/// and retrying when someone else wrote in between (status writes are
-/// compare-and-swap; the workflow driver and agents write status too).
-pub async fn set_status_field(
-    client: &corral_client::Client,
-    key: &corral_api::ObjectKey,
-    field: &str,
-    value: serde_json::Value,
-) -> Result<corral_api::Object, corral_client::ClientError> {
-    let mut attempt = 0;
-    loop {
-        let mut current = client.get(key).await?;
-        if !current.status.is_object() {
-            current.status = serde_json::json!({});
-        }
-        current.status[field] = value.clone();
-        match client.put_status(&current).await {
-            Err(error) if error.status() == Some(409) && attempt < 10 => attempt += 1,
-            other => return other,
-        }
+/// A ready step to move: which object, which step, which instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyStep<'a> {
+    pub key: &'a ObjectKey,
+    pub step: &'a str,
+    pub workflow: &'a str,
+}
+
+impl ReadyStep<'_> {
+    fn action(&self, kind: StepActionKind) -> StepActionRequest {
+        let mut request = StepActionRequest::new(kind, self.step);
+        request.workflow = Some(self.workflow.to_string());
+        request
+    }
+
+    /// Claims the step and completes it with `note` — or fails it with the
+    /// error — setting the status fields given, all in one write.
+    pub async fn finish(
+        &self,
+        client: &Client,
+        outcome: Result<String, String>,
+        status: BTreeMap<String, Value>,
+    ) -> Result<(), ClientError> {
+        let claim = self.action(StepActionKind::Claim);
+        let report = match outcome {
+            Ok(note) => {
+                let mut done = self.action(StepActionKind::Complete);
+                done.note = Some(note);
+                done
+            }
+            Err(error) => {
+                let mut failed = self.action(StepActionKind::Fail);
+                failed.error = Some(error);
+                failed
+            }
+        };
+        let batch = StepBatchRequest {
+            actions: vec![claim, report],
+            status,
+        };
+        client.step_batch(self.key, &batch).await.map(|_| ())
     }
 }

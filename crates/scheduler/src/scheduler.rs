@@ -203,6 +203,12 @@ impl Scheduler {
         self.unbind(workload).is_some()
     }
 
+    /// Counts a workload already bound to its node (seen bound in the
+    /// cluster) against that node, replacing its earlier reservation.
+    pub fn reserve(&mut self, workload: BoundWorkload) {
+        self.bind(workload);
+    }
+
     fn bind(&mut self, workload: BoundWorkload) {
         self.unbind(&workload.workload);
         let index = self.by_name.get(&workload.node).copied();

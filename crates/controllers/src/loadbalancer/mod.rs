@@ -15,9 +15,13 @@ pub mod proxy;
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
 use corral_api::kinds::{ControllerSpec, LoadBalancerStatus};
 use corral_api::{Kind, Object, Role};
+use corral_client::runtime::{Informer, Scope};
 use corral_client::{Client, ClientError};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use plan::Frontends;
@@ -84,9 +88,12 @@ pub async fn register(client: &Client) -> Result<String, LoadBalancerError> {
     Ok(identity.name)
 }
 
+/// How long changes are gathered before the plan is made again.
+const COALESCE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Registers, then serves LoadBalancers of `config.class` until
-/// `shutdown`: a round on every LoadBalancer or pod change and every
-/// [`crate::RESYNC`].
+/// `shutdown`: the plan is made again from the informers' caches whenever
+/// a LoadBalancer or a pod changes.
 pub async fn run(
     client: Client,
     config: LoadBalancerConfig,
@@ -94,33 +101,55 @@ pub async fn run(
 ) -> Result<(), LoadBalancerError> {
     let name = register(&client).await?;
     tracing::info!(controller = %name, class = %config.class, "serving LoadBalancers");
-    let mut feed = crate::ChangeFeed::follow_kinds(
-        client.clone(),
-        &[Kind::LoadBalancer, Kind::Pod],
-        shutdown.clone(),
-    );
+    let follow = |kind| {
+        Informer::start(
+            client.clone(),
+            Scope::all(kind),
+            Vec::new(),
+            shutdown.clone(),
+        )
+    };
+    let (load_balancers, pods) = (follow(Kind::LoadBalancer), follow(Kind::Pod));
+    load_balancers.synced().await;
+    pods.synced().await;
+    let changed = Arc::new(Notify::new());
+    for informer in [&load_balancers, &pods] {
+        let changed = changed.clone();
+        informer.on_change(|_, _| {}, move |_| changed.notify_one());
+    }
     let mut proxy = Proxy::new(config.frontends, shutdown.child_token());
     while !shutdown.is_cancelled() {
-        if let Err(error) = round(&client, &name, &config.class, &mut proxy).await {
+        let snapshot = |cache: &corral_client::runtime::Cache<Object>| -> Vec<Object> {
+            cache
+                .list()
+                .into_iter()
+                .map(|(_, o)| o.as_ref().clone())
+                .collect()
+        };
+        let state = (snapshot(load_balancers.cache()), snapshot(pods.cache()));
+        if let Err(error) = round(&client, &name, &config.class, &mut proxy, state).await {
             tracing::debug!(controller = %name, %error, "round failed; retrying");
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            continue;
         }
         tokio::select! {
-            () = feed.next() => {}
+            () = changed.notified() => {}
             () = shutdown.cancelled() => break,
         }
+        tokio::time::sleep(COALESCE).await;
     }
     Ok(())
 }
 
-/// One pass: plan, make the proxy match, write the statuses that changed.
+/// One pass over the LoadBalancers and pods given: plan, make the proxy
+/// match, write the statuses that changed.
 pub async fn round(
     client: &Client,
     name: &str,
     class: &str,
     proxy: &mut Proxy,
+    (load_balancers, pods): (Vec<Object>, Vec<Object>),
 ) -> Result<(), ClientError> {
-    let load_balancers = client.list(Kind::LoadBalancer, None, None).await?.items;
-    let pods = client.list(Kind::Pod, None, None).await?.items;
     let plan = plan::plan(name, class, &proxy.frontends(), &load_balancers, &pods);
     let failed = proxy.apply(&plan.routes);
     let mut listen_errors: BTreeMap<_, Vec<String>> = BTreeMap::new();
@@ -133,6 +162,7 @@ pub async fn round(
                 .push(error_chain(error));
         }
     }
+    let mut unwritten = None;
     for mut load_balancer in load_balancers {
         let key = load_balancer.key();
         let Some(mut status) = plan.statuses.get(&key).cloned() else {
@@ -154,11 +184,12 @@ pub async fn round(
                 "status written"
             ),
             Err(error) => {
-                tracing::debug!(load_balancer = %key, %error, "status not written; next round")
+                tracing::debug!(load_balancer = %key, %error, "status not written; retried");
+                unwritten = Some(error);
             }
         }
     }
-    Ok(())
+    unwritten.map_or(Ok(()), Err)
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -17,6 +17,7 @@ use corral_api::kinds::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodPhase, PodSpec, PodStatus, PodTemplate,
 };
 use corral_api::{Kind, MANAGED_BY, Object, ObjectKey};
+use corral_client::runtime::{self, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
 use tokio_util::sync::CancellationToken;
 
@@ -29,24 +30,85 @@ pub const DEPLOYMENT_ANNOTATION: &str = "corral.dev/pinned-deployment";
 /// The annotation naming the template a pod runs (`previous`, `next`).
 pub const VERSION_ANNOTATION: &str = "corral.dev/version";
 
-pub async fn run(client: Client, feed: crate::ChangeFeed, shutdown: CancellationToken) {
-    crate::run_loop(NAME, feed, shutdown, || round(&client)).await;
+/// What the controller keeps of a pod: the whole pod if a
+/// PinnedDeployment manages it, nothing otherwise.
+type Managed = Option<Object>;
+
+fn project_pod(pod: &Object) -> Managed {
+    deployment_of(pod).map(|_| pod.clone())
 }
 
-/// One pass over every PinnedDeployment.
-pub async fn round(client: &Client) -> Result<(), ClientError> {
-    let deployments = client.list(Kind::PinnedDeployment, None, None).await?.items;
-    if deployments.is_empty() {
-        return Ok(());
-    }
-    let pods = client.list(Kind::Pod, None, None).await?.items;
-    for deployment in deployments {
-        let key = deployment.key();
-        if let Err(error) = reconcile(client, &deployment, &pods).await {
-            tracing::debug!(deployment = %key, %error, "not reconciled; next round");
+fn by_deployment(pod: &Managed) -> Vec<String> {
+    pod.as_ref()
+        .and_then(deployment_of)
+        .map(|key| key.to_string())
+        .into_iter()
+        .collect()
+}
+
+const BY_DEPLOYMENT: &str = "deployment";
+
+/// Keeps every PinnedDeployment's pods until `shutdown`: a deployment is
+/// reconciled when it or one of its pods changes.
+pub async fn run(client: Client, shutdown: CancellationToken) {
+    let deployments = Informer::start(
+        client.clone(),
+        Scope::all(Kind::PinnedDeployment),
+        Vec::new(),
+        shutdown.clone(),
+    );
+    let pods = Informer::start_projected(
+        client.clone(),
+        Scope::all(Kind::Pod),
+        project_pod,
+        vec![Index {
+            name: BY_DEPLOYMENT,
+            values: by_deployment,
+        }],
+        shutdown.clone(),
+    );
+    deployments.synced().await;
+    pods.synced().await;
+    let queue = WorkQueue::new();
+    let (existing, changed) = (queue.clone(), queue.clone());
+    deployments.on_change(
+        move |key, _| existing.add(key.clone()),
+        move |change| {
+            if let Change::Applied { key, .. } = change {
+                changed.add((*key).clone());
+            }
+        },
+    );
+    let owners = queue.clone();
+    pods.on_change(
+        |_, _| {},
+        move |change| {
+            let pod: &Managed = match change {
+                Change::Applied { new, .. } => new,
+                Change::Deleted { old, .. } => old,
+            };
+            if let Some(deployment) = pod.as_ref().and_then(deployment_of) {
+                owners.add(deployment);
+            }
+        },
+    );
+    let (deployments, pods) = (deployments.cache().clone(), pods.cache().clone());
+    runtime::run(NAME, queue, 1, shutdown, move |key: ObjectKey| {
+        let (client, deployments, pods) = (client.clone(), deployments.clone(), pods.clone());
+        async move {
+            let Some(deployment) = deployments.get(&key) else {
+                return Ok::<_, ClientError>(runtime::Action::Done);
+            };
+            let members: Vec<Object> = pods
+                .by_index(BY_DEPLOYMENT, &key.to_string())
+                .into_iter()
+                .filter_map(|(_, pod)| pod.as_ref().clone())
+                .collect();
+            reconcile(&client, &deployment, &members).await?;
+            Ok(runtime::Action::Done)
         }
-    }
-    Ok(())
+    })
+    .await;
 }
 
 /// The pods of `deployment`, by index.
@@ -125,6 +187,7 @@ async fn reconcile(
         .collect();
     let mut planned = plan::plan(spec.replicas, spec.next_replicas(), &views);
     planned.status.observed_revision = Some(deployment.metadata.revision);
+    let mut failed = None;
     for action in &planned.actions {
         let result = match *action {
             Action::Create { index, version } => {
@@ -150,10 +213,13 @@ async fn reconcile(
             },
         };
         if let Err(error) = result {
-            tracing::info!(deployment = %key, ?action, %error, "action failed; next round");
+            tracing::info!(deployment = %key, ?action, %error, "action failed; retried");
+            failed = Some(error);
         }
     }
-    write_status(client, deployment, &planned.status).await
+    write_status(client, deployment, &planned.status).await?;
+    // A failed action is retried with the deployment's backoff.
+    failed.map_or(Ok(()), Err)
 }
 
 /// The pod `NAME-index` as `version`'s template makes it.
