@@ -81,6 +81,7 @@ impl Server {
         let stopping = CancellationToken::new();
         let cache = Arc::new(watchcache::WatchCache::default());
         cache.start(store.clone(), stopping.clone());
+        let store: Arc<dyn Store> = Arc::new(watchcache::Tracked::new(store, cache.written()));
         Arc::new(Server {
             tokens: auth::TokenCache::new(store.clone()),
             store,

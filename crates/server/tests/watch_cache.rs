@@ -181,8 +181,28 @@ async fn a_node_watch_hears_its_pods_arrive_change_and_leave() {
 
 #[tokio::test]
 async fn a_watch_resumes_inside_the_window_and_replays_older_changes_from_the_store() {
-    let (server, admin, _) = setup().await;
-    create(&server, &admin, "a").await;
+    // A change made before the server starts is older than its cache's
+    // window of changes.
+    let store = corral_store::sqlite::SqliteStore::open_in_memory().expect("a store");
+    let mut first: corral_api::Object = serde_json::from_value(pod("a")).expect("a pod");
+    first.metadata.namespace = Some("default".into());
+    first.metadata.uid = "uid-a".into();
+    let change = corral_store::ChangeMeta {
+        author: "test".into(),
+        class: corral_api::AuthorClass::External,
+        message: String::new(),
+        time: chrono::Utc::now(),
+        always_record: false,
+    };
+    corral_store::Store::create(&store, first, &change)
+        .await
+        .expect("created before the server");
+    let server = corral_server::Server::with(
+        std::sync::Arc::new(store),
+        std::sync::Arc::new(corral_server::SystemClock),
+        std::sync::Arc::new(corral_server::clock::SequentialIds::default()),
+    );
+    let admin = common::token(&server, "admin", Role::Operator).await;
     let (_, listed) = common::call(&server, "GET", "/v1/pods", Some(&admin), None).await;
     let version = listed["resourceVersion"].as_u64().expect("resourceVersion");
     create(&server, &admin, "b").await;

@@ -82,7 +82,7 @@ pub async fn list_or_watch(
             .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX)),
         continue_token: query.get("continue").map(str::to_string),
     };
-    let page = server.cache.list(server.store.as_ref(), &request).await?;
+    let page = server.cache.list(&request).await?;
     let mut body =
         BytesMut::with_capacity(64 + page.items.iter().map(|o| o.json.len() + 1).sum::<usize>());
     body.put_slice(b"{\"items\":[");

@@ -4,10 +4,10 @@
 //!
 //! Lists and watches are served from here, so they cost no store reads and
 //! the JSON of an object is made once per change, not once per reader:
-//! - a **list** waits until the cache has applied every write the store
-//!   had committed when the request came (so a client reads its own
-//!   writes), then copies out the objects in scope, in (namespace, name)
-//!   order, a page at a time;
+//! - a **list** waits until the cache has applied every write this server
+//!   had made when the request came (so a client reads its own writes;
+//!   [`Tracked`] remembers them), then copies out the objects in scope, in
+//!   (namespace, name) order, a page at a time;
 //! - a **watch** replays the window's changes after the given
 //!   `resourceVersion`, then follows live ones. A watch scoped to a node
 //!   or a label selector hears an object leave its scope as a deletion and
@@ -22,8 +22,10 @@
 
 mod filter;
 mod serve;
+mod tracked;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -37,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use filter::Scope;
 pub use serve::{ListPage, ListRequest};
+pub use tracked::Tracked;
 
 /// Changes kept for watchers that resume.
 pub const WINDOW: usize = 10_000;
@@ -132,6 +135,8 @@ pub struct WatchCache {
     /// The store revision the cache reflects, for waiters; `None` while
     /// loading.
     progress: watch::Sender<Option<u64>>,
+    /// The newest revision this server wrote (see [`Tracked`]).
+    written: Arc<AtomicU64>,
 }
 
 impl Default for WatchCache {
@@ -140,11 +145,17 @@ impl Default for WatchCache {
             state: RwLock::new(State::default()),
             live: broadcast::channel(LIVE_CAPACITY).0,
             progress: watch::channel(None).0,
+            written: Arc::new(AtomicU64::new(0)),
         }
     }
 }
 
 impl WatchCache {
+    /// The counter a [`Tracked`] store keeps this cache's writes in.
+    pub fn written(&self) -> Arc<AtomicU64> {
+        self.written.clone()
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         // Writers finish each change before releasing the lock.
         self.state.read().unwrap_or_else(PoisonError::into_inner)
@@ -291,11 +302,12 @@ impl WatchCache {
         Ok(())
     }
 
-    /// Waits until the cache reflects store revision `revision`.
-    async fn caught_up(&self, revision: u64) -> Result<(), ApiWait> {
+    /// Waits until the cache reflects store revision `revision`, for at
+    /// most `timeout`.
+    async fn caught_up(&self, revision: u64, timeout: Duration) -> Result<(), ApiWait> {
         let mut progress = self.progress.subscribe();
         let waited = tokio::time::timeout(
-            CATCH_UP_TIMEOUT,
+            timeout,
             progress.wait_for(|seen| seen.is_some_and(|seen| seen >= revision)),
         )
         .await;
@@ -303,6 +315,12 @@ impl WatchCache {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) | Err(_) => Err(ApiWait { revision }),
         }
+    }
+
+    /// Waits until the cache has every write this server made so far.
+    async fn has_own_writes(&self) -> Result<(), ApiWait> {
+        let written = self.written.load(Ordering::SeqCst);
+        self.caught_up(written, CATCH_UP_TIMEOUT).await
     }
 
     /// The number of cached objects of `kind` (for metrics).

@@ -7,7 +7,6 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use corral_api::Kind;
 use corral_api::watch::EventType;
-use corral_store::Store;
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
@@ -18,6 +17,9 @@ use crate::error::ApiError;
 
 /// Objects per page when a list asks for none.
 const DEFAULT_LIMIT: usize = 100_000;
+
+/// How long a watch waits for the cache to reach its `resourceVersion`.
+const WATCH_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One list request.
 #[derive(Debug, Clone)]
@@ -77,14 +79,9 @@ pub struct Gone(pub String);
 
 impl WatchCache {
     /// A page of `request`'s objects, after the cache has applied every
-    /// write the store had committed when it was asked.
-    pub async fn list(
-        &self,
-        store: &dyn Store,
-        request: &ListRequest,
-    ) -> Result<ListPage, ApiError> {
-        let current = store.current_revision().await?;
-        self.caught_up(current).await?;
+    /// write this server had made when it was asked.
+    pub async fn list(&self, request: &ListRequest) -> Result<ListPage, ApiError> {
+        self.has_own_writes().await?;
         let after = request
             .continue_token
             .as_deref()
@@ -149,8 +146,10 @@ impl WatchCache {
         after: u64,
     ) -> Result<Option<impl Stream<Item = Result<Sent, Gone>> + Send + use<>>, ApiError> {
         // A watch from a revision the store has but the cache not yet
-        // (another server wrote it a moment ago) waits for the cache.
-        self.caught_up(after).await?;
+        // (another server wrote it a moment ago) waits a little for the
+        // cache; on etcd the revision may be no object's (a step log's), so
+        // past the wait it goes on, skipping what it has up to `after`.
+        let _ = self.caught_up(after, WATCH_CATCH_UP).await;
         let receiver = self.live.subscribe();
         let (backlog, cursor, generation) = {
             let state = self.read();
@@ -165,7 +164,7 @@ impl WatchCache {
                 })
                 .filter_map(|(_, event)| scope.view(event).map(|t| (t, event.object.clone())))
                 .collect();
-            (backlog, state.resource_version, state.generation)
+            (backlog, state.resource_version.max(after), state.generation)
         };
         let follower = Follower {
             cache: self.clone(),

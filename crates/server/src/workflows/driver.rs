@@ -104,7 +104,7 @@ async fn follow(server: &Server) -> Result<(), crate::error::ApiError> {
             limit: None,
             continue_token: None,
         };
-        let page = server.cache.list(server.store.as_ref(), &request).await?;
+        let page = server.cache.list(&request).await?;
         let start = *after.get_or_insert(page.resource_version);
         for object in &page.items {
             note(server, &mut deadlines, kind, object).await;
