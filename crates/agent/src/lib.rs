@@ -11,6 +11,7 @@
 //! its pods come back, all with the API unreachable. It never decides
 //! placement or addresses: those come from the API.
 
+pub mod bound;
 pub mod containers;
 pub mod dns;
 pub mod exec;
@@ -38,6 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_client::Client;
+use corral_client::runtime::{Cache, Informer, Scope};
 use corral_runtime::image::{HttpRegistry, ImageStore};
 use corral_runtime::oci::netns::NetnsManager;
 use corral_runtime::oci::{OciRuntime, RuncCli, reap};
@@ -426,59 +428,143 @@ async fn sync_routes(node: &str, nodes: &[corral_api::Object], network: &network
     }
 }
 
-/// Starts the node's DNS server once the node has its /64, and gives it
-/// the current pods and PinnedDeployments.
-async fn refresh_dns(client: &Client, node: &str, network: &network::PodNetwork) {
-    use corral_api::Kind;
-    if network.dns_address().is_none() {
-        let prefix = client
-            .get(&corral_api::ObjectKey::new(Kind::Node, None, node))
-            .await
-            .ok()
-            .and_then(|n| n.typed_status::<corral_api::kinds::NodeStatus>().ok())
-            .and_then(|s| s.prefix?.parse().ok());
-        let Some(prefix) = prefix else {
-            return;
-        };
-        if let Err(error) = network.start_dns(prefix) {
-            tracing::warn!(error = %chain(&error), "pods get no DNS");
-            return;
-        }
+/// Starts the node's DNS server once the node has its /64.
+fn start_dns(node: &str, nodes: &Cache<corral_api::Object>, network: &network::PodNetwork) {
+    if network.dns_address().is_some() {
+        return;
     }
-    let (Ok(pods), Ok(deployments)) = (
-        client.list(Kind::Pod, None, None).await,
-        client.list(Kind::PinnedDeployment, None, None).await,
-    ) else {
+    let prefix = nodes
+        .get(&corral_api::ObjectKey::new(
+            corral_api::Kind::Node,
+            None,
+            node,
+        ))
+        .and_then(|n| n.typed_status::<corral_api::kinds::NodeStatus>().ok())
+        .and_then(|s| s.prefix?.parse().ok());
+    let Some(prefix) = prefix else {
         return;
     };
-    network.set_dns_table(dns::build_table(&pods.items, &deployments.items));
+    if let Err(error) = network.start_dns(prefix) {
+        tracing::warn!(error = %chain(&error), "pods get no DNS");
+    }
 }
 
-/// How often the routes to other nodes are compared with the `Node` objects.
-pub const ROUTES_TICK: Duration = Duration::from_secs(1);
+/// What DNS keeps of a pod: its name, labels and, once it has an address,
+/// its address and readiness; nothing for a pod without an address.
+fn dns_record(pod: &corral_api::Object) -> Option<corral_api::Object> {
+    let status: corral_api::kinds::PodStatus = pod.typed_status().ok()?;
+    status.address.as_ref()?;
+    let mut record = corral_api::Object::new(
+        pod.kind,
+        pod.metadata.namespace.as_deref(),
+        &pod.metadata.name,
+        serde_json::Value::Null,
+    );
+    record.metadata.labels = pod.metadata.labels.clone();
+    record.status = serde_json::json!({
+        "phase": pod.status.get("phase"),
+        "address": status.address,
+        "containers": pod.status.get("containers"),
+    });
+    Some(record)
+}
+
+/// How often routes and peers are compared with the cached `Node` objects
+/// even when nothing changed (someone may have removed a route by hand).
+pub const ROUTES_RECHECK: Duration = Duration::from_secs(30);
+
+/// How long changes are gathered before routes, peers or the DNS table are
+/// made again.
+const COALESCE: Duration = Duration::from_millis(100);
 
 /// Keeps the routes to other nodes' /64s (and, with `--wireguard`, the
-/// tunnel's peers) equal to what the `Node` objects say, as nodes join and
-/// leave. With the API away the routes and peers stay.
+/// tunnel's peers) equal to what the `Node` objects say, and the DNS table
+/// equal to the pods and PinnedDeployments, as they change: informers feed
+/// them, so nothing is listed again. With the API away the routes, peers
+/// and names stay.
 async fn routes_loop(
     client: Client,
     node: String,
     network: Arc<network::PodNetwork>,
     shutdown: CancellationToken,
 ) {
+    use corral_api::Kind;
+    let nodes = Informer::start(
+        client.clone(),
+        Scope::all(Kind::Node),
+        Vec::new(),
+        shutdown.clone(),
+    );
+    let pods = Informer::start_projected(
+        client.clone(),
+        Scope::all(Kind::Pod),
+        dns_record,
+        Vec::new(),
+        shutdown.clone(),
+    );
+    let deployments = Informer::start(
+        client,
+        Scope::all(Kind::PinnedDeployment),
+        Vec::new(),
+        shutdown.clone(),
+    );
+    let routes_changed = Arc::new(tokio::sync::Notify::new());
+    let names_changed = Arc::new(tokio::sync::Notify::new());
+    {
+        let (routes, names) = (routes_changed.clone(), names_changed.clone());
+        nodes.on_change(
+            |_, _| {},
+            move |_| {
+                routes.notify_one();
+                names.notify_one();
+            },
+        );
+    }
+    {
+        let names = names_changed.clone();
+        pods.on_change(|_, _| {}, move |_| names.notify_one());
+        let names = names_changed.clone();
+        deployments.on_change(|_, _| {}, move |_| names.notify_one());
+    }
+    nodes.synced().await;
+    routes_changed.notify_one();
+    names_changed.notify_one();
     loop {
-        match client.list(corral_api::Kind::Node, None, None).await {
-            Ok(list) => {
-                // Peers first: a route through the tunnel needs its peer.
-                sync_peers(&node, &list.items, &network).await;
-                sync_routes(&node, &list.items, &network).await;
-            }
-            Err(error) => tracing::debug!(error = %chain(&error), "cannot list nodes for routes"),
-        }
-        refresh_dns(&client, &node, &network).await;
         tokio::select! {
-            () = tokio::time::sleep(ROUTES_TICK) => {}
+            () = routes_changed.notified() => {}
+            () = names_changed.notified() => {
+                tokio::time::sleep(COALESCE).await;
+                start_dns(&node, nodes.cache(), &network);
+                let table = {
+                    let pods: Vec<corral_api::Object> = pods
+                        .cache()
+                        .list()
+                        .into_iter()
+                        .filter_map(|(_, pod)| pod.as_ref().clone())
+                        .collect();
+                    let deployments: Vec<corral_api::Object> = deployments
+                        .cache()
+                        .list()
+                        .into_iter()
+                        .map(|(_, d)| d.as_ref().clone())
+                        .collect();
+                    dns::build_table(&pods, &deployments)
+                };
+                network.set_dns_table(table);
+                continue;
+            }
+            () = tokio::time::sleep(ROUTES_RECHECK) => {}
             () = shutdown.cancelled() => return,
         }
+        tokio::time::sleep(COALESCE).await;
+        let list: Vec<corral_api::Object> = nodes
+            .cache()
+            .list()
+            .into_iter()
+            .map(|(_, n)| n.as_ref().clone())
+            .collect();
+        // Peers first: a route through the tunnel needs its peer.
+        sync_peers(&node, &list, &network).await;
+        sync_routes(&node, &list, &network).await;
     }
 }

@@ -1,24 +1,22 @@
 //! Routes pods to their workers: restores workers from local state at
-//! start, then follows the API (list, then watch; list again after any
-//! break) and sends each worker its pod, or tells it to remove the pod.
+//! start, then follows the pods bound to this node (a node-scoped
+//! informer, [`crate::bound`]) and sends each worker its pod, or tells it
+//! to remove the pod.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral_api::kinds::PodStatus;
-use corral_api::watch::EventType;
 use corral_api::{Kind, Object, ObjectKey};
-use futures::StreamExt;
+use corral_client::runtime::Scope;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::AgentContext;
+use crate::bound::Bound;
 use crate::state::PodRecord;
 use crate::worker::{PodMessage, PodWorker};
-
-/// How long to wait before listing again after the API failed.
-const RETRY: Duration = Duration::from_secs(2);
 
 /// How long fencing waits for one pod's worker to stop it.
 const FENCE_STOP: Duration = Duration::from_secs(60);
@@ -157,91 +155,69 @@ impl Manager {
         }
     }
 
-    /// Follows the API until cancelled. With the API unreachable it keeps
-    /// retrying; the workers carry on meanwhile.
+    /// Follows the pods bound to this node until cancelled. With the API
+    /// unreachable the informer keeps retrying; the workers carry on
+    /// meanwhile.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let Some(client) = self.ctx.client.clone() else {
             shutdown.cancelled().await;
             return;
         };
-        while !shutdown.is_cancelled() {
-            let list = tokio::select! {
-                list = client.list(Kind::Pod, None, None) => list,
-                () = shutdown.cancelled() => return,
-            };
-            let list = match list {
-                Ok(list) => list,
-                Err(error) => {
-                    tracing::debug!(error = %crate::chain(&error), "cannot list pods; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => continue,
-                        () = shutdown.cancelled() => return,
-                    }
+        let mut changes = crate::bound::follow(
+            client.clone(),
+            Kind::Pod,
+            &self.ctx.node,
+            shutdown.child_token(),
+        );
+        // Keys the API named since the agent started; before the first list
+        // is in, a restored worker may be for a pod deleted meanwhile.
+        let mut seen: Option<BTreeSet<ObjectKey>> = Some(BTreeSet::new());
+        loop {
+            let fence = async {
+                match self.fences.as_mut() {
+                    Some(fences) => fences.recv().await,
+                    None => std::future::pending().await,
                 }
             };
-            let listed: Vec<ObjectKey> = list.items.iter().map(Object::key).collect();
-            let gone: Vec<ObjectKey> = self
-                .workers
-                .keys()
-                .filter(|key| !listed.contains(key))
-                .cloned()
-                .collect();
-            for key in gone {
-                self.remove(&key).await;
-            }
-            for pod in list.items {
-                self.route(pod).await;
-            }
-            let events = match client
-                .watch(Kind::Pod, None, None, list.resource_version)
-                .await
-            {
-                Ok(events) => events,
-                Err(error) => {
-                    tracing::debug!(error = %crate::chain(&error), "cannot watch pods; listing again");
+            let change = tokio::select! {
+                change = changes.recv() => change,
+                Some(reply) = fence => {
+                    // Fence against a fresh list, not the watch's backlog.
+                    let scope = Scope::on_node(Kind::Pod, &self.ctx.node);
+                    match client.list_scope_all(&scope).await {
+                        Ok(list) => {
+                            let stopped = self.fence(&list.items).await;
+                            let _ = reply.send(stopped);
+                        }
+                        Err(error) => {
+                            tracing::debug!(error = %crate::chain(&error), "fencing: cannot list pods");
+                        }
+                    }
                     continue;
                 }
-            };
-            futures::pin_mut!(events);
-            loop {
-                let fence = async {
-                    match self.fences.as_mut() {
-                        Some(fences) => fences.recv().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let event = tokio::select! {
-                    event = events.next() => event,
-                    Some(reply) = fence => {
-                        // Fence against a fresh list, not the watch's backlog.
-                        match client.list(Kind::Pod, None, None).await {
-                            Ok(list) => {
-                                let stopped = self.fence(&list.items).await;
-                                let _ = reply.send(stopped);
-                            }
-                            Err(error) => {
-                                tracing::debug!(error = %crate::chain(&error), "fencing: cannot list pods");
-                            }
-                        }
-                        continue;
-                    }
-                    () = shutdown.cancelled() => return,
-                };
-                match event {
-                    Some(Ok(event)) => match event.event_type {
-                        EventType::Deleted => self.remove(&event.object.key()).await,
-                        EventType::Added | EventType::Modified => self.route(event.object).await,
-                    },
-                    Some(Err(error)) => {
-                        tracing::debug!(error = %crate::chain(&error), "watch broke; listing again");
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(200)) => {}
                 () = shutdown.cancelled() => return,
+            };
+            match change {
+                Some(Bound::Desired(pod)) => {
+                    if let Some(seen) = seen.as_mut() {
+                        seen.insert(pod.key());
+                    }
+                    self.route(*pod).await;
+                }
+                Some(Bound::Gone(key)) => self.remove(&key).await,
+                Some(Bound::Synced) => {
+                    let seen = seen.take().unwrap_or_default();
+                    let gone: Vec<ObjectKey> = self
+                        .workers
+                        .keys()
+                        .filter(|key| !seen.contains(key))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        self.remove(&key).await;
+                    }
+                }
+                None => return,
             }
         }
     }

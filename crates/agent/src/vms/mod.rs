@@ -1,5 +1,6 @@
-//! VirtualMachines bound to this node: the manager follows the API (list,
-//! then watch) and routes each VM to its own worker ([`worker`]), which runs
+//! VirtualMachines bound to this node: the manager follows them through a
+//! node-scoped informer ([`crate::bound`]) and routes each VM to its own
+//! worker ([`worker`]), which runs
 //! the VM's node-owned workflow steps and supervises its QEMU process.
 //!
 //! Each VM gets its own network namespace with a persistent tap device
@@ -18,20 +19,19 @@ pub mod io;
 pub mod state;
 pub mod worker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_api::watch::EventType;
 use corral_api::{Kind, Object, ObjectKey};
 use corral_runtime::vm::Accel;
 use corral_runtime::vm::kvm::{self, KvmProbe};
-use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::AgentContext;
+use crate::bound::Bound;
 use state::{VmRecord, VmState};
 use worker::{VmMessage, VmWorker};
 
@@ -103,9 +103,6 @@ pub fn probe_accel(data_dir: &Path) -> KvmProbe {
     let _ = std::fs::write(&cache, text);
     verdict
 }
-
-/// How long to wait before listing again after the API failed.
-const RETRY: Duration = Duration::from_secs(2);
 
 /// Routes VMs to their workers.
 #[derive(Debug)]
@@ -200,65 +197,40 @@ impl VmManager {
             shutdown.cancelled().await;
             return;
         };
-        while !shutdown.is_cancelled() {
-            let list = tokio::select! {
-                list = client.list(Kind::VirtualMachine, None, None) => list,
+        let mut changes = crate::bound::follow(
+            client,
+            Kind::VirtualMachine,
+            &self.ctx.agent.node,
+            shutdown.child_token(),
+        );
+        // Keys the API named since the agent started (see the pod manager).
+        let mut seen: Option<BTreeSet<ObjectKey>> = Some(BTreeSet::new());
+        loop {
+            let change = tokio::select! {
+                change = changes.recv() => change,
                 () = shutdown.cancelled() => return,
             };
-            let list = match list {
-                Ok(list) => list,
-                Err(error) => {
-                    tracing::debug!(error = %crate::chain(&error), "cannot list VMs; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => continue,
-                        () = shutdown.cancelled() => return,
+            match change {
+                Some(Bound::Desired(vm)) => {
+                    if let Some(seen) = seen.as_mut() {
+                        seen.insert(vm.key());
+                    }
+                    self.route(*vm).await;
+                }
+                Some(Bound::Gone(key)) => self.remove(&key).await,
+                Some(Bound::Synced) => {
+                    let seen = seen.take().unwrap_or_default();
+                    let gone: Vec<ObjectKey> = self
+                        .workers
+                        .keys()
+                        .filter(|key| !seen.contains(key))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        self.remove(&key).await;
                     }
                 }
-            };
-            let listed: Vec<ObjectKey> = list.items.iter().map(Object::key).collect();
-            let gone: Vec<ObjectKey> = self
-                .workers
-                .keys()
-                .filter(|key| !listed.contains(key))
-                .cloned()
-                .collect();
-            for key in gone {
-                self.remove(&key).await;
-            }
-            for vm in list.items {
-                self.route(vm).await;
-            }
-            let events = match client
-                .watch(Kind::VirtualMachine, None, None, list.resource_version)
-                .await
-            {
-                Ok(events) => events,
-                Err(error) => {
-                    tracing::debug!(error = %crate::chain(&error), "cannot watch VMs; listing again");
-                    continue;
-                }
-            };
-            futures::pin_mut!(events);
-            loop {
-                let event = tokio::select! {
-                    event = events.next() => event,
-                    () = shutdown.cancelled() => return,
-                };
-                match event {
-                    Some(Ok(event)) => match event.event_type {
-                        EventType::Deleted => self.remove(&event.object.key()).await,
-                        EventType::Added | EventType::Modified => self.route(event.object).await,
-                    },
-                    Some(Err(error)) => {
-                        tracing::debug!(error = %crate::chain(&error), "VM watch broke; listing again");
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                () = shutdown.cancelled() => return,
+                None => return,
             }
         }
     }
