@@ -344,6 +344,8 @@ async fn heartbeat_loop(
 ) {
     let mut node = None;
     let mut last_beat: Option<std::time::Instant> = None;
+    // The status last written to the Node, without its heartbeat time.
+    let mut reported: Option<node::NodeStatus> = None;
     let mut joined = false;
     while !shutdown.is_cancelled() {
         // A node returning from silence stops the pods moved away from it
@@ -370,11 +372,27 @@ async fn heartbeat_loop(
                 .and_then(network::PodNetwork::tunnel)
                 .zip(config.address.as_deref().and_then(|a| a.parse().ok()))
                 .map(|(tunnel, address)| tunnel.status(address));
+            // The node's status is written when it changes; in between,
+            // the heartbeat is a lease renewal, which writes no object.
+            let offered = node::NodeStatus {
+                heartbeat: None,
+                ..status.clone()
+            };
             let result = match &mut node {
                 None => node::register(&client, &config.node, &status)
                     .await
                     .map(|n| node = Some(n)),
-                Some(object) => node::heartbeat(&client, object, &status).await,
+                Some(object) if reported.as_ref() != Some(&offered) => {
+                    node::heartbeat(&client, object, &status).await
+                }
+                Some(_) => Ok(()),
+            };
+            let result = match result {
+                Ok(()) => {
+                    reported = Some(offered);
+                    client.renew_lease(&config.node).await.map(|_| ())
+                }
+                Err(error) => Err(error),
             };
             match result {
                 Ok(()) => last_beat = Some(std::time::Instant::now()),

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use chrono::Utc;
-use corral_api::kinds::{NodeCapacity, NodePhase, NodeStatus, RuntimeClass};
+pub use corral_api::kinds::NodeStatus;
+use corral_api::kinds::{NodeCapacity, NodePhase, RuntimeClass};
 use corral_api::workflow::StepActionKind;
 
 use crate::steps::{instance_for, is_running, node_steps, request};

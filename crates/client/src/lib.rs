@@ -76,6 +76,15 @@ struct ErrorBody {
     fields: Vec<FieldError>,
 }
 
+/// A node's lease: when it last said it is alive.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub node: String,
+    pub holder: String,
+    pub renewed_at: chrono::DateTime<chrono::Utc>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct TokenResponse {
     pub token: String,
@@ -405,6 +414,24 @@ impl Client {
         }
         self.call(self.request(Method::POST, "/v1/tokens").json(&body))
             .await
+    }
+
+    /// Renews node `node`'s lease: its heartbeat, as only the node itself
+    /// (or an operator) may send it. Returns when the server recorded it.
+    pub async fn renew_lease(&self, node: &str) -> Result<Lease, ClientError> {
+        let path = format!("/v1/nodes/{node}/lease");
+        self.call(self.request(Method::PUT, &path)).await
+    }
+
+    /// Node `node`'s lease; `None` if it renewed none since the server's
+    /// store started.
+    pub async fn lease(&self, node: &str) -> Result<Option<Lease>, ClientError> {
+        let path = format!("/v1/nodes/{node}/lease");
+        match self.call(self.request(Method::GET, &path)).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(error) if error.status() == Some(404) => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     /// Exchanges this client's join token for node `node`'s own token.

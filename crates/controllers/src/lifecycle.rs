@@ -60,6 +60,7 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
         },
     );
     let cache = nodes.cache().clone();
+    let started = Utc::now();
     runtime::run(
         "node-lifecycle",
         queue,
@@ -69,7 +70,7 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
             let (client, cache) = (client.clone(), cache.clone());
             async move {
                 match cache.get(&key) {
-                    Some(node) => reconcile(&client, &node, timing).await,
+                    Some(node) => reconcile(&client, &node, started, timing).await,
                     None => Ok(Action::Done),
                 }
             }
@@ -79,12 +80,17 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
 }
 
 /// The phase a node should have now, and since when it is silent. Pure.
+/// `last_seen` is the newest sign of life: the node's lease renewal, its
+/// status heartbeat, or the controller's own start (a node gets a full
+/// grace after the control plane restarts).
 pub fn phase(
     node: &Object,
+    last_seen: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
     timing: Timing,
 ) -> (NodePhase, Option<DateTime<Utc>>) {
-    let status: NodeStatus = node.typed_status().unwrap_or_default();
+    let mut status: NodeStatus = node.typed_status().unwrap_or_default();
+    status.heartbeat = status.heartbeat.max(last_seen);
     let spec: NodeSpec = node.typed_spec().unwrap_or_default();
     let joined = node
         .status
@@ -123,12 +129,21 @@ pub fn phase(
 pub async fn reconcile(
     client: &Client,
     node: &Object,
+    started: DateTime<Utc>,
     timing: Timing,
 ) -> Result<Action, ClientError> {
     let now = Utc::now();
+    let lease = client.lease(&node.metadata.name).await?;
+    let last_seen = lease.map(|lease| lease.renewed_at).max(Some(started));
     let status: NodeStatus = node.typed_status().unwrap_or_default();
-    let (next, silent_since) = phase(node, now, timing);
-    let again = next_change(&status, next, silent_since, now, timing);
+    let (next, silent_since) = phase(node, last_seen, now, timing);
+    let again = next_change(
+        status.heartbeat.max(last_seen),
+        next,
+        silent_since,
+        now,
+        timing,
+    );
     if next == status.phase && silent_since == status.silent_since {
         return Ok(again);
     }
@@ -155,14 +170,14 @@ pub async fn reconcile(
 /// When the node's phase would change next with no word from it: Ready
 /// turns Silent when its heartbeat gets old, Silent turns Lost.
 fn next_change(
-    status: &NodeStatus,
+    heartbeat: Option<DateTime<Utc>>,
     phase: NodePhase,
     silent_since: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
     timing: Timing,
 ) -> Action {
     let at = match phase {
-        NodePhase::Ready => status.heartbeat.map(|beat| beat + timing.silent_after),
+        NodePhase::Ready => heartbeat.map(|beat| beat + timing.silent_after),
         NodePhase::Silent => silent_since.map(|since| since + timing.lost_after),
         _ => None,
     };
@@ -206,14 +221,14 @@ mod tests {
             ..Timing::default()
         };
         let fresh = node(0, false, "Ready");
-        let joined = phase(&fresh, at(5), timing);
+        let joined = phase(&fresh, None, at(5), timing);
         assert_eq!(joined, (NodePhase::Ready, None));
         assert_eq!(
-            phase(&fresh, at(25), timing),
+            phase(&fresh, None, at(25), timing),
             (NodePhase::Silent, Some(at(0)))
         );
         assert_eq!(
-            phase(&fresh, at(100), timing),
+            phase(&fresh, None, at(100), timing),
             (NodePhase::Lost, Some(at(0)))
         );
     }
@@ -222,7 +237,7 @@ mod tests {
     fn a_forgotten_node_is_lost_at_once() {
         let forgotten = node(0, true, "Ready");
         assert_eq!(
-            phase(&forgotten, at(1), Timing::default()).0,
+            phase(&forgotten, None, at(1), Timing::default()).0,
             NodePhase::Lost
         );
     }
@@ -230,10 +245,13 @@ mod tests {
     #[test]
     fn a_lost_node_stays_lost_while_silent_and_returns_when_it_beats() {
         let lost = node(0, false, "Lost");
-        assert_eq!(phase(&lost, at(25), Timing::default()).0, NodePhase::Lost);
+        assert_eq!(
+            phase(&lost, None, at(25), Timing::default()).0,
+            NodePhase::Lost
+        );
         let back = node(30, false, "Lost");
         assert_eq!(
-            phase(&back, at(31), Timing::default()),
+            phase(&back, None, at(31), Timing::default()),
             (NodePhase::Ready, None)
         );
     }

@@ -100,7 +100,7 @@ impl Server {
 /// under `/v1/namespaces/{namespace}/{plural}`, cluster-wide kinds (and
 /// lists across all namespaces) under `/v1/{plural}`.
 pub fn app(server: SharedServer) -> Router {
-    use handlers::{history, objects, pods_io, steps, system, watch};
+    use handlers::{history, lease, objects, pods_io, steps, system, watch};
 
     let object_routes = |prefix: &str| {
         Router::new()
@@ -165,6 +165,7 @@ pub fn app(server: SharedServer) -> Router {
         .route("/v1/join", post(system::join))
         .route("/v1/history", get(history::cluster_history))
         .route("/v1/controllers/{name}/transfer", post(ownership::transfer))
+        .route("/v1/nodes/{name}/lease", get(lease::read).put(lease::renew))
         .merge(object_routes("/v1/namespaces/{namespace}"))
         .merge(object_routes("/v1"))
         .layer(middleware::from_fn_with_state(

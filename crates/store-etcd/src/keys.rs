@@ -9,6 +9,7 @@
 //! | `P/specs/{uid}/{revision:020}`        | the codec payload of its spec          |
 //! | `P/tokens/{hash}`                     | a token record as JSON                 |
 //! | `P/steplogs/{uid}/{uuid}`             | one append's step log entries (JSON)   |
+//! | `P/leases/{node}`                     | a node's lease renewal (JSON)          |
 //! | `P/leader`                            | the controller leader election         |
 //!
 //! An object's `resourceVersion` is its key's `mod_revision` minus one:
@@ -56,6 +57,10 @@ impl Keys {
                 format!("{}/objects/{}/{namespace}/", self.prefix, kind.as_str())
             }
         }
+    }
+
+    pub fn lease(&self, node: &str) -> String {
+        format!("{}/leases/{node}", self.prefix)
     }
 
     pub fn history_key(&self, key: &ObjectKey) -> String {

@@ -33,8 +33,8 @@ use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::conformance::EventRetention;
 use corral_store::{
-    ChangeMeta, CompactionReport, HistorySize, ListResult, StepLogFilter, Store, StoreError,
-    TokenRecord, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListResult, StepLogFilter, Store,
+    StoreError, TokenRecord, WatchFilter, WatchStream,
 };
 use etcd_client::{Client, GetOptions, KeyValue};
 
@@ -277,6 +277,14 @@ impl Store for EtcdStore {
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         records::find_token(self, hash).await
+    }
+
+    async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {
+        records::renew_lease(self, lease).await
+    }
+
+    async fn find_lease(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        records::find_lease(self, name).await
     }
 
     async fn append_step_logs(&self, entries: &[StepLogEntry]) -> Result<(), StoreError> {

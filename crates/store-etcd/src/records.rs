@@ -1,5 +1,5 @@
-//! Tokens and workflow step logs: plain keys outside the object space, so
-//! they never show up in watches.
+//! Tokens, node leases and workflow step logs: plain keys outside the
+//! object space, so they never show up in watches.
 //!
 //! One `append_step_logs` call writes one key per object uid it mentions
 //! (`P/steplogs/{uid}/{uuid}`, a JSON array), all in one transaction.
@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use corral_api::workflow::StepLogEntry;
-use corral_store::{StepLogFilter, StoreError, TokenRecord};
+use corral_store::{LeaseRecord, StepLogFilter, StoreError, TokenRecord};
 use etcd_client::{Txn, TxnOp};
 
 use crate::{EtcdStore, corrupt_json, unavailable};
@@ -26,6 +26,32 @@ pub(crate) async fn put_token(store: &EtcdStore, token: TokenRecord) -> Result<(
         .await
         .map_err(unavailable)?;
     Ok(())
+}
+
+pub(crate) async fn renew_lease(store: &EtcdStore, lease: LeaseRecord) -> Result<(), StoreError> {
+    let value = serde_json::to_vec(&lease).map_err(corrupt_json("lease"))?;
+    store
+        .kv()
+        .put(store.keys.lease(&lease.name), value, None)
+        .await
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+pub(crate) async fn find_lease(
+    store: &EtcdStore,
+    name: &str,
+) -> Result<Option<LeaseRecord>, StoreError> {
+    let mut response = store
+        .kv()
+        .get(store.keys.lease(name), None)
+        .await
+        .map_err(unavailable)?;
+    response
+        .take_kvs()
+        .first()
+        .map(|kv| serde_json::from_slice(kv.value()).map_err(corrupt_json("lease")))
+        .transpose()
 }
 
 pub(crate) async fn find_token(

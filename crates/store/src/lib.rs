@@ -100,6 +100,20 @@ pub struct TokenRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// A node's lease: the last time it said it is alive. Soft state: kept
+/// apart from objects (renewing it is no object write, no watch event, no
+/// history), and a store may lose it on restart — a node that is alive
+/// renews it within seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseRecord {
+    /// The node's name.
+    pub name: String,
+    /// Who renewed it (the node's identity).
+    pub holder: String,
+    pub renewed_at: DateTime<Utc>,
+}
+
 /// Which step log entries of one object to read; `None` means any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepLogFilter {
@@ -222,6 +236,13 @@ pub trait Store: Send + Sync + 'static {
     async fn history_size(&self) -> Result<HistorySize, StoreError>;
 
     async fn put_token(&self, token: TokenRecord) -> Result<(), StoreError>;
+
+    /// Records a node's lease renewal.
+    async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError>;
+
+    /// A node's lease, if it renewed one since the store (or, for soft
+    /// state, the process) started.
+    async fn find_lease(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError>;
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
 

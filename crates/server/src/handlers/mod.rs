@@ -2,6 +2,7 @@
 //! domain values, call the store, and map failures through [`ApiError`].
 
 pub mod history;
+pub mod lease;
 pub mod objects;
 pub mod pods_io;
 pub mod steps;

@@ -16,8 +16,8 @@ use corral_api::history::CompactionPolicy;
 use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::{
-    ChangeMeta, CompactionReport, HistorySize, ListResult, StepLogFilter, Store, StoreError,
-    TokenRecord, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListResult, StepLogFilter, Store,
+    StoreError, TokenRecord, WatchFilter, WatchStream,
 };
 
 /// A store that remembers the newest object write made through it.
@@ -118,6 +118,14 @@ impl Store for Tracked {
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         self.inner.find_token(hash).await
+    }
+
+    async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {
+        self.inner.renew_lease(lease).await
+    }
+
+    async fn find_lease(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.inner.find_lease(name).await
     }
 
     async fn append_step_logs(&self, entries: &[StepLogEntry]) -> Result<(), StoreError> {

@@ -6,7 +6,9 @@ use corral_api::{AuthorClass, HistoryQuery, Identity, Kind, ObjectKey, Role};
 use serde_json::{Value, json};
 
 use super::{alice, at_minute, base_time, change, edit, new_object, pod, pod_spec};
-use crate::{Store, StoreError, TokenRecord};
+use futures::StreamExt;
+
+use crate::{LeaseRecord, Store, StoreError, TokenRecord};
 
 /// Every combination of the query filters returns exactly the records that
 /// pass them, oldest first, `limit` keeping the newest.
@@ -343,4 +345,40 @@ pub async fn check_tokens(store: &dyn Store) {
     store.put_token(replaced.clone()).await.expect("put again");
     assert_eq!(store.find_token(hash).await.expect("find"), Some(replaced));
     assert_eq!(store.find_token("0000").await.expect("find"), None);
+}
+
+/// Leases: the newest renewal is kept per node, apart from objects (no
+/// store revision, no watch event).
+pub async fn check_leases(store: &dyn Store) {
+    assert_eq!(store.find_lease("node-1").await.expect("find"), None);
+    let before = store.current_revision().await.expect("revision");
+    let first = LeaseRecord {
+        name: "node-1".into(),
+        holder: "node-1".into(),
+        renewed_at: base_time(),
+    };
+    store.renew_lease(first.clone()).await.expect("renew");
+    assert_eq!(
+        store.find_lease("node-1").await.expect("find").as_ref(),
+        Some(&first)
+    );
+    let later = LeaseRecord {
+        renewed_at: at_minute(1),
+        ..first
+    };
+    store.renew_lease(later.clone()).await.expect("renew again");
+    assert_eq!(store.find_lease("node-1").await.expect("find"), Some(later));
+    assert_eq!(store.find_lease("node-2").await.expect("find"), None);
+    let objects = store.list(Kind::Node, None).await.expect("list");
+    assert!(objects.objects.is_empty(), "a lease is no object");
+    // No watch event: a watch from before the renewals sees nothing.
+    let mut events = store
+        .watch(crate::WatchFilter::default(), before)
+        .await
+        .expect("watch");
+    let next = tokio::time::timeout(super::QUIET_PERIOD, events.next()).await;
+    assert!(
+        next.is_err(),
+        "a lease renewal made a watch event: {next:?}"
+    );
 }

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use crate::{ChangeMeta, Store, StoreError, WatchEvent, WatchStream};
 
 pub use history::{
-    check_compaction_for, check_compaction_last, check_history_queries, check_tokens,
+    check_compaction_for, check_compaction_last, check_history_queries, check_leases, check_tokens,
 };
 pub use objects::{
     check_create_get_list, check_delete_and_recreate, check_spec_revisions, check_update_cas,
@@ -71,6 +71,7 @@ where
     check_compaction_last(&fresh().await).await;
     check_compaction_for(&fresh().await).await;
     check_tokens(&fresh().await).await;
+    check_leases(&fresh().await).await;
     check_step_logs(&fresh().await).await;
 }
 

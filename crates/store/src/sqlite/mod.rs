@@ -31,8 +31,8 @@ use tokio::sync::broadcast;
 
 use crate::conformance::EventRetention;
 use crate::{
-    ChangeMeta, CompactionReport, HistorySize, ListResult, StepLogFilter, Store, StoreError,
-    TokenRecord, WatchEvent, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListResult, StepLogFilter, Store,
+    StoreError, TokenRecord, WatchEvent, WatchFilter, WatchStream,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -54,6 +54,10 @@ pub struct SqliteStore {
 /// What the store's tasks share.
 struct Shared {
     conn: Mutex<Connection>,
+    /// Node leases: soft state in memory, never on disk (a renewal every
+    /// few seconds per node needs no fsync; after a restart nodes renew
+    /// within one heartbeat).
+    leases: Mutex<std::collections::HashMap<String, LeaseRecord>>,
     events: broadcast::Sender<Arc<WatchEvent>>,
     event_retention: AtomicU64,
     path: Option<PathBuf>,
@@ -96,6 +100,7 @@ impl SqliteStore {
         SqliteStore {
             shared: Arc::new(Shared {
                 conn: Mutex::new(conn),
+                leases: Mutex::new(std::collections::HashMap::new()),
                 events,
                 event_retention: AtomicU64::new(DEFAULT_EVENT_RETENTION),
                 path,
@@ -242,6 +247,25 @@ impl Store for SqliteStore {
             Ok(())
         })
         .await
+    }
+
+    async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {
+        self.shared
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(lease.name.clone(), lease);
+        Ok(())
+    }
+
+    async fn find_lease(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        Ok(self
+            .shared
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned())
     }
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
