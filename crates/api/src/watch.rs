@@ -35,4 +35,8 @@ pub struct ObjectList {
     pub items: Vec<Object>,
     /// Start a watch here to miss nothing after this list.
     pub resource_version: u64,
+    /// Present when the list was cut at `limit`: pass it back as
+    /// `continue` for the next page.
+    #[serde(default, rename = "continue", skip_serializing_if = "Option::is_none")]
+    pub continue_token: Option<String>,
 }

@@ -5,10 +5,10 @@
 //! revision of the write that made a record (`seq`, which orders
 //! same-time records) is its record key's `create_revision`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use chrono::{DateTime, TimeDelta, Utc};
-use corral_api::history::CompactionPolicy;
+use chrono::{DateTime, Utc};
+use corral_api::history::{CompactionPolicy, KeptRevision};
 use corral_api::{HistoryQuery, ObjectKey, RevisionRecord};
 use corral_store::codec;
 use corral_store::{ChangeMeta, CompactionReport, HistorySize, StoreError};
@@ -281,43 +281,41 @@ pub(crate) async fn compact(
     policy: CompactionPolicy,
     now: DateTime<Utc>,
 ) -> Result<CompactionReport, StoreError> {
+    if policy == CompactionPolicy::All {
+        return Ok(CompactionReport::default());
+    }
     let records = all_records(store).await?;
-    let current: HashSet<(String, u64)> = store
+    let current: HashMap<String, u64> = store
         .range(&store.keys.objects(None, None))
         .await?
         .iter()
         .map(|kv| object_from_kv(kv).map(|o| (o.metadata.uid, o.metadata.revision)))
         .collect::<Result<_, _>>()?;
-    let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut revisions: BTreeMap<&str, Vec<KeptRevision>> = BTreeMap::new();
     for read in &records {
-        let entry = newest.entry(&read.record.uid).or_default();
-        *entry = (*entry).max(read.record.revision);
+        revisions
+            .entry(&read.record.uid)
+            .or_default()
+            .push(KeptRevision {
+                revision: read.record.revision,
+                time: read.record.time,
+            });
     }
-    let doomed_by_policy = |record: &RevisionRecord| match policy {
-        CompactionPolicy::All => false,
-        CompactionPolicy::Last { count } => newest
-            .get(record.uid.as_str())
-            .is_some_and(|newest| record.revision.saturating_add(count) <= *newest),
-        CompactionPolicy::For { seconds } => i64::try_from(seconds)
-            .ok()
-            .and_then(TimeDelta::try_seconds)
-            .and_then(|age| now.checked_sub_signed(age))
-            .is_some_and(|cutoff| record.time < cutoff),
-    };
     let mut by_uid: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
     let mut kept: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-    for read in &records {
-        let record = &read.record;
-        let is_current = current.contains(&(record.uid.clone(), record.revision));
-        let target = if doomed_by_policy(record) && !is_current {
-            &mut by_uid
-        } else {
-            &mut kept
-        };
-        target
-            .entry(record.uid.clone())
-            .or_default()
-            .insert(record.revision);
+    for (uid, revisions) in &revisions {
+        let dropped = policy.doomed(revisions, current.get(*uid).copied(), now);
+        kept.insert(
+            uid.to_string(),
+            revisions
+                .iter()
+                .map(|kept| kept.revision)
+                .filter(|revision| !dropped.contains(revision))
+                .collect(),
+        );
+        if !dropped.is_empty() {
+            by_uid.insert(uid.to_string(), dropped);
+        }
     }
     let mut removed = 0u64;
     for (uid, dropped) in &by_uid {

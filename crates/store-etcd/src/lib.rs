@@ -22,9 +22,10 @@ mod objects;
 mod records;
 mod retry;
 mod watch;
+mod window;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -33,8 +34,8 @@ use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::conformance::EventRetention;
 use corral_store::{
-    ChangeMeta, CompactionReport, HistorySize, ListResult, StepLogFilter, Store, StoreError,
-    TokenRecord, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, EventWindow, HistorySize, ListContinue, ListPage, ListResult,
+    StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
 };
 use etcd_client::{Client, GetOptions, KeyValue};
 
@@ -66,6 +67,8 @@ pub struct EtcdStore {
     config: EtcdConfig,
     /// Which writes need controller leadership, and its fence.
     fencing: Option<Arc<leader::FencePolicy>>,
+    /// The watch-event window this store compacts etcd to (see [`window`]).
+    window: Arc<Mutex<window::WindowState>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -100,7 +103,37 @@ impl EtcdStore {
             keys,
             config: config.clone(),
             fencing: None,
+            window: Arc::default(),
         })
+    }
+
+    /// Sets the watch-event window from the next write on (default
+    /// [`EventWindow::DEFAULT`]): this store compacts etcd's history so
+    /// that it keeps about `count` revisions and `max_age` of them. A watch
+    /// from before the window gets [`StoreError::Expired`].
+    pub fn set_event_window(&self, window: EventWindow) {
+        self.window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_window(window);
+    }
+
+    /// Applies the event window after this store's write of store revision
+    /// `revision` at `time`. The write is acknowledged whatever happens
+    /// here: a failed compaction is logged and tried again later.
+    pub(crate) async fn after_write(&self, time: DateTime<Utc>, revision: u64) {
+        let through = self
+            .window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .after_write(time, revision);
+        let Some(through) = through else { return };
+        // Logical compaction: etcd frees the space in the background.
+        let target = etcd_revision(through) + 1;
+        if let Err(error) = self.kv().compact(target, None).await {
+            // Another server compacting further first is the usual cause.
+            tracing::debug!(%error, through, "compacting etcd to the event window");
+        }
     }
 
     /// The same store, whose writes by the policy's leader-only authors
@@ -211,6 +244,16 @@ impl Store for EtcdStore {
         objects::list(self, kind, namespace).await
     }
 
+    async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        limit: usize,
+        after: Option<&ListContinue>,
+    ) -> Result<ListPage, StoreError> {
+        objects::list_page(self, kind, namespace, limit, after).await
+    }
+
     async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {
         objects::create(self, object, change).await
     }
@@ -296,5 +339,9 @@ impl Store for EtcdStore {
 impl EventRetention for EtcdStore {
     async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
         EtcdStore::compact_events(self, through).await
+    }
+
+    fn set_event_window(&self, window: EventWindow) {
+        EtcdStore::set_event_window(self, window);
     }
 }

@@ -4,8 +4,8 @@
 //! revision is the write's `resourceVersion`.
 
 use corral_api::{Kind, Object, ObjectKey};
-use corral_store::{ChangeMeta, ListResult, StoreError};
-use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp, TxnResponse};
+use corral_store::{ChangeMeta, ListContinue, ListPage, ListResult, StoreError};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnResponse};
 
 use crate::history::{self, NewRevision};
 use crate::keys::store_revision;
@@ -61,6 +61,82 @@ pub(crate) async fn list(
     })
 }
 
+/// One page in key order: a range from the key after `after` (or the
+/// prefix) to the prefix's end, one more key than asked to tell whether
+/// another page follows.
+pub(crate) async fn list_page(
+    store: &EtcdStore,
+    kind: Kind,
+    namespace: Option<&str>,
+    limit: usize,
+    after: Option<&ListContinue>,
+) -> Result<ListPage, StoreError> {
+    let limit = limit.max(1);
+    let prefix = store.keys.objects(Some(kind), namespace);
+    let end = prefix_end(prefix.as_bytes());
+    let mut start = prefix.clone().into_bytes();
+    if let Some(after) = after {
+        // The smallest key greater than the token's object key.
+        let mut key = store
+            .keys
+            .object(&ObjectKey {
+                kind,
+                namespace: after.namespace.clone(),
+                name: after.name.clone(),
+            })
+            .into_bytes();
+        key.push(0);
+        start = start.max(key);
+    }
+    let mut objects = Vec::new();
+    let (revision, more) = if start >= end {
+        (None, false)
+    } else {
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_limit(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX));
+        let mut response = store
+            .kv()
+            .get(start, Some(options))
+            .await
+            .map_err(unavailable)?;
+        let revision = response.header().map(|header| header.revision());
+        let kvs = response.take_kvs();
+        let more = kvs.len() > limit || response.more();
+        for kv in kvs.iter().take(limit) {
+            objects.push(object_from_kv(kv)?);
+        }
+        (revision, more)
+    };
+    let revision = match revision {
+        Some(revision) => revision,
+        None => store.header_revision().await?,
+    };
+    let next = if more {
+        objects.last().map(ListContinue::after)
+    } else {
+        None
+    };
+    Ok(ListPage {
+        objects,
+        resource_version: store_revision(revision),
+        next,
+    })
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Only a prefix of 0xff bytes gets here: range to the end of the keys.
+    vec![0]
+}
+
 pub(crate) async fn create(
     store: &EtcdStore,
     mut object: Object,
@@ -100,6 +176,9 @@ pub(crate) async fn create(
         return Err(refusal(store, fence.as_ref(), StoreError::AlreadyExists { key }).await);
     }
     object.metadata.resource_version = written_revision(&response)?;
+    store
+        .after_write(change.time, object.metadata.resource_version)
+        .await;
     Ok(object)
 }
 
@@ -145,6 +224,9 @@ pub(crate) async fn update(
     };
     let response = commit_compared(store, fence.as_ref(), &target, operations).await?;
     object.metadata.resource_version = written_revision(&response)?;
+    store
+        .after_write(change.time, object.metadata.resource_version)
+        .await;
     Ok(object)
 }
 
@@ -185,6 +267,9 @@ pub(crate) async fn delete(
     };
     let response = commit_compared(store, fence.as_ref(), &target, operations).await?;
     object.metadata.resource_version = written_revision(&response)?;
+    store
+        .after_write(change.time, object.metadata.resource_version)
+        .await;
     Ok(object)
 }
 
@@ -303,6 +388,13 @@ mod tests {
     use super::*;
     use crate::keys::etcd_revision;
     use serde_json::json;
+
+    #[test]
+    fn a_prefix_ends_at_its_last_byte_plus_one() {
+        assert_eq!(prefix_end(b"/corral/objects/Pod/"), b"/corral/objects/Pod0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+    }
 
     #[test]
     fn stored_bodies_take_their_version_from_etcd() {

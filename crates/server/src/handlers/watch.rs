@@ -54,6 +54,7 @@ pub async fn list_or_watch(
         return Ok(Json(ObjectList {
             items,
             resource_version: listed.resource_version,
+            continue_token: None,
         })
         .into_response());
     }
