@@ -49,21 +49,28 @@ struct ReadRecord {
 
 /// The operations that append a revision whose spec is `spec`: its record
 /// and its payload, a delta against the previous revision where the codec
-/// wants one.
+/// wants one. `previous` is that revision's spec JSON when the caller
+/// knows it exactly as history holds it; otherwise it is read from etcd.
+/// Also returns the new revision's spec JSON.
 pub(crate) async fn append_ops(
     store: &EtcdStore,
     new: &NewRevision<'_>,
     spec: &serde_json::Value,
-) -> Result<Vec<TxnOp>, StoreError> {
+    previous: Option<&[u8]>,
+) -> Result<(Vec<TxnOp>, Vec<u8>), StoreError> {
     let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
+    let read;
     let previous = if codec::is_keyframe_revision(new.revision) {
         None
+    } else if previous.is_some() {
+        previous
     } else {
         // Decoded from history itself, so the delta applies to exactly the
         // bytes a reader will reconstruct.
-        spec_bytes(store, new.uid, new.revision - 1).await?
+        read = spec_bytes(store, new.uid, new.revision - 1).await?;
+        read.as_deref()
     };
-    let payload = codec::encode(new.revision, previous.as_deref(), &bytes)
+    let payload = codec::encode(new.revision, previous, &bytes)
         .map_err(|error| codec_error(new.uid, new.revision, &error))?;
     let stored = StoredRecord {
         record: RevisionRecord {
@@ -82,10 +89,11 @@ pub(crate) async fn append_ops(
         raw_len: bytes.len() as u64,
     };
     let record = serde_json::to_vec(&stored).map_err(corrupt_json("revision record"))?;
-    Ok(vec![
+    let operations = vec![
         TxnOp::put(store.keys.revision(new.uid, new.revision), record, None),
         TxnOp::put(store.keys.spec(new.uid, new.revision), payload, None),
-    ])
+    ];
+    Ok((operations, bytes))
 }
 
 /// The spec bytes of one revision, decoded from the nearest keyframe at or

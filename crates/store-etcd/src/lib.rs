@@ -11,18 +11,23 @@
 //! [`keys`] for the layout.
 //!
 //! This crate must not decide who may write (the server does), and must not
-//! cache objects between calls: several servers share the cluster.
+//! trust anything it remembers between calls: several servers share the
+//! cluster. It remembers only its own last write of each object, and a
+//! write built on that memory carries a compare of the key's value, so
+//! etcd checks it ([`last_written`]).
 
 mod config;
 mod history;
 mod import;
 mod keys;
+mod last_written;
 pub mod leader;
 mod objects;
 mod records;
 mod retry;
 mod watch;
 mod window;
+mod writes;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,6 +49,7 @@ pub use config::{
 };
 pub use import::ImportError;
 use keys::{Keys, etcd_revision, store_revision};
+pub use retry::KvCalls;
 
 /// Why connecting to etcd failed.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +75,10 @@ pub struct EtcdStore {
     fencing: Option<Arc<leader::FencePolicy>>,
     /// The watch-event window this store compacts etcd to (see [`window`]).
     window: Arc<Mutex<window::WindowState>>,
+    counters: Arc<retry::KvCounters>,
+    /// This store's last write of each object, re-validated by etcd in
+    /// every transaction that relies on it (see [`last_written`]).
+    last_written: Arc<Mutex<last_written::LastWritten>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -104,6 +114,8 @@ impl EtcdStore {
             config: config.clone(),
             fencing: None,
             window: Arc::default(),
+            counters: Arc::default(),
+            last_written: Arc::default(),
         })
     }
 
@@ -154,7 +166,41 @@ impl EtcdStore {
     pub(crate) fn kv(&self) -> retry::Kv {
         retry::Kv {
             client: self.client.clone(),
+            counters: Arc::clone(&self.counters),
         }
+    }
+
+    /// What this store last wrote under etcd key `key`, if its
+    /// `mod_revision` is `mod_revision` (any when `None`).
+    pub(crate) fn last_written(
+        &self,
+        key: &str,
+        mod_revision: Option<i64>,
+    ) -> Option<last_written::Written> {
+        self.last_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key, mod_revision)
+            .cloned()
+    }
+
+    pub(crate) fn remember_written(&self, key: String, written: last_written::Written) {
+        self.last_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, written);
+    }
+
+    pub(crate) fn forget_written(&self, key: &str) {
+        self.last_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    /// How many KV requests this store (and its clones) made so far.
+    pub fn kv_calls(&self) -> KvCalls {
+        self.counters.snapshot()
     }
 
     /// Loads another backend's whole store (see [`corral_store::dump`])
@@ -255,7 +301,7 @@ impl Store for EtcdStore {
     }
 
     async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {
-        objects::create(self, object, change).await
+        writes::create(self, object, change).await
     }
 
     async fn update(
@@ -264,7 +310,7 @@ impl Store for EtcdStore {
         expected: u64,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
-        objects::update(self, object, expected, change).await
+        writes::update(self, object, expected, change).await
     }
 
     async fn delete(
@@ -273,7 +319,7 @@ impl Store for EtcdStore {
         expected: Option<u64>,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
-        objects::delete(self, key, expected, change).await
+        writes::delete(self, key, expected, change).await
     }
 
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
