@@ -32,6 +32,9 @@ pub use pod_io::{ExecEvent, ExecInput, ExecOutput, ExecRequest, LogsQuery};
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Objects per request when [`Client::list`] reads a whole list.
+pub const LIST_PAGE: usize = 500;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The server answered with an error; `message` is its explanation.
@@ -239,18 +242,59 @@ impl Client {
             .await
     }
 
-    /// Objects of a kind in one namespace or all, optionally by label selector.
+    /// Objects of a kind in one namespace or all, optionally by label
+    /// selector, sorted by namespace then name. Read [`LIST_PAGE`] at a
+    /// time; the `resourceVersion` is the first page's, so a watch from it
+    /// misses nothing.
     pub async fn list(
         &self,
         kind: Kind,
         namespace: Option<&str>,
         selector: Option<&str>,
     ) -> Result<ObjectList, ClientError> {
-        let mut request = self.request(Method::GET, &collection_path(kind, namespace));
-        if let Some(selector) = selector {
-            request = request.query(&[("selector", selector)]);
+        let mut list = self
+            .list_page(kind, namespace, selector, LIST_PAGE, None)
+            .await?;
+        let mut next = list.continue_token.take();
+        while let Some(token) = next {
+            let page = self
+                .list_page(kind, namespace, selector, LIST_PAGE, Some(&token))
+                .await?;
+            list.items.extend(page.items);
+            next = page.continue_token;
         }
-        self.call(request).await
+        // Pages follow the store's key order, which on etcd puts namespace
+        // `a-b` before `a`.
+        list.items.sort_by(|a, b| {
+            (a.metadata.namespace.as_deref(), a.metadata.name.as_str())
+                .cmp(&(b.metadata.namespace.as_deref(), b.metadata.name.as_str()))
+        });
+        Ok(list)
+    }
+
+    /// One page of a list: at most `limit` objects after the position
+    /// `continue_token` (from the previous page's `continue_token`) names;
+    /// the page's `continue_token` is `None` on the last page.
+    pub async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        selector: Option<&str>,
+        limit: usize,
+        continue_token: Option<&str>,
+    ) -> Result<ObjectList, ClientError> {
+        let mut query = vec![("limit", limit.max(1).to_string())];
+        if let Some(selector) = selector {
+            query.push(("selector", selector.to_string()));
+        }
+        if let Some(token) = continue_token {
+            query.push(("continue", token.to_string()));
+        }
+        self.call(
+            self.request(Method::GET, &collection_path(kind, namespace))
+                .query(&query),
+        )
+        .await
     }
 
     /// Creates or updates an object (compare-and-swap when it carries a
