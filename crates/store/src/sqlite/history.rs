@@ -273,15 +273,19 @@ pub(super) fn compact_batch(
     after: Option<&str>,
 ) -> Result<CompactedBatch, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let uids: Vec<String> = tx
-        .prepare(
-            "SELECT DISTINCT uid FROM revisions WHERE ?1 IS NULL OR uid > ?1
-             ORDER BY uid LIMIT ?2",
-        )?
-        .query_map(params![after, to_i64(COMPACTION_BATCH as u64)], |row| {
-            row.get(0)
-        })?
-        .collect::<Result<_, _>>()?;
+    // Two forms, so that a later batch seeks in the primary key instead of
+    // scanning from its start.
+    let batch = to_i64(COMPACTION_BATCH as u64);
+    let uids: Vec<String> = match after {
+        None => tx
+            .prepare("SELECT DISTINCT uid FROM revisions ORDER BY uid LIMIT ?1")?
+            .query_map(params![batch], |row| row.get(0))?
+            .collect::<Result<_, _>>()?,
+        Some(after) => tx
+            .prepare("SELECT DISTINCT uid FROM revisions WHERE uid > ?1 ORDER BY uid LIMIT ?2")?
+            .query_map(params![after, batch], |row| row.get(0))?
+            .collect::<Result<_, _>>()?,
+    };
     let mut removed = 0u64;
     for uid in &uids {
         removed += compact_object(&tx, policy, now, uid)?;

@@ -235,7 +235,7 @@ impl SqliteStore {
         queue
             .send(writer::Request { write, reply })
             .map_err(|_| writer::stopped())?;
-        answer.await.map_err(|_| writer::stopped())?
+        answer.await.map_err(|_| writer::dropped())?
     }
 
     async fn write_object(&self, write: writer::Write) -> Result<Object, StoreError> {

@@ -86,12 +86,22 @@ pub(super) fn list(
     let resource_version = schema::get_meta(&tx, META_REVISION)?;
     let mut objects = Vec::new();
     {
-        let mut statement = tx.prepare_cached(
-            "SELECT body FROM objects
-             WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2)
-             ORDER BY namespace, name",
-        )?;
-        let mut rows = statement.query(params![kind.as_str(), namespace])?;
+        // Two forms, so that both seek in the primary key.
+        let mut statement;
+        let mut rows = match namespace {
+            Some(namespace) => {
+                statement = tx.prepare_cached(
+                    "SELECT body FROM objects WHERE kind = ?1 AND namespace = ?2 ORDER BY name",
+                )?;
+                statement.query(params![kind.as_str(), namespace])?
+            }
+            None => {
+                statement = tx.prepare_cached(
+                    "SELECT body FROM objects WHERE kind = ?1 ORDER BY namespace, name",
+                )?;
+                statement.query(params![kind.as_str()])?
+            }
+        };
         while let Some(row) = rows.next()? {
             objects.push(parse_object(body_of(row)?)?);
         }

@@ -331,3 +331,40 @@ async fn concurrent_writers_get_dense_revisions() {
         Some(json!({"image": "img:30"}))
     );
 }
+
+/// Compaction walks the objects in batches; every batch is applied.
+#[tokio::test]
+async fn compaction_covers_objects_across_batches() {
+    let store = SqliteStore::open_in_memory().expect("store");
+    let objects = 1200;
+    for index in 0..objects {
+        let mut object = store
+            .create(object_named(&format!("p{index:04}"), "img:0"), &change())
+            .await
+            .expect("create");
+        for edit in 1..=2 {
+            let expected = object.metadata.resource_version;
+            object.spec = json!({"image": format!("img:{edit}")});
+            object = store
+                .update(object, expected, &change())
+                .await
+                .expect("update");
+        }
+    }
+    let report = store
+        .compact_history(
+            corral_api::history::CompactionPolicy::Last { count: 1 },
+            chrono::DateTime::UNIX_EPOCH,
+        )
+        .await
+        .expect("compact");
+    assert_eq!(report.revisions_removed, 2 * objects);
+    assert_eq!(store.history_size().await.expect("size").revisions, objects);
+    for index in [0, 499, 500, 1199] {
+        let key = crate::ObjectKey::new(Kind::Pod, Some("default"), &format!("p{index:04}"));
+        assert_eq!(
+            store.revision(&key, 3).await.expect("current revision").spec,
+            Some(json!({"image": "img:2"}))
+        );
+    }
+}

@@ -12,6 +12,7 @@
 //! writer pays no added latency.
 
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
@@ -80,6 +81,13 @@ pub(super) fn stopped() -> StoreError {
     StoreError::Unavailable("the sqlite writer thread has stopped".into())
 }
 
+/// The error a caller gets when the writer dropped its write unanswered.
+pub(super) fn dropped() -> StoreError {
+    StoreError::Unavailable(
+        "the sqlite writer dropped this write without committing it (see the log)".into(),
+    )
+}
+
 /// Starts the writer thread; it ends when every sender of `queue` is gone.
 pub(super) fn spawn(
     db: Arc<Database>,
@@ -107,7 +115,15 @@ fn run(db: &Database, queue: &mpsc::Receiver<Request>) {
                 Err(_) => break,
             }
         }
-        commit_group(db, &mut state, group);
+        // A bug that panics fails its group (the transaction rolls back as
+        // it unwinds, the callers' answers are dropped), not the store.
+        let committed = panic::catch_unwind(AssertUnwindSafe(|| {
+            commit_group(db, &mut state, group);
+        }));
+        if committed.is_err() {
+            state.specs.abort();
+            tracing::error!("the sqlite writer panicked applying a group of writes; they failed");
+        }
     }
 }
 
