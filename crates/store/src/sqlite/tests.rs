@@ -363,7 +363,11 @@ async fn compaction_covers_objects_across_batches() {
     for index in [0, 499, 500, 1199] {
         let key = crate::ObjectKey::new(Kind::Pod, Some("default"), &format!("p{index:04}"));
         assert_eq!(
-            store.revision(&key, 3).await.expect("current revision").spec,
+            store
+                .revision(&key, 3)
+                .await
+                .expect("current revision")
+                .spec,
             Some(json!({"image": "img:2"}))
         );
     }
