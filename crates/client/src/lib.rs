@@ -33,6 +33,9 @@ pub use pod_io::{ExecEvent, ExecInput, ExecOutput, ExecRequest, LogsQuery};
 /// How long one request may take before it fails.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Objects per request when [`Client::list`] reads a whole list.
+pub const LIST_PAGE: usize = 500;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The server answered with an error; `message` is its explanation.
@@ -249,18 +252,32 @@ impl Client {
             .await
     }
 
-    /// Objects of a kind in one namespace or all, optionally by label selector.
+    /// Objects of a kind in one namespace or all, optionally by label
+    /// selector, sorted by namespace then name, read [`LIST_PAGE`] at a
+    /// time; the `resourceVersion` is the first page's, so a watch from it
+    /// misses nothing.
     pub async fn list(
         &self,
         kind: Kind,
         namespace: Option<&str>,
         selector: Option<&str>,
     ) -> Result<ObjectList, ClientError> {
-        let mut request = self.request(Method::GET, &collection_path(kind, namespace));
-        if let Some(selector) = selector {
-            request = request.query(&[("selector", selector)]);
-        }
-        self.call(request).await
+        self.list_scope_all(&scope(kind, namespace, selector)).await
+    }
+
+    /// One page of a list: at most `limit` objects after the position
+    /// `continue_token` (from the previous page's `continue_token`) names;
+    /// the page's `continue_token` is `None` on the last page.
+    pub async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        selector: Option<&str>,
+        limit: usize,
+        continue_token: Option<&str>,
+    ) -> Result<ObjectList, ClientError> {
+        let scope = scope(kind, namespace, selector);
+        self.list_scope_page(&scope, limit, continue_token).await
     }
 
     /// Creates or updates an object (compare-and-swap when it carries a
@@ -654,7 +671,7 @@ impl Client {
         continue_token: Option<&str>,
     ) -> Result<ObjectList, ClientError> {
         let mut query = scope.query();
-        query.push(("limit", limit.to_string()));
+        query.push(("limit", limit.max(1).to_string()));
         if let Some(token) = continue_token {
             query.push(("continue", token.to_string()));
         }
@@ -663,19 +680,26 @@ impl Client {
             .await
     }
 
-    /// Every object in `scope`, read page by page; the resourceVersion is
-    /// the first page's, so a watch from it misses nothing.
+    /// Every object in `scope`, read [`LIST_PAGE`] at a time; the
+    /// resourceVersion is the first page's, so a watch from it misses
+    /// nothing.
     pub async fn list_scope_all(&self, scope: &runtime::Scope) -> Result<ObjectList, ClientError> {
-        let mut list = self.list_scope_page(scope, runtime::PAGE, None).await?;
+        let mut list = self.list_scope_page(scope, LIST_PAGE, None).await?;
         let mut next = list.continue_token.take();
         while let Some(token) = next {
-            let page = self
-                .list_scope_page(scope, runtime::PAGE, Some(&token))
-                .await?;
+            let page = self.list_scope_page(scope, LIST_PAGE, Some(&token)).await?;
             list.items.extend(page.items);
             next = page.continue_token;
         }
         Ok(list)
+    }
+}
+
+fn scope(kind: Kind, namespace: Option<&str>, selector: Option<&str>) -> runtime::Scope {
+    runtime::Scope {
+        namespace: namespace.map(str::to_string),
+        selector: selector.map(str::to_string),
+        ..runtime::Scope::all(kind)
     }
 }
 

@@ -5,10 +5,10 @@
 //! revision of the write that made a record (`seq`, which orders
 //! same-time records) is its record key's `create_revision`.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use chrono::{DateTime, TimeDelta, Utc};
-use corral_api::history::CompactionPolicy;
+use chrono::{DateTime, Utc};
+use corral_api::history::{CompactionPolicy, KeptRevision};
 use corral_api::{HistoryQuery, ObjectKey, RevisionRecord};
 use corral_store::codec;
 use corral_store::{ChangeMeta, CompactionReport, HistorySize, StoreError};
@@ -49,21 +49,28 @@ struct ReadRecord {
 
 /// The operations that append a revision whose spec is `spec`: its record
 /// and its payload, a delta against the previous revision where the codec
-/// wants one.
+/// wants one. `previous` is that revision's spec JSON when the caller
+/// knows it exactly as history holds it; otherwise it is read from etcd.
+/// Also returns the new revision's spec JSON.
 pub(crate) async fn append_ops(
     store: &EtcdStore,
     new: &NewRevision<'_>,
     spec: &serde_json::Value,
-) -> Result<Vec<TxnOp>, StoreError> {
+    previous: Option<&[u8]>,
+) -> Result<(Vec<TxnOp>, Vec<u8>), StoreError> {
     let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
+    let read;
     let previous = if codec::is_keyframe_revision(new.revision) {
         None
+    } else if previous.is_some() {
+        previous
     } else {
         // Decoded from history itself, so the delta applies to exactly the
         // bytes a reader will reconstruct.
-        spec_bytes(store, new.uid, new.revision - 1).await?
+        read = spec_bytes(store, new.uid, new.revision - 1).await?;
+        read.as_deref()
     };
-    let payload = codec::encode(new.revision, previous.as_deref(), &bytes)
+    let payload = codec::encode(new.revision, previous, &bytes)
         .map_err(|error| codec_error(new.uid, new.revision, &error))?;
     let stored = StoredRecord {
         record: RevisionRecord {
@@ -82,10 +89,11 @@ pub(crate) async fn append_ops(
         raw_len: bytes.len() as u64,
     };
     let record = serde_json::to_vec(&stored).map_err(corrupt_json("revision record"))?;
-    Ok(vec![
+    let operations = vec![
         TxnOp::put(store.keys.revision(new.uid, new.revision), record, None),
         TxnOp::put(store.keys.spec(new.uid, new.revision), payload, None),
-    ])
+    ];
+    Ok((operations, bytes))
 }
 
 /// The spec bytes of one revision, decoded from the nearest keyframe at or
@@ -281,43 +289,41 @@ pub(crate) async fn compact(
     policy: CompactionPolicy,
     now: DateTime<Utc>,
 ) -> Result<CompactionReport, StoreError> {
+    if policy == CompactionPolicy::All {
+        return Ok(CompactionReport::default());
+    }
     let records = all_records(store).await?;
-    let current: HashSet<(String, u64)> = store
+    let current: HashMap<String, u64> = store
         .range(&store.keys.objects(None, None))
         .await?
         .iter()
         .map(|kv| object_from_kv(kv).map(|o| (o.metadata.uid, o.metadata.revision)))
         .collect::<Result<_, _>>()?;
-    let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut revisions: BTreeMap<&str, Vec<KeptRevision>> = BTreeMap::new();
     for read in &records {
-        let entry = newest.entry(&read.record.uid).or_default();
-        *entry = (*entry).max(read.record.revision);
+        revisions
+            .entry(&read.record.uid)
+            .or_default()
+            .push(KeptRevision {
+                revision: read.record.revision,
+                time: read.record.time,
+            });
     }
-    let doomed_by_policy = |record: &RevisionRecord| match policy {
-        CompactionPolicy::All => false,
-        CompactionPolicy::Last { count } => newest
-            .get(record.uid.as_str())
-            .is_some_and(|newest| record.revision.saturating_add(count) <= *newest),
-        CompactionPolicy::For { seconds } => i64::try_from(seconds)
-            .ok()
-            .and_then(TimeDelta::try_seconds)
-            .and_then(|age| now.checked_sub_signed(age))
-            .is_some_and(|cutoff| record.time < cutoff),
-    };
     let mut by_uid: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
     let mut kept: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-    for read in &records {
-        let record = &read.record;
-        let is_current = current.contains(&(record.uid.clone(), record.revision));
-        let target = if doomed_by_policy(record) && !is_current {
-            &mut by_uid
-        } else {
-            &mut kept
-        };
-        target
-            .entry(record.uid.clone())
-            .or_default()
-            .insert(record.revision);
+    for (uid, revisions) in &revisions {
+        let dropped = policy.doomed(revisions, current.get(*uid).copied(), now);
+        kept.insert(
+            uid.to_string(),
+            revisions
+                .iter()
+                .map(|kept| kept.revision)
+                .filter(|revision| !dropped.contains(revision))
+                .collect(),
+        );
+        if !dropped.is_empty() {
+            by_uid.insert(uid.to_string(), dropped);
+        }
     }
     let mut removed = 0u64;
     for (uid, dropped) in &by_uid {

@@ -73,7 +73,7 @@ pub(crate) async fn import(store: &EtcdStore, dump: &Dump) -> Result<(), ImportE
             time: record.time,
             always_record: false,
         };
-        let operations = history::append_ops(
+        let (operations, _) = history::append_ops(
             store,
             &NewRevision {
                 uid: &record.uid,
@@ -83,6 +83,7 @@ pub(crate) async fn import(store: &EtcdStore, dump: &Dump) -> Result<(), ImportE
                 deleted: record.deleted,
             },
             spec,
+            None,
         )
         .await?;
         commit(store, operations).await?;

@@ -11,20 +11,26 @@
 //! [`keys`] for the layout.
 //!
 //! This crate must not decide who may write (the server does), and must not
-//! cache objects between calls: several servers share the cluster.
+//! trust anything it remembers between calls: several servers share the
+//! cluster. It remembers only its own last write of each object, and a
+//! write built on that memory carries a compare of the key's value, so
+//! etcd checks it ([`last_written`]).
 
 mod config;
 mod history;
 mod import;
 mod keys;
+mod last_written;
 pub mod leader;
 mod objects;
 mod records;
 mod retry;
 mod watch;
+mod window;
+mod writes;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -33,8 +39,8 @@ use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::conformance::EventRetention;
 use corral_store::{
-    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListResult, StepLogFilter, Store,
-    StoreError, TokenRecord, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, EventWindow, HistorySize, LeaseRecord, ListContinue, ListPage,
+    ListResult, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
 };
 use etcd_client::{Client, GetOptions, KeyValue};
 
@@ -43,6 +49,7 @@ pub use config::{
 };
 pub use import::ImportError;
 use keys::{Keys, etcd_revision, store_revision};
+pub use retry::KvCalls;
 
 /// Why connecting to etcd failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +73,12 @@ pub struct EtcdStore {
     config: EtcdConfig,
     /// Which writes need controller leadership, and its fence.
     fencing: Option<Arc<leader::FencePolicy>>,
+    /// The watch-event window this store compacts etcd to (see [`window`]).
+    window: Arc<Mutex<window::WindowState>>,
+    counters: Arc<retry::KvCounters>,
+    /// This store's last write of each object, re-validated by etcd in
+    /// every transaction that relies on it (see [`last_written`]).
+    last_written: Arc<Mutex<last_written::LastWritten>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -100,7 +113,39 @@ impl EtcdStore {
             keys,
             config: config.clone(),
             fencing: None,
+            window: Arc::default(),
+            counters: Arc::default(),
+            last_written: Arc::default(),
         })
+    }
+
+    /// Sets the watch-event window from the next write on (default
+    /// [`EventWindow::DEFAULT`]): this store compacts etcd's history so
+    /// that it keeps about `count` revisions and `max_age` of them. A watch
+    /// from before the window gets [`StoreError::Expired`].
+    pub fn set_event_window(&self, window: EventWindow) {
+        self.window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_window(window);
+    }
+
+    /// Applies the event window after this store's write of store revision
+    /// `revision` at `time`. The write is acknowledged whatever happens
+    /// here: a failed compaction is logged and tried again later.
+    pub(crate) async fn after_write(&self, time: DateTime<Utc>, revision: u64) {
+        let through = self
+            .window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .after_write(time, revision);
+        let Some(through) = through else { return };
+        // Logical compaction: etcd frees the space in the background.
+        let target = etcd_revision(through) + 1;
+        if let Err(error) = self.kv().compact(target, None).await {
+            // Another server compacting further first is the usual cause.
+            tracing::debug!(%error, through, "compacting etcd to the event window");
+        }
     }
 
     /// The same store, whose writes by the policy's leader-only authors
@@ -121,7 +166,41 @@ impl EtcdStore {
     pub(crate) fn kv(&self) -> retry::Kv {
         retry::Kv {
             client: self.client.clone(),
+            counters: Arc::clone(&self.counters),
         }
+    }
+
+    /// What this store last wrote under etcd key `key`, if its
+    /// `mod_revision` is `mod_revision` (any when `None`).
+    pub(crate) fn last_written(
+        &self,
+        key: &str,
+        mod_revision: Option<i64>,
+    ) -> Option<last_written::Written> {
+        self.last_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key, mod_revision)
+            .cloned()
+    }
+
+    pub(crate) fn remember_written(&self, key: String, written: last_written::Written) {
+        self.last_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, written);
+    }
+
+    pub(crate) fn forget_written(&self, key: &str) {
+        self.last_written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    /// How many KV requests this store (and its clones) made so far.
+    pub fn kv_calls(&self) -> KvCalls {
+        self.counters.snapshot()
     }
 
     /// Loads another backend's whole store (see [`corral_store::dump`])
@@ -211,8 +290,18 @@ impl Store for EtcdStore {
         objects::list(self, kind, namespace).await
     }
 
+    async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        limit: usize,
+        after: Option<&ListContinue>,
+    ) -> Result<ListPage, StoreError> {
+        objects::list_page(self, kind, namespace, limit, after).await
+    }
+
     async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {
-        objects::create(self, object, change).await
+        writes::create(self, object, change).await
     }
 
     async fn update(
@@ -221,7 +310,7 @@ impl Store for EtcdStore {
         expected: u64,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
-        objects::update(self, object, expected, change).await
+        writes::update(self, object, expected, change).await
     }
 
     async fn delete(
@@ -230,7 +319,7 @@ impl Store for EtcdStore {
         expected: Option<u64>,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
-        objects::delete(self, key, expected, change).await
+        writes::delete(self, key, expected, change).await
     }
 
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
@@ -304,5 +393,9 @@ impl Store for EtcdStore {
 impl EventRetention for EtcdStore {
     async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
         EtcdStore::compact_events(self, through).await
+    }
+
+    fn set_event_window(&self, window: EventWindow) {
+        EtcdStore::set_event_window(self, window);
     }
 }

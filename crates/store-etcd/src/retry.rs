@@ -6,6 +6,8 @@
 //! compare-and-swap (it was never acknowledged), so no write is applied
 //! twice.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -30,9 +32,47 @@ fn is_transient(error: &Error) -> bool {
     }
 }
 
+/// How many KV requests a store has made, by kind (a retried call counts
+/// once): a diagnostic, e.g. of round trips per write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvCalls {
+    pub gets: u64,
+    pub puts: u64,
+    pub txns: u64,
+    pub compactions: u64,
+}
+
+impl KvCalls {
+    /// Every request, of any kind.
+    pub fn total(&self) -> u64 {
+        self.gets + self.puts + self.txns + self.compactions
+    }
+}
+
+/// The counters behind [`KvCalls`], shared by a store and its clones.
+#[derive(Debug, Default)]
+pub(crate) struct KvCounters {
+    gets: AtomicU64,
+    puts: AtomicU64,
+    txns: AtomicU64,
+    compactions: AtomicU64,
+}
+
+impl KvCounters {
+    pub fn snapshot(&self) -> KvCalls {
+        KvCalls {
+            gets: self.gets.load(Ordering::Relaxed),
+            puts: self.puts.load(Ordering::Relaxed),
+            txns: self.txns.load(Ordering::Relaxed),
+            compactions: self.compactions.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// The KV calls the store makes, each retried on transport failure.
 pub(crate) struct Kv {
     pub client: Client,
+    pub counters: Arc<KvCounters>,
 }
 
 macro_rules! retrying {
@@ -58,6 +98,7 @@ impl Kv {
         options: Option<GetOptions>,
     ) -> Result<GetResponse, Error> {
         let key = key.into();
+        self.counters.gets.fetch_add(1, Ordering::Relaxed);
         retrying!(self, |client| client.get(key.clone(), options.clone()))
     }
 
@@ -68,6 +109,7 @@ impl Kv {
         options: Option<PutOptions>,
     ) -> Result<PutResponse, Error> {
         let (key, value) = (key.into(), value.into());
+        self.counters.puts.fetch_add(1, Ordering::Relaxed);
         retrying!(self, |client| client.put(
             key.clone(),
             value.clone(),
@@ -76,6 +118,7 @@ impl Kv {
     }
 
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error> {
+        self.counters.txns.fetch_add(1, Ordering::Relaxed);
         retrying!(self, |client| client.txn(txn.clone()))
     }
 
@@ -84,6 +127,7 @@ impl Kv {
         revision: i64,
         options: Option<CompactionOptions>,
     ) -> Result<CompactionResponse, Error> {
+        self.counters.compactions.fetch_add(1, Ordering::Relaxed);
         retrying!(self, |client| client.compact(revision, options.clone()))
     }
 }

@@ -19,6 +19,7 @@ pub mod dump;
 pub mod sqlite;
 
 use std::pin::Pin;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -73,6 +74,63 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>>
 pub struct ListResult {
     pub objects: Vec<Object>,
     pub resource_version: u64,
+}
+
+/// Where the next page of a list starts: after the object with this
+/// namespace and name (`""` for cluster-wide kinds). Opaque to API clients,
+/// which get it encoded as a `continue` token.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ListContinue {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ListContinue {
+    /// The position right after `object`.
+    pub fn after(object: &Object) -> ListContinue {
+        let key = object.key();
+        ListContinue {
+            namespace: key.namespace,
+            name: key.name,
+        }
+    }
+}
+
+/// One page of a list: consistent in itself (read at `resource_version`),
+/// not with the other pages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPage {
+    pub objects: Vec<Object>,
+    /// The store revision this page was read at.
+    pub resource_version: u64,
+    /// Where the next page starts; `None` when this page is the last.
+    pub next: Option<ListContinue>,
+}
+
+/// How many watch events a store keeps to replay from, like etcd's
+/// compaction window: an event goes once it is more than `count` store
+/// revisions behind the newest, or older than `max_age` (measured against
+/// the newest write's time, so an idle store keeps its last events). A
+/// watch from before the window gets [`StoreError::Expired`] and lists
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventWindow {
+    pub count: u64,
+    pub max_age: Duration,
+}
+
+impl EventWindow {
+    /// The default window: 10,000 events, 10 minutes.
+    pub const DEFAULT: EventWindow = EventWindow {
+        count: 10_000,
+        max_age: Duration::from_secs(10 * 60),
+    };
+}
+
+impl Default for EventWindow {
+    fn default() -> EventWindow {
+        EventWindow::DEFAULT
+    }
 }
 
 /// Sizes of the stored history, to check that compression pays.
@@ -187,6 +245,20 @@ pub trait Store: Send + Sync + 'static {
     /// namespace then name.
     async fn list(&self, kind: Kind, namespace: Option<&str>) -> Result<ListResult, StoreError>;
 
+    /// At most `limit` (at least 1) objects of a kind, in one namespace or
+    /// all, after `after` (from the start when `None`), in the backend's
+    /// key order: by namespace then name, except that etcd puts a
+    /// namespace before another that it extends with `-` (`a-b` before
+    /// `a`). Every object present through the whole walk is on exactly one
+    /// page; objects created or deleted meanwhile may or may not be.
+    async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        limit: usize,
+        after: Option<&ListContinue>,
+    ) -> Result<ListPage, StoreError>;
+
     /// Stores a new object. The caller sets `metadata.uid` and
     /// `metadata.createdAt`; the store sets `revision` to 1 and
     /// `resourceVersion`, and records revision 1 in history.
@@ -226,7 +298,8 @@ pub trait Store: Send + Sync + 'static {
     /// Cluster-wide history, oldest first, without specs.
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<RevisionRecord>, StoreError>;
 
-    /// Drops revisions the policy does not keep; never an object's current one.
+    /// Drops revisions the policy does not keep (see
+    /// [`CompactionPolicy::doomed`]); never an object's current one.
     async fn compact_history(
         &self,
         policy: CompactionPolicy,

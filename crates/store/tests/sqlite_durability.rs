@@ -210,3 +210,193 @@ async fn a_thousand_edits_through_the_store_take_under_five_percent() {
         );
     }
 }
+
+/// Set (to a database path) only in the child process of
+/// `acknowledged_writes_survive_sigkill_of_concurrent_writers`.
+const CHILD_DATABASE: &str = "CORRAL_STORE_SIGKILL_CHILD_DB";
+/// How the child reports an acknowledged write on its stdout:
+/// `ACK <resourceVersion> <name> <revision> <deleted>`.
+const ACK: &str = "ACK";
+
+/// Not a check by itself: the writer process the SIGKILL test below starts
+/// by running this test binary with `CHILD_DATABASE` set. Four tasks write
+/// concurrently (creates, spec updates, deletes) and print each write once
+/// the store has acknowledged it, until the parent kills the process.
+#[test]
+fn sigkill_child_writer() {
+    let Ok(path) = std::env::var(CHILD_DATABASE) else {
+        return; // run as an ordinary test: nothing to do
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let store = SqliteStore::open(std::path::Path::new(&path)).expect("open");
+        let writers: Vec<_> = (0..4)
+            .map(|writer| tokio::spawn(child_writes(store.clone(), writer)))
+            .collect();
+        for writer in writers {
+            writer.await.expect("writer task");
+        }
+    });
+}
+
+/// Writes until killed: pod `wW-N` is created, edited twice, and every
+/// third one deleted.
+async fn child_writes(store: SqliteStore, writer: usize) {
+    use std::io::Write;
+    let report = |object: &Object, deleted: bool| {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "{ACK} {} {} {} {deleted}",
+            object.metadata.resource_version, object.metadata.name, object.metadata.revision
+        )
+        .and_then(|()| out.flush())
+        .expect("report an acknowledged write");
+    };
+    for index in 0.. {
+        let name = format!("w{writer}-{index}");
+        let mut object = store
+            .create(new_pod(&name, pod_spec(0)), &change(0))
+            .await
+            .expect("create");
+        report(&object, false);
+        for edit in 1..=2 {
+            let expected = object.metadata.resource_version;
+            object.spec = pod_spec(edit);
+            object = store
+                .update(object, expected, &change(0))
+                .await
+                .expect("update");
+            report(&object, false);
+        }
+        if index % 3 == 0 {
+            let gone = store
+                .delete(&object.key(), None, &change(0))
+                .await
+                .expect("delete");
+            report(&gone, true);
+        }
+    }
+}
+
+/// One acknowledged write as the child reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ack {
+    resource_version: u64,
+    name: String,
+    revision: u64,
+    deleted: bool,
+}
+
+fn parse_ack(line: &str) -> Option<Ack> {
+    let mut fields = line.strip_prefix(ACK)?.split_whitespace();
+    Some(Ack {
+        resource_version: fields.next()?.parse().ok()?,
+        name: fields.next()?.to_string(),
+        revision: fields.next()?.parse().ok()?,
+        deleted: fields.next()?.parse().ok()?,
+    })
+}
+
+/// Four concurrent writers in a child process share group commits; the
+/// child is SIGKILLed mid-stream, and every write it had acknowledged —
+/// exact resourceVersion, key and spec revision — is in the reopened
+/// database.
+#[tokio::test]
+async fn acknowledged_writes_survive_sigkill_of_concurrent_writers() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+
+    const KILL_AFTER: usize = 600;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("killed.db");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "sigkill_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DATABASE, &path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the writer process");
+    let stdout = child.stdout.take().expect("child stdout");
+    // Every line in the pipe was written after its write was acknowledged,
+    // so lines still buffered when the child dies count too: read to EOF.
+    let mut acks = Vec::new();
+    let mut killed = false;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("read the child's report");
+        if let Some(ack) = parse_ack(&line) {
+            acks.push(ack);
+        }
+        if !killed && acks.len() >= KILL_AFTER {
+            child.kill().expect("SIGKILL the writer");
+            killed = true;
+        }
+    }
+    let status = child.wait().expect("reap the writer");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the writer must die by SIGKILL mid-stream (status {status:?}, {} acks)",
+        acks.len()
+    );
+    assert!(
+        acks.len() >= KILL_AFTER,
+        "only {} writes acknowledged",
+        acks.len()
+    );
+
+    let store = SqliteStore::open(&path).expect("reopen after SIGKILL");
+    let newest = store.current_revision().await.expect("revision");
+    let acked_newest = acks.iter().map(|ack| ack.resource_version).max();
+    assert!(
+        acked_newest.is_some_and(|acked| acked <= newest),
+        "the store is at {newest}, behind acknowledged {acked_newest:?}"
+    );
+    // Every event (well inside the default window) says which object each
+    // store revision wrote.
+    let mut watch = store.watch(WatchFilter::default(), 0).await.expect("watch");
+    let mut written = std::collections::HashMap::new();
+    for _ in 0..newest {
+        let event = watch.next().await.expect("event").expect("ok");
+        written.insert(
+            event.resource_version(),
+            (
+                event.object.metadata.name.clone(),
+                event.object.metadata.revision,
+                event.event_type == corral_store::EventType::Deleted,
+            ),
+        );
+    }
+    for ack in &acks {
+        assert_eq!(
+            written.get(&ack.resource_version),
+            Some(&(ack.name.clone(), ack.revision, ack.deleted)),
+            "acknowledged write {ack:?} is in the reopened store"
+        );
+        if !ack.deleted {
+            let key = ObjectKey::new(Kind::Pod, Some("default"), &ack.name);
+            let record = store
+                .revision(&key, ack.revision)
+                .await
+                .unwrap_or_else(|error| panic!("revision of {ack:?}: {error}"));
+            assert_eq!(record.spec, Some(pod_spec(ack.revision - 1)), "{ack:?}");
+        }
+    }
+    let resource_versions: std::collections::HashSet<u64> =
+        acks.iter().map(|ack| ack.resource_version).collect();
+    assert_eq!(
+        resource_versions.len(),
+        acks.len(),
+        "no two acks share a revision"
+    );
+}

@@ -16,8 +16,6 @@ use crate::{Client, ClientError};
 /// The first wait after the API failed; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// Objects per page of a list.
-pub(crate) const PAGE: usize = 500;
 
 /// One change the informer applied to its cache.
 #[derive(Debug)]

@@ -24,7 +24,6 @@ mod scope;
 
 pub use cache::{Cache, Index};
 pub use controller::{Action, run};
-pub(crate) use informer::PAGE;
 pub use informer::{Change, Informer, Projection};
 pub use queue::WorkQueue;
 pub use scope::Scope;

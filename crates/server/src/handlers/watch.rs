@@ -80,7 +80,10 @@ pub async fn list_or_watch(
         limit: query
             .number("limit")?
             .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX)),
-        continue_token: query.get("continue").map(str::to_string),
+        continue_token: query
+            .get("continue")
+            .filter(|token| !token.is_empty())
+            .map(str::to_string),
     };
     let page = server.cache.list(&request).await?;
     let mut body =

@@ -16,8 +16,8 @@ use corral_api::history::CompactionPolicy;
 use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::{
-    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListResult, StepLogFilter, Store,
-    StoreError, TokenRecord, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListContinue, ListPage, ListResult,
+    StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
 };
 
 /// A store that remembers the newest object write made through it.
@@ -60,6 +60,16 @@ impl Store for Tracked {
 
     async fn list(&self, kind: Kind, namespace: Option<&str>) -> Result<ListResult, StoreError> {
         self.inner.list(kind, namespace).await
+    }
+
+    async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        limit: usize,
+        after: Option<&ListContinue>,
+    ) -> Result<ListPage, StoreError> {
+        self.inner.list_page(kind, namespace, limit, after).await
     }
 
     async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {

@@ -326,6 +326,82 @@ pub async fn check_compaction_for(store: &dyn Store) {
     assert_kept(store, &single, &[1], "For 0 keeps the current revision").await;
 }
 
+/// `LastOrFor { last, seconds }` keeps a live object's newest `last`
+/// revisions and everything younger than `seconds`, a deleted object's
+/// young revisions only, never a current revision; every kept revision
+/// still decodes.
+pub async fn check_compaction_keep(store: &dyn Store) {
+    let keep = |last, minutes: u64| CompactionPolicy::LastOrFor {
+        last,
+        seconds: minutes * 60,
+    };
+    let (long, gone, single) = compaction_fixture(store).await;
+    // Cutoff minute 40: `long` keeps revisions 41..=70 (minutes 40..=69),
+    // more than its last 5; `gone` is deleted and old, so all of it goes.
+    assert_eq!(compact(store, keep(5, 60), 100).await, 40 + 4);
+    assert_kept(store, &long, &(41..=70).collect::<Vec<_>>(), "last 5 or 1h").await;
+    assert_kept(store, &single, &[1], "last 5 or 1h").await;
+    match store.history(&gone).await {
+        Ok(records) => assert!(
+            records.is_empty(),
+            "a deleted object's old records go, its last ones too"
+        ),
+        Err(StoreError::NotFound { .. }) => {}
+        Err(error) => panic!("history of a compacted deleted object: {error}"),
+    }
+
+    // A deleted object whose records are young keeps them all.
+    let recent = new_object(
+        Kind::Pod,
+        Some("default"),
+        "recent",
+        "uid-recent",
+        spec_at(1),
+    );
+    let recent = store
+        .create(recent, &alice(200))
+        .await
+        .expect("create")
+        .key();
+    edit(store, &recent, &alice(201), |o| o.spec = spec_at(2)).await;
+    edit(store, &recent, &alice(202), |o| o.spec = spec_at(3)).await;
+    store
+        .delete(&recent, None, &alice(203))
+        .await
+        .expect("delete");
+    // At minute 210 everything of `long` is old: its last 5 stay.
+    assert_eq!(compact(store, keep(5, 60), 210).await, 25);
+    assert_kept(store, &long, &[66, 67, 68, 69, 70], "all old: the last 5").await;
+    assert_kept(store, &single, &[1], "all old: the current revision").await;
+    let recent_history: Vec<(u64, bool)> = store
+        .history(&recent)
+        .await
+        .expect("history of a young deleted object")
+        .iter()
+        .map(|record| (record.revision, record.deleted))
+        .collect();
+    assert_eq!(
+        recent_history,
+        vec![(1, false), (2, false), (3, false), (4, true)],
+        "a deleted object keeps what is young"
+    );
+    let third = store.revision(&recent, 3).await.expect("revision 3");
+    assert_eq!(third.spec, Some(spec_at(3)));
+
+    // Much later: `long` keeps its last 2, `recent` ages out entirely.
+    assert_eq!(compact(store, keep(2, 1), 1000).await, 3 + 4);
+    assert_kept(store, &long, &[69, 70], "last 2 or 1m").await;
+    assert_kept(store, &single, &[1], "last 2 or 1m").await;
+    match store.history(&recent).await {
+        Ok(records) => assert!(records.is_empty(), "an old deleted object goes"),
+        Err(StoreError::NotFound { .. }) => {}
+        Err(error) => panic!("history of an aged-out deleted object: {error}"),
+    }
+    // Writing on after the compaction still decodes.
+    edit(store, &long, &alice(1001), |o| o.spec = spec_at(71)).await;
+    assert_kept(store, &long, &[69, 70, 71], "a write after compaction").await;
+}
+
 /// Tokens: missing is None, put then find, put again replaces.
 pub async fn check_tokens(store: &dyn Store) {
     let hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";

@@ -17,11 +17,18 @@
 //!   time, ties in the order they were appended.
 //! - `compact_history` keeps a live object's current revision whatever the
 //!   policy; a deleted object's records may all go.
+//! - `list_page` walks cover every object present throughout exactly once,
+//!   names ascending within a namespace; a continue position survives the
+//!   deletion of its own object.
+//! - the event window drops events more than `count` revisions behind the
+//!   newest write, or older than `max_age` before its time.
 
 mod history;
 mod objects;
+mod pages;
 mod steplogs;
 mod watch;
+mod window;
 
 use std::future::Future;
 use std::time::Duration;
@@ -32,16 +39,19 @@ use corral_api::{AuthorClass, Kind, Object, ObjectKey};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::{ChangeMeta, Store, StoreError, WatchEvent, WatchStream};
+use crate::{ChangeMeta, EventWindow, Store, StoreError, WatchEvent, WatchStream};
 
 pub use history::{
-    check_compaction_for, check_compaction_last, check_history_queries, check_leases, check_tokens,
+    check_compaction_for, check_compaction_keep, check_compaction_last, check_history_queries,
+    check_leases, check_tokens,
 };
 pub use objects::{
     check_create_get_list, check_delete_and_recreate, check_spec_revisions, check_update_cas,
 };
+pub use pages::{check_list_continue_after_changes, check_list_pages};
 pub use steplogs::check_step_logs;
 pub use watch::{check_watch_expired, check_watch_filtered, check_watch_live, check_watch_replay};
+pub use window::{check_event_window_age, check_event_window_count};
 
 /// What the suite needs beyond [`Store`]: a way to make a backend forget old
 /// watch events, as its own retention (or etcd's compaction) would.
@@ -50,6 +60,9 @@ pub trait EventRetention {
     /// Forgets the watch events up to and including store revision
     /// `through`.
     async fn compact_events(&self, through: u64) -> Result<(), StoreError>;
+
+    /// Keeps watch events for this window from the next write on.
+    fn set_event_window(&self, window: EventWindow);
 }
 
 /// Runs every check, each against a fresh store from `fresh`.
@@ -60,6 +73,8 @@ where
     Fut: Future<Output = S>,
 {
     check_create_get_list(&fresh().await).await;
+    check_list_pages(&fresh().await).await;
+    check_list_continue_after_changes(&fresh().await).await;
     check_update_cas(&fresh().await).await;
     check_spec_revisions(&fresh().await).await;
     check_delete_and_recreate(&fresh().await).await;
@@ -67,9 +82,12 @@ where
     check_watch_live(&fresh().await).await;
     check_watch_filtered(&fresh().await).await;
     check_watch_expired(&fresh().await).await;
+    check_event_window_count(&fresh().await).await;
+    check_event_window_age(&fresh().await).await;
     check_history_queries(&fresh().await).await;
     check_compaction_last(&fresh().await).await;
     check_compaction_for(&fresh().await).await;
+    check_compaction_keep(&fresh().await).await;
     check_tokens(&fresh().await).await;
     check_leases(&fresh().await).await;
     check_step_logs(&fresh().await).await;

@@ -1,10 +1,10 @@
 //! Spec revisions: appending them delta-encoded, reading them back,
 //! cluster-wide queries and compaction.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use chrono::{DateTime, TimeDelta, Utc};
-use corral_api::history::CompactionPolicy;
+use chrono::{DateTime, Utc};
+use corral_api::history::{CompactionPolicy, KeptRevision};
 use corral_api::{HistoryQuery, ObjectKey, RevisionRecord};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params, params_from_iter};
@@ -13,7 +13,7 @@ use super::schema::{
     class_from_text, corrupt_json, kind_from_text, time_from_text, time_to_text, to_i64, to_u64,
 };
 use crate::codec;
-use crate::{ChangeMeta, CompactionReport, HistorySize, StoreError};
+use crate::{ChangeMeta, HistorySize, StoreError};
 
 /// The columns every record query selects, in [`record_from_row`]'s order.
 pub(super) const RECORD_COLUMNS: &str =
@@ -30,46 +30,40 @@ pub(super) struct NewRevision<'a> {
     pub seq: u64,
 }
 
-/// Appends a revision whose spec is `spec`, as a delta against the previous
-/// revision of the same uid where the codec wants one.
+/// Appends a revision whose spec is `bytes` (JSON), as a delta against
+/// `previous` (the bytes of the revision before, as history decodes them)
+/// where the codec wants one.
 pub(super) fn append(
     conn: &Connection,
     new: &NewRevision<'_>,
-    spec: &serde_json::Value,
+    bytes: &[u8],
+    previous: Option<&[u8]>,
 ) -> Result<(), StoreError> {
-    let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
-    let previous = if codec::is_keyframe_revision(new.revision) {
-        None
-    } else {
-        // Decoded from history itself, so the delta applies to exactly the
-        // bytes a reader will reconstruct.
-        spec_bytes(conn, new.uid, new.revision - 1)?
-    };
-    let payload = codec::encode(new.revision, previous.as_deref(), &bytes)
+    let payload = codec::encode(new.revision, previous, bytes)
         .map_err(|error| codec_error(new.uid, new.revision, &error))?;
     let keyframe =
         codec::is_keyframe(&payload).map_err(|error| codec_error(new.uid, new.revision, &error))?;
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO revisions (uid, revision, kind, namespace, name, time, author, class,
                                 message, deleted, keyframe, payload, raw_len, seq)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-        params![
-            new.uid,
-            to_i64(new.revision),
-            new.key.kind.as_str(),
-            new.key.namespace,
-            new.key.name,
-            time_to_text(new.change.time),
-            new.change.author,
-            new.change.class.as_str(),
-            new.change.message,
-            new.deleted,
-            keyframe,
-            payload,
-            to_i64(bytes.len() as u64),
-            to_i64(new.seq),
-        ],
-    )?;
+    )?
+    .execute(params![
+        new.uid,
+        to_i64(new.revision),
+        new.key.kind.as_str(),
+        new.key.namespace,
+        new.key.name,
+        time_to_text(new.change.time),
+        new.change.author,
+        new.change.class.as_str(),
+        new.change.message,
+        new.deleted,
+        keyframe,
+        payload,
+        to_i64(bytes.len() as u64),
+        to_i64(new.seq),
+    ])?;
     Ok(())
 }
 
@@ -257,92 +251,110 @@ fn placeholders(count: usize) -> String {
     vec!["?"; count].join(", ")
 }
 
-/// Drops what `policy` does not keep, never a live object's current
-/// revision, and turns survivors whose delta base was dropped into
-/// keyframes so every kept revision still decodes.
-pub(super) fn compact(
+/// Objects whose history one compaction transaction handles.
+const COMPACTION_BATCH: usize = 500;
+
+/// What one batch of a compaction did.
+pub(super) struct CompactedBatch {
+    pub revisions_removed: u64,
+    /// The last uid the batch looked at; `None` when there were none left.
+    pub last_uid: Option<String>,
+}
+
+/// Applies `policy` to the histories of the next [`COMPACTION_BATCH`]
+/// uids after `after`, in one transaction: drops what the policy does not
+/// keep (never a live object's current revision) and turns survivors whose
+/// delta base was dropped into keyframes, so every kept revision still
+/// decodes.
+pub(super) fn compact_batch(
     conn: &mut Connection,
     policy: CompactionPolicy,
     now: DateTime<Utc>,
-) -> Result<CompactionReport, StoreError> {
-    const NOT_CURRENT: &str = "NOT EXISTS (SELECT 1 FROM objects o
-                                WHERE o.uid = r.uid AND o.revision = r.revision)";
+    after: Option<&str>,
+) -> Result<CompactedBatch, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let doomed: Vec<(String, u64)> = {
-        let (sql, parameter) = match policy {
-            CompactionPolicy::All => return Ok(CompactionReport::default()),
-            CompactionPolicy::Last { count } => (
-                format!(
-                    "SELECT r.uid, r.revision FROM revisions r
-                     JOIN (SELECT uid, max(revision) AS newest FROM revisions GROUP BY uid) n
-                       ON n.uid = r.uid
-                     WHERE r.revision <= n.newest - ?1 AND {NOT_CURRENT}"
-                ),
-                SqlValue::Integer(to_i64(count)),
-            ),
-            CompactionPolicy::For { seconds } => {
-                let cutoff = i64::try_from(seconds)
-                    .ok()
-                    .and_then(TimeDelta::try_seconds)
-                    .and_then(|age| now.checked_sub_signed(age));
-                let Some(cutoff) = cutoff else {
-                    return Ok(CompactionReport::default());
-                };
-                (
-                    format!(
-                        "SELECT r.uid, r.revision FROM revisions r WHERE r.time < ?1 AND {NOT_CURRENT}"
-                    ),
-                    SqlValue::Text(time_to_text(cutoff)),
-                )
-            }
-        };
-        let mut statement = tx.prepare(&sql)?;
-        statement
-            .query_map([parameter], |row| Ok((row.get(0)?, to_u64(row.get(1)?))))?
-            .collect::<Result<_, _>>()?
+    // Two forms, so that a later batch seeks in the primary key instead of
+    // scanning from its start.
+    let batch = to_i64(COMPACTION_BATCH as u64);
+    let uids: Vec<String> = match after {
+        None => tx
+            .prepare("SELECT DISTINCT uid FROM revisions ORDER BY uid LIMIT ?1")?
+            .query_map(params![batch], |row| row.get(0))?
+            .collect::<Result<_, _>>()?,
+        Some(after) => tx
+            .prepare("SELECT DISTINCT uid FROM revisions WHERE uid > ?1 ORDER BY uid LIMIT ?2")?
+            .query_map(params![after, batch], |row| row.get(0))?
+            .collect::<Result<_, _>>()?,
     };
-
-    let mut by_uid: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-    for (uid, revision) in doomed {
-        by_uid.entry(uid).or_default().insert(revision);
-    }
     let mut removed = 0u64;
-    for (uid, dropped) in &by_uid {
-        // Survivors right after a dropped revision lose their delta base.
-        let orphans: Vec<u64> = {
-            let mut statement = tx.prepare(
-                "SELECT revision FROM revisions WHERE uid = ?1 AND keyframe = 0 ORDER BY revision",
-            )?;
-            statement
-                .query_map([uid], |row| Ok(to_u64(row.get(0)?)))?
-                .collect::<Result<Vec<_>, _>>()?
-                .into_iter()
-                .filter(|revision| {
-                    !dropped.contains(revision) && dropped.contains(&revision.saturating_sub(1))
-                })
-                .collect()
-        };
-        for revision in orphans {
-            let bytes = spec_bytes(&tx, uid, revision)?.ok_or_else(|| {
-                StoreError::Corrupt(format!("revision {revision} of uid {uid} does not decode"))
-            })?;
-            let payload = codec::encode_keyframe(&bytes)
-                .map_err(|error| codec_error(uid, revision, &error))?;
-            tx.execute(
-                "UPDATE revisions SET payload = ?3, keyframe = 1 WHERE uid = ?1 AND revision = ?2",
-                params![uid, to_i64(revision), payload],
-            )?;
-        }
-        let mut delete =
-            tx.prepare_cached("DELETE FROM revisions WHERE uid = ?1 AND revision = ?2")?;
-        for revision in dropped {
-            removed += delete.execute(params![uid, to_i64(*revision)])? as u64;
-        }
+    for uid in &uids {
+        removed += compact_object(&tx, policy, now, uid)?;
     }
     tx.commit()?;
-    Ok(CompactionReport {
+    Ok(CompactedBatch {
         revisions_removed: removed,
+        last_uid: uids.last().cloned(),
     })
+}
+
+/// Compacts the history of one uid; returns how many revisions went.
+fn compact_object(
+    conn: &Connection,
+    policy: CompactionPolicy,
+    now: DateTime<Utc>,
+    uid: &str,
+) -> Result<u64, StoreError> {
+    let mut kept = Vec::new();
+    let mut deltas = BTreeSet::new();
+    {
+        let mut statement = conn.prepare_cached(
+            "SELECT revision, time, keyframe FROM revisions WHERE uid = ?1 ORDER BY revision",
+        )?;
+        let mut rows = statement.query([uid])?;
+        while let Some(row) = rows.next()? {
+            let revision = to_u64(row.get(0)?);
+            kept.push(KeptRevision {
+                revision,
+                time: time_from_text(&row.get::<_, String>(1)?)?,
+            });
+            if !row.get::<_, bool>(2)? {
+                deltas.insert(revision);
+            }
+        }
+    }
+    let current: Option<u64> = conn
+        .prepare_cached("SELECT revision FROM objects WHERE uid = ?1")?
+        .query_row([uid], |row| row.get(0))
+        .optional()?
+        .map(to_u64);
+    let dropped = policy.doomed(&kept, current, now);
+    if dropped.is_empty() {
+        return Ok(0);
+    }
+    // Survivors right after a dropped revision lose their delta base.
+    let orphans = kept.iter().map(|kept| kept.revision).filter(|revision| {
+        deltas.contains(revision)
+            && !dropped.contains(revision)
+            && dropped.contains(&revision.saturating_sub(1))
+    });
+    for revision in orphans {
+        let bytes = spec_bytes(conn, uid, revision)?.ok_or_else(|| {
+            StoreError::Corrupt(format!("revision {revision} of uid {uid} does not decode"))
+        })?;
+        let payload =
+            codec::encode_keyframe(&bytes).map_err(|error| codec_error(uid, revision, &error))?;
+        conn.prepare_cached(
+            "UPDATE revisions SET payload = ?3, keyframe = 1 WHERE uid = ?1 AND revision = ?2",
+        )?
+        .execute(params![uid, to_i64(revision), payload])?;
+    }
+    let mut delete =
+        conn.prepare_cached("DELETE FROM revisions WHERE uid = ?1 AND revision = ?2")?;
+    let mut removed = 0u64;
+    for revision in &dropped {
+        removed += delete.execute(params![uid, to_i64(*revision)])? as u64;
+    }
+    Ok(removed)
 }
 
 pub(super) fn size(conn: &Connection) -> Result<HistorySize, StoreError> {

@@ -1,25 +1,40 @@
 //! The embedded store: one SQLite database in WAL mode, fsynced on every
 //! commit.
 //!
-//! One connection sits behind a mutex and all work runs on tokio's blocking
-//! pool; no lock is held across an `.await`. Every write is one transaction
-//! that bumps the store revision, writes the object, appends a watch event
-//! and, when the spec changed, a history revision — committed before the
-//! method returns. Watch events are broadcast after the commit while the
-//! connection lock is still held, so the channel sees them in store-revision
-//! order.
+//! **Writes** (create, update, delete, step-log appends) go to one writer
+//! thread through a queue ([`writer`]). The thread takes whatever has
+//! queued up and applies it in one transaction, each write in its own
+//! savepoint so one write's failure (`Conflict`, `AlreadyExists`,
+//! `NotFound`) rolls back only that write; then it commits — one fsync for
+//! the whole group, like etcd's batch_tx — broadcasts the group's watch
+//! events in store-revision order, and only then answers each caller. A
+//! write is acknowledged only once the commit that holds it is durable.
+//!
+//! **Reads** run on tokio's blocking pool on read-only connections of their
+//! own (file databases; WAL lets them read the last commit while the writer
+//! is in the middle of the next). An in-memory database has one
+//! connection, which reads share with the writer behind a mutex.
+//!
+//! Rare maintenance writes (tokens, compaction) take the write connection's
+//! mutex directly, between the writer's groups; no lock is held across an
+//! `.await`.
 
+mod events;
 mod export;
 mod history;
 mod objects;
+mod readers;
 mod schema;
+mod specs;
 mod steplogs;
 mod watch;
+mod writer;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
+use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -27,50 +42,91 @@ use corral_api::history::CompactionPolicy;
 use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use rusqlite::{Connection, OptionalExtension, params};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 
 use crate::conformance::EventRetention;
 use crate::{
-    ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListResult, StepLogFilter, Store,
-    StoreError, TokenRecord, WatchEvent, WatchFilter, WatchStream,
+    ChangeMeta, CompactionReport, EventWindow, HistorySize, LeaseRecord, ListContinue, ListPage,
+    ListResult, StepLogFilter, Store, StoreError, TokenRecord, WatchEvent, WatchFilter,
+    WatchStream,
 };
 
 pub use schema::SCHEMA_VERSION;
-
-/// How many watch events are kept by default; a watch from further back
-/// gets [`StoreError::Expired`] and must list again.
-pub const DEFAULT_EVENT_RETENTION: u64 = 100_000;
 
 /// Live events buffered per watcher before it lags and re-reads the table.
 const BROADCAST_CAPACITY: usize = 4096;
 
 /// The SQLite implementation of [`Store`]. Cheap to clone; clones share one
-/// connection.
+/// database and one writer thread, which stops when the last clone goes.
 #[derive(Clone)]
 pub struct SqliteStore {
     shared: Arc<Shared>,
 }
 
-/// What the store's tasks share.
+/// What the clones of one store share: the database and the writer queue.
 struct Shared {
-    conn: Mutex<Connection>,
+    db: Arc<Database>,
     /// Node leases: soft state in memory, never on disk (a renewal every
     /// few seconds per node needs no fsync; after a restart nodes renew
     /// within one heartbeat).
     leases: Mutex<std::collections::HashMap<String, LeaseRecord>>,
+    /// `None` only while dropping.
+    writes: Option<mpsc::Sender<writer::Request>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Closing the queue ends the writer after its current group; wait
+        // for it so the database is closed when the last store is gone.
+        self.writes = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The database, its connections and the watch channel; watch streams
+/// and the writer thread hold it too.
+pub(super) struct Database {
+    /// The write connection.
+    conn: Mutex<Connection>,
+    readers: readers::Readers,
     events: broadcast::Sender<Arc<WatchEvent>>,
-    event_retention: AtomicU64,
+    window: Mutex<EventWindow>,
     path: Option<PathBuf>,
+    /// Group commits made, and the writes they held.
+    commits: AtomicU64,
+    committed_writes: AtomicU64,
+}
+
+/// How the writer has grouped writes so far (successful commits only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed by the writer thread (one fsync each).
+    pub commits: u64,
+    /// Writes those transactions held, failed ones included.
+    pub writes: u64,
+}
+
+impl Database {
+    /// The write connection, for the writer and maintenance writes.
+    fn writer(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock left no transaction open (it rolls
+        // back on drop), so the connection is still usable.
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn window(&self) -> EventWindow {
+        *self.window.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("path", &self.shared.path)
-            .field(
-                "event_retention",
-                &self.shared.event_retention.load(Ordering::Relaxed),
-            )
+            .field("path", &self.shared.db.path)
+            .field("event_window", &self.shared.db.window())
             .finish_non_exhaustive()
     }
 }
@@ -81,100 +137,171 @@ impl SqliteStore {
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let mut conn = Connection::open(path)?;
         schema::prepare(&mut conn, true)?;
-        Ok(Self::from_connection(
-            conn,
-            Some(path.to_path_buf()),
-            BROADCAST_CAPACITY,
-        ))
+        Self::from_connection(conn, Some(path.to_path_buf()), BROADCAST_CAPACITY)
     }
 
     /// A private database that lives as long as the store; for tests.
     pub fn open_in_memory() -> Result<SqliteStore, StoreError> {
         let mut conn = Connection::open_in_memory()?;
         schema::prepare(&mut conn, false)?;
-        Ok(Self::from_connection(conn, None, BROADCAST_CAPACITY))
+        Self::from_connection(conn, None, BROADCAST_CAPACITY)
     }
 
-    fn from_connection(conn: Connection, path: Option<PathBuf>, capacity: usize) -> SqliteStore {
+    fn from_connection(
+        conn: Connection,
+        path: Option<PathBuf>,
+        capacity: usize,
+    ) -> Result<SqliteStore, StoreError> {
         let (events, _) = broadcast::channel(capacity);
-        SqliteStore {
+        let db = Arc::new(Database {
+            conn: Mutex::new(conn),
+            readers: readers::Readers::new(path.clone()),
+            events,
+            window: Mutex::new(EventWindow::default()),
+            path,
+            commits: AtomicU64::new(0),
+            committed_writes: AtomicU64::new(0),
+        });
+        let (writes, queue) = mpsc::channel();
+        let writer = writer::spawn(Arc::clone(&db), queue).map_err(|error| {
+            StoreError::Unavailable(format!("starting the sqlite writer thread: {error}"))
+        })?;
+        Ok(SqliteStore {
             shared: Arc::new(Shared {
-                conn: Mutex::new(conn),
+                db,
                 leases: Mutex::new(std::collections::HashMap::new()),
-                events,
-                event_retention: AtomicU64::new(DEFAULT_EVENT_RETENTION),
-                path,
+                writes: Some(writes),
+                writer: Some(writer),
             }),
-        }
+        })
     }
 
-    /// Keeps only the newest `count` watch events from the next write on.
-    pub fn set_event_retention(&self, count: u64) {
-        self.shared
-            .event_retention
-            .store(count.max(1), Ordering::Relaxed);
+    /// Sets the watch-event window from the next write on (default
+    /// [`EventWindow::DEFAULT`]). A count of 0 is taken as 1.
+    pub fn set_event_window(&self, window: EventWindow) {
+        let window = EventWindow {
+            count: window.count.max(1),
+            ..window
+        };
+        *self
+            .shared
+            .db
+            .window
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = window;
+    }
+
+    /// How many group commits the writer made and how many writes they
+    /// held: `writes / commits` is the mean group size.
+    pub fn commit_stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.shared.db.commits.load(Ordering::Relaxed),
+            writes: self.shared.db.committed_writes.load(Ordering::Relaxed),
+        }
     }
 
     /// Forgets the watch events up to and including store revision
     /// `through`; a watch from before it gets [`StoreError::Expired`].
     pub async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
-        self.blocking(move |conn, _| objects::compact_events(conn, through))
+        self.maintain(move |conn| events::compact(conn, through))
             .await
     }
 
     /// The whole store, for moving it to another backend (see
     /// [`crate::dump`]).
     pub async fn export(&self) -> Result<crate::dump::Dump, StoreError> {
-        self.blocking(|conn, _| export::export(conn)).await
+        self.read(export::export).await
     }
 
-    async fn blocking<T, F>(&self, work: F) -> Result<T, StoreError>
+    /// Runs `work` on a read connection on the blocking pool.
+    async fn read<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection, &Shared) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        run_blocking(Arc::clone(&self.shared), work).await
+        read(Arc::clone(&self.shared.db), work).await
+    }
+
+    /// Runs `work` on the write connection on the blocking pool, between
+    /// the writer's groups: for writes too rare to queue.
+    async fn maintain<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = Arc::clone(&self.shared.db);
+        tokio::task::spawn_blocking(move || work(&mut db.writer())).await?
+    }
+
+    /// Queues a write for the writer thread and waits until the commit
+    /// that holds it is durable.
+    async fn write(&self, write: writer::Write) -> Result<writer::Written, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let queue = self.shared.writes.as_ref().ok_or_else(writer::stopped)?;
+        queue
+            .send(writer::Request { write, reply })
+            .map_err(|_| writer::stopped())?;
+        answer.await.map_err(|_| writer::dropped())?
+    }
+
+    async fn write_object(&self, write: writer::Write) -> Result<Object, StoreError> {
+        match self.write(write).await? {
+            writer::Written::Object(object) => Ok(*object),
+            writer::Written::StepLogs => Err(StoreError::Corrupt(
+                "the sqlite writer answered an object write with a step-log append".into(),
+            )),
+        }
     }
 }
 
-/// Runs `work` with the connection on the blocking pool.
-async fn run_blocking<T, F>(shared: Arc<Shared>, work: F) -> Result<T, StoreError>
+/// Runs `work` on a read connection of `db` on the blocking pool.
+async fn read<T, F>(db: Arc<Database>, work: F) -> Result<T, StoreError>
 where
     T: Send + 'static,
-    F: FnOnce(&mut Connection, &Shared) -> Result<T, StoreError> + Send + 'static,
+    F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(move || {
-        // A panic while holding the lock left no transaction open (it rolls
-        // back on drop), so the connection is still usable.
-        let mut conn = shared.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        work(&mut conn, &shared)
-    })
-    .await?
+    tokio::task::spawn_blocking(move || db.readers.with(&db, work)).await?
 }
 
 #[async_trait]
 impl Store for SqliteStore {
     async fn current_revision(&self) -> Result<u64, StoreError> {
-        self.blocking(|conn, _| schema::get_meta(conn, schema::META_REVISION))
+        self.read(|conn| schema::get_meta(conn, schema::META_REVISION))
             .await
     }
 
     async fn get(&self, key: &ObjectKey) -> Result<Option<Object>, StoreError> {
         let key = key.clone();
-        self.blocking(move |conn, _| objects::load(conn, &key))
-            .await
+        self.read(move |conn| objects::load(conn, &key)).await
     }
 
     async fn list(&self, kind: Kind, namespace: Option<&str>) -> Result<ListResult, StoreError> {
         let namespace = namespace.map(str::to_string);
-        self.blocking(move |conn, _| objects::list(conn, kind, namespace.as_deref()))
+        self.read(move |conn| objects::list(conn, kind, namespace.as_deref()))
             .await
     }
 
+    async fn list_page(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        limit: usize,
+        after: Option<&ListContinue>,
+    ) -> Result<ListPage, StoreError> {
+        let namespace = namespace.map(str::to_string);
+        let after = after.cloned();
+        self.read(move |conn| {
+            objects::list_page(conn, kind, namespace.as_deref(), limit, after.as_ref())
+        })
+        .await
+    }
+
     async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {
-        let change = change.clone();
-        self.blocking(move |conn, shared| objects::create(conn, shared, object, &change))
-            .await
+        self.write_object(writer::Write::Create {
+            object,
+            change: change.clone(),
+        })
+        .await
     }
 
     async fn update(
@@ -183,9 +310,12 @@ impl Store for SqliteStore {
         expected: u64,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
-        let change = change.clone();
-        self.blocking(move |conn, shared| objects::update(conn, shared, object, expected, &change))
-            .await
+        self.write_object(writer::Write::Update {
+            object,
+            expected,
+            change: change.clone(),
+        })
+        .await
     }
 
     async fn delete(
@@ -194,31 +324,32 @@ impl Store for SqliteStore {
         expected: Option<u64>,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
-        let (key, change) = (key.clone(), change.clone());
-        self.blocking(move |conn, shared| objects::delete(conn, shared, &key, expected, &change))
-            .await
+        self.write_object(writer::Write::Delete {
+            key: key.clone(),
+            expected,
+            change: change.clone(),
+        })
+        .await
     }
 
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
-        watch::watch(Arc::clone(&self.shared), filter, after).await
+        watch::watch(Arc::clone(&self.shared.db), filter, after).await
     }
 
     async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError> {
         let key = key.clone();
-        self.blocking(move |conn, _| history::history(conn, &key))
-            .await
+        self.read(move |conn| history::history(conn, &key)).await
     }
 
     async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError> {
         let key = key.clone();
-        self.blocking(move |conn, _| history::revision(conn, &key, revision))
+        self.read(move |conn| history::revision(conn, &key, revision))
             .await
     }
 
     async fn query_history(&self, query: &HistoryQuery) -> Result<Vec<RevisionRecord>, StoreError> {
         let query = query.clone();
-        self.blocking(move |conn, _| history::query(conn, &query))
-            .await
+        self.read(move |conn| history::query(conn, &query)).await
     }
 
     async fn compact_history(
@@ -226,16 +357,32 @@ impl Store for SqliteStore {
         policy: CompactionPolicy,
         now: DateTime<Utc>,
     ) -> Result<CompactionReport, StoreError> {
-        self.blocking(move |conn, _| history::compact(conn, policy, now))
-            .await
+        let mut report = CompactionReport::default();
+        if policy == CompactionPolicy::All {
+            return Ok(report);
+        }
+        // A batch of objects per transaction, so writes queue behind one
+        // batch at most, never behind the whole compaction.
+        let mut after: Option<String> = None;
+        loop {
+            let from = after.clone();
+            let batch = self
+                .maintain(move |conn| history::compact_batch(conn, policy, now, from.as_deref()))
+                .await?;
+            report.revisions_removed += batch.revisions_removed;
+            match batch.last_uid {
+                Some(uid) => after = Some(uid),
+                None => return Ok(report),
+            }
+        }
     }
 
     async fn history_size(&self) -> Result<HistorySize, StoreError> {
-        self.blocking(|conn, _| history::size(conn)).await
+        self.read(|conn| history::size(conn)).await
     }
 
     async fn put_token(&self, token: TokenRecord) -> Result<(), StoreError> {
-        self.blocking(move |conn, _| {
+        self.maintain(move |conn| {
             let identity = serde_json::to_string(&token.identity)
                 .map_err(schema::corrupt_json("token identity"))?;
             conn.execute(
@@ -270,7 +417,7 @@ impl Store for SqliteStore {
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         let hash = hash.to_string();
-        self.blocking(move |conn, _| {
+        self.read(move |conn| {
             let row: Option<(String, String)> = conn
                 .query_row(
                     "SELECT identity, created_at FROM tokens WHERE hash = ?1",
@@ -295,9 +442,9 @@ impl Store for SqliteStore {
         if entries.is_empty() {
             return Ok(());
         }
-        let entries = entries.to_vec();
-        self.blocking(move |conn, _| steplogs::append(conn, &entries))
+        self.write(writer::Write::StepLogs(entries.to_vec()))
             .await
+            .map(|_| ())
     }
 
     async fn step_logs(
@@ -306,7 +453,7 @@ impl Store for SqliteStore {
         filter: &StepLogFilter,
     ) -> Result<Vec<StepLogEntry>, StoreError> {
         let (uid, filter) = (uid.to_string(), filter.clone());
-        self.blocking(move |conn, _| steplogs::read(conn, &uid, &filter))
+        self.read(move |conn| steplogs::read(conn, &uid, &filter))
             .await
     }
 }
@@ -315,6 +462,10 @@ impl Store for SqliteStore {
 impl EventRetention for SqliteStore {
     async fn compact_events(&self, through: u64) -> Result<(), StoreError> {
         SqliteStore::compact_events(self, through).await
+    }
+
+    fn set_event_window(&self, window: EventWindow) {
+        SqliteStore::set_event_window(self, window);
     }
 }
 

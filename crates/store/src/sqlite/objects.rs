@@ -1,25 +1,79 @@
-//! Object reads and writes, and the watch-event log each write appends to.
+//! Object reads, and the object writes the writer thread applies inside
+//! its group transaction (each in a savepoint): they bump the store
+//! revision, write the object, append its watch event and, when the spec
+//! changed, a history revision. They never commit.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::borrow::Cow;
 
 use corral_api::{Kind, Object, ObjectKey};
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::Shared;
+use super::events;
 use super::history::{self, NewRevision};
-use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, corrupt_json, to_i64};
-use crate::{ChangeMeta, EventType, ListResult, StoreError, WatchEvent};
+use super::schema::{self, META_REVISION, corrupt_json, to_i64};
+use super::specs::SpecCache;
+use super::writer::Written;
+use crate::codec;
+use crate::{ChangeMeta, EventType, ListContinue, ListPage, ListResult, StoreError, WatchEvent};
+
+/// A write applied (not yet committed): the caller's answer and the watch
+/// event to broadcast after the commit.
+pub(super) struct Applied {
+    pub written: Written,
+    pub event: Option<WatchEvent>,
+}
+
+/// The spec bytes the writer knows without decoding history: the cache of
+/// earlier groups and writes, and what this write stages.
+pub(super) struct Specs<'a> {
+    pub cache: &'a SpecCache,
+    pub staged: &'a mut SpecCache,
+}
+
+impl Specs<'_> {
+    /// The bytes of `revision` of `uid`, from the cache or else decoded
+    /// from history; `None` when that revision is not kept.
+    fn bytes<'c>(
+        &'c self,
+        conn: &Connection,
+        uid: &str,
+        revision: u64,
+    ) -> Result<Option<Cow<'c, [u8]>>, StoreError> {
+        if let Some(bytes) = self.cache.get(uid, revision) {
+            return Ok(Some(Cow::Borrowed(bytes)));
+        }
+        Ok(history::spec_bytes(conn, uid, revision)?.map(Cow::Owned))
+    }
+
+    /// Appends revision `new.revision` with `spec`, delta-encoded against
+    /// the previous revision, and stages its bytes for the next write.
+    fn append(
+        &mut self,
+        conn: &Connection,
+        new: &NewRevision<'_>,
+        spec: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
+        let previous = if codec::is_keyframe_revision(new.revision) {
+            None
+        } else {
+            self.bytes(conn, new.uid, new.revision - 1)?
+        };
+        history::append(conn, new, &bytes, previous.as_deref())?;
+        self.staged.stage(new.uid, new.revision, bytes);
+        Ok(())
+    }
+}
 
 pub(super) fn load(conn: &Connection, key: &ObjectKey) -> Result<Option<Object>, StoreError> {
-    let body: Option<String> = conn
-        .query_row(
-            "SELECT body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-            params![key.kind.as_str(), key.namespace, key.name],
-            |row| row.get(0),
-        )
-        .optional()?;
-    body.map(|body| parse_object(&body)).transpose()
+    let mut statement = conn.prepare_cached(
+        "SELECT body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    )?;
+    let mut rows = statement.query(params![key.kind.as_str(), key.namespace, key.name])?;
+    match rows.next()? {
+        Some(row) => Ok(Some(parse_object(body_of(row)?)?)),
+        None => Ok(None),
+    }
 }
 
 pub(super) fn list(
@@ -32,14 +86,24 @@ pub(super) fn list(
     let resource_version = schema::get_meta(&tx, META_REVISION)?;
     let mut objects = Vec::new();
     {
-        let mut statement = tx.prepare(
-            "SELECT body FROM objects
-             WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2)
-             ORDER BY namespace, name",
-        )?;
-        let mut rows = statement.query(params![kind.as_str(), namespace])?;
+        // Two forms, so that both seek in the primary key.
+        let mut statement;
+        let mut rows = match namespace {
+            Some(namespace) => {
+                statement = tx.prepare_cached(
+                    "SELECT body FROM objects WHERE kind = ?1 AND namespace = ?2 ORDER BY name",
+                )?;
+                statement.query(params![kind.as_str(), namespace])?
+            }
+            None => {
+                statement = tx.prepare_cached(
+                    "SELECT body FROM objects WHERE kind = ?1 ORDER BY namespace, name",
+                )?;
+                statement.query(params![kind.as_str()])?
+            }
+        };
         while let Some(row) = rows.next()? {
-            objects.push(parse_object(&row.get::<_, String>(0)?)?);
+            objects.push(parse_object(body_of(row)?)?);
         }
     }
     tx.commit()?;
@@ -49,23 +113,95 @@ pub(super) fn list(
     })
 }
 
-pub(super) fn create(
+/// One page in (namespace, name) order, read in one transaction; one more
+/// row than asked says whether another page follows.
+pub(super) fn list_page(
     conn: &mut Connection,
-    shared: &Shared,
+    kind: Kind,
+    namespace: Option<&str>,
+    limit: usize,
+    after: Option<&ListContinue>,
+) -> Result<ListPage, StoreError> {
+    let limit = limit.max(1);
+    let tx = conn.transaction()?;
+    let resource_version = schema::get_meta(&tx, META_REVISION)?;
+    let mut objects = Vec::with_capacity(limit.min(4096));
+    let mut more = false;
+    {
+        // Both forms walk the primary key (kind, namespace, name).
+        let (after_namespace, after_name) = after
+            .map(|after| (after.namespace.as_str(), after.name.as_str()))
+            .unwrap_or(("", ""));
+        let fetch = to_i64(limit as u64 + 1);
+        let mut statement;
+        let mut rows = match namespace {
+            Some(namespace) => {
+                // A token from another namespace starts this one afresh
+                // or not at all, as (namespace, name) order says.
+                let after_name = match after_namespace.cmp(namespace) {
+                    std::cmp::Ordering::Less => "",
+                    std::cmp::Ordering::Equal => after_name,
+                    std::cmp::Ordering::Greater => {
+                        return Ok(ListPage {
+                            objects,
+                            resource_version,
+                            next: None,
+                        });
+                    }
+                };
+                statement = tx.prepare_cached(
+                    "SELECT body FROM objects
+                     WHERE kind = ?1 AND namespace = ?2 AND name > ?3
+                     ORDER BY name LIMIT ?4",
+                )?;
+                statement.query(params![kind.as_str(), namespace, after_name, fetch])?
+            }
+            None => {
+                statement = tx.prepare_cached(
+                    "SELECT body FROM objects
+                     WHERE kind = ?1 AND (namespace, name) > (?2, ?3)
+                     ORDER BY namespace, name LIMIT ?4",
+                )?;
+                statement.query(params![kind.as_str(), after_namespace, after_name, fetch])?
+            }
+        };
+        while let Some(row) = rows.next()? {
+            if objects.len() == limit {
+                more = true;
+                break;
+            }
+            objects.push(parse_object(body_of(row)?)?);
+        }
+    }
+    tx.commit()?;
+    let next = if more {
+        objects.last().map(ListContinue::after)
+    } else {
+        None
+    };
+    Ok(ListPage {
+        objects,
+        resource_version,
+        next,
+    })
+}
+
+pub(super) fn create(
+    conn: &Connection,
+    specs: &mut Specs<'_>,
     mut object: Object,
     change: &ChangeMeta,
-) -> Result<Object, StoreError> {
+) -> Result<Applied, StoreError> {
     let key = object.key();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    if load(&tx, &key)?.is_some() {
+    if exists(conn, &key)? {
         return Err(StoreError::AlreadyExists { key });
     }
-    let resource_version = next_revision(&tx)?;
+    let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
     object.metadata.revision = 1;
     object.metadata.resource_version = resource_version;
-    history::append(
-        &tx,
+    specs.append(
+        conn,
         &NewRevision {
             uid: &object.metadata.uid,
             revision: 1,
@@ -76,22 +212,21 @@ pub(super) fn create(
         },
         &object.spec,
     )?;
-    put(&tx, &key, &object)?;
-    commit_with_event(tx, shared, &key, EventType::Added, object)
+    let body = put(conn, &key, &object)?;
+    with_event(conn, &key, EventType::Added, object, &body, change)
 }
 
 pub(super) fn update(
-    conn: &mut Connection,
-    shared: &Shared,
+    conn: &Connection,
+    specs: &mut Specs<'_>,
     mut object: Object,
     expected: u64,
     change: &ChangeMeta,
-) -> Result<Object, StoreError> {
+) -> Result<Applied, StoreError> {
     let key = object.key();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let stored = load(&tx, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    let stored = load(conn, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     check_version(&key, expected, stored.metadata.resource_version)?;
-    let resource_version = next_revision(&tx)?;
+    let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
     object.metadata.uid = stored.metadata.uid;
     object.metadata.created_at = stored.metadata.created_at;
@@ -99,8 +234,8 @@ pub(super) fn update(
     object.metadata.resource_version = resource_version;
     if object.spec != stored.spec || change.always_record {
         object.metadata.revision += 1;
-        history::append(
-            &tx,
+        specs.append(
+            conn,
             &NewRevision {
                 uid: &object.metadata.uid,
                 revision: object.metadata.revision,
@@ -112,26 +247,25 @@ pub(super) fn update(
             &object.spec,
         )?;
     }
-    put(&tx, &key, &object)?;
-    commit_with_event(tx, shared, &key, EventType::Modified, object)
+    let body = put(conn, &key, &object)?;
+    with_event(conn, &key, EventType::Modified, object, &body, change)
 }
 
 pub(super) fn delete(
-    conn: &mut Connection,
-    shared: &Shared,
+    conn: &Connection,
+    specs: &mut Specs<'_>,
     key: &ObjectKey,
     expected: Option<u64>,
     change: &ChangeMeta,
-) -> Result<Object, StoreError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mut object = load(&tx, key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+) -> Result<Applied, StoreError> {
+    let mut object = load(conn, key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     if let Some(expected) = expected {
         check_version(key, expected, object.metadata.resource_version)?;
     }
-    let resource_version = next_revision(&tx)?;
+    let resource_version = next_revision(conn)?;
     // The deletion record repeats the last spec under the next revision.
-    history::append(
-        &tx,
+    specs.append(
+        conn,
         &NewRevision {
             uid: &object.metadata.uid,
             revision: object.metadata.revision + 1,
@@ -142,32 +276,22 @@ pub(super) fn delete(
         },
         &object.spec,
     )?;
-    tx.execute(
-        "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
-        params![key.kind.as_str(), key.namespace, key.name],
-    )?;
+    specs.staged.stage_removal(&object.metadata.uid);
+    conn.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .execute(params![key.kind.as_str(), key.namespace, key.name])?;
     object.metadata.resource_version = resource_version;
-    commit_with_event(tx, shared, key, EventType::Deleted, object)
+    let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
+    with_event(conn, key, EventType::Deleted, object, &body, change)
 }
 
-/// Forgets watch events through `through` and records how far the log now
-/// starts.
-pub(super) fn compact_events(conn: &mut Connection, through: u64) -> Result<(), StoreError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    forget_events(&tx, through)?;
-    tx.commit()?;
-    Ok(())
-}
-
-fn forget_events(conn: &Connection, through: u64) -> Result<(), StoreError> {
-    conn.execute(
-        "DELETE FROM events WHERE resource_version <= ?1",
-        [to_i64(through)],
-    )?;
-    if schema::get_meta(conn, META_EVENTS_COMPACTED)? < through {
-        schema::set_meta(conn, META_EVENTS_COMPACTED, through)?;
-    }
-    Ok(())
+fn exists(conn: &Connection, key: &ObjectKey) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
+        .query_row(params![key.kind.as_str(), key.namespace, key.name], |_| {
+            Ok(())
+        })
+        .optional()?
+        .is_some())
 }
 
 fn check_version(key: &ObjectKey, expected: u64, actual: u64) -> Result<(), StoreError> {
@@ -183,9 +307,9 @@ fn check_version(key: &ObjectKey, expected: u64, actual: u64) -> Result<(), Stor
 }
 
 /// Bumps and returns the store revision.
-fn next_revision(tx: &Transaction<'_>) -> Result<u64, StoreError> {
-    let next = schema::get_meta(tx, META_REVISION)? + 1;
-    schema::set_meta(tx, META_REVISION, next)?;
+fn next_revision(conn: &Connection) -> Result<u64, StoreError> {
+    let next = schema::get_meta(conn, META_REVISION)? + 1;
+    schema::set_meta(conn, META_REVISION, next)?;
     Ok(next)
 }
 
@@ -194,87 +318,54 @@ fn normalize_namespace(object: &mut Object, key: &ObjectKey) {
     object.metadata.namespace = key.kind.is_namespaced().then(|| key.namespace.clone());
 }
 
-fn put(tx: &Transaction<'_>, key: &ObjectKey, object: &Object) -> Result<(), StoreError> {
+/// Writes the object row; returns its body, which the event reuses.
+fn put(conn: &Connection, key: &ObjectKey, object: &Object) -> Result<String, StoreError> {
     let body = serde_json::to_string(object).map_err(corrupt_json("object"))?;
-    tx.execute(
+    conn.prepare_cached(
         "INSERT INTO objects (kind, namespace, name, uid, revision, resource_version, body)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (kind, namespace, name) DO UPDATE SET
              uid = excluded.uid, revision = excluded.revision,
              resource_version = excluded.resource_version, body = excluded.body",
-        params![
-            key.kind.as_str(),
-            key.namespace,
-            key.name,
-            object.metadata.uid,
-            to_i64(object.metadata.revision),
-            to_i64(object.metadata.resource_version),
-            body
-        ],
-    )?;
-    Ok(())
+    )?
+    .execute(params![
+        key.kind.as_str(),
+        key.namespace,
+        key.name,
+        object.metadata.uid,
+        to_i64(object.metadata.revision),
+        to_i64(object.metadata.resource_version),
+        body
+    ])?;
+    Ok(body)
 }
 
-/// Appends the watch event, prunes old ones, commits, then broadcasts the
-/// event (still under the connection lock, so in revision order).
-fn commit_with_event(
-    tx: Transaction<'_>,
-    shared: &Shared,
+/// Appends the watch event of a write; the writer broadcasts it after the
+/// commit.
+fn with_event(
+    conn: &Connection,
     key: &ObjectKey,
     event_type: EventType,
     object: Object,
-) -> Result<Object, StoreError> {
+    body: &str,
+    change: &ChangeMeta,
+) -> Result<Applied, StoreError> {
     let resource_version = object.metadata.resource_version;
-    let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
-    tx.execute(
-        "INSERT INTO events (resource_version, kind, namespace, name, type, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            to_i64(resource_version),
-            key.kind.as_str(),
-            key.namespace,
-            key.name,
-            event_type_text(event_type),
-            body
-        ],
-    )?;
-    let retention = shared.event_retention.load(Ordering::Relaxed);
-    if resource_version > retention {
-        let through = resource_version - retention;
-        // Cheap when there is nothing to drop: one seek on the primary key.
-        let oldest: Option<i64> =
-            tx.query_row("SELECT min(resource_version) FROM events", [], |row| {
-                row.get(0)
-            })?;
-        if oldest.is_some_and(|oldest| oldest <= to_i64(through)) {
-            forget_events(&tx, through)?;
-        }
-    }
-    tx.commit()?;
-    let event = WatchEvent {
-        event_type,
-        object: object.clone(),
-    };
-    // No receiver is fine: nobody is watching.
-    let _ = shared.events.send(Arc::new(event));
-    Ok(object)
+    events::insert(conn, resource_version, key, event_type, body, change.time)?;
+    Ok(Applied {
+        event: Some(WatchEvent {
+            event_type,
+            object: object.clone(),
+        }),
+        written: Written::Object(Box::new(object)),
+    })
 }
 
-pub(super) fn event_type_text(event_type: EventType) -> &'static str {
-    match event_type {
-        EventType::Added => "ADDED",
-        EventType::Modified => "MODIFIED",
-        EventType::Deleted => "DELETED",
-    }
-}
-
-pub(super) fn event_type_from_text(text: &str) -> Result<EventType, StoreError> {
-    match text {
-        "ADDED" => Ok(EventType::Added),
-        "MODIFIED" => Ok(EventType::Modified),
-        "DELETED" => Ok(EventType::Deleted),
-        other => Err(StoreError::Corrupt(format!("unknown event type {other:?}"))),
-    }
+/// The `body` column (the first selected) of a row, borrowed.
+fn body_of<'r>(row: &'r Row<'_>) -> Result<&'r str, StoreError> {
+    row.get_ref(0)?
+        .as_str()
+        .map_err(|error| StoreError::Corrupt(format!("stored object body: {error}")))
 }
 
 pub(super) fn parse_object(body: &str) -> Result<Object, StoreError> {

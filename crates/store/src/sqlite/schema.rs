@@ -1,17 +1,18 @@
 //! Connection settings, the schema and its migrations, and the small
 //! conversions between Rust values and columns.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use corral_api::{AuthorClass, Kind};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::StoreError;
 
 /// The schema this code writes; kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -99,8 +100,18 @@ CREATE TABLE step_logs (
 CREATE INDEX step_logs_object ON step_logs (object_uid, time, seq);
 ";
 
+/// Version 3: the time of each watch event (Unix milliseconds of the
+/// write's change time), so the event window can drop events by age with
+/// an index range instead of a scan. Events from before the migration count
+/// as written at the migration.
+const SCHEMA_V3: &str = "
+ALTER TABLE events ADD COLUMN time INTEGER NOT NULL DEFAULT 0;
+UPDATE events SET time = CAST(strftime('%s', 'now') AS INTEGER) * 1000;
+CREATE INDEX events_time ON events (time);
+";
+
 /// The migrations, in order: entry `n` brings version `n` to `n + 1`.
-const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SCHEMA_V2];
+const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
 
 /// Applies the connection settings and brings the schema up to date.
 /// `durable` is false only for in-memory databases, which have no WAL.
@@ -140,21 +151,32 @@ pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreE
     Ok(())
 }
 
+/// Opens a read-only connection to the database at `path`, which a
+/// [`prepare`]d write connection keeps in WAL mode: it reads the last
+/// committed state while a write transaction is in flight.
+pub(super) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    Ok(conn)
+}
+
 pub(super) fn get_meta(conn: &Connection, key: &str) -> Result<u64, StoreError> {
     let value: Option<i64> = conn
-        .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| {
-            row.get(0)
-        })
+        .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+        .query_row([key], |row| row.get(0))
         .optional()?;
     Ok(value.map_or(0, to_u64))
 }
 
 pub(super) fn set_meta(conn: &Connection, key: &str, value: u64) -> Result<(), StoreError> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO meta (key, value) VALUES (?1, ?2)
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        params![key, to_i64(value)],
-    )?;
+    )?
+    .execute(params![key, to_i64(value)])?;
     Ok(())
 }
 
@@ -171,6 +193,12 @@ pub(super) fn to_u64(value: i64) -> u64 {
 /// sorts in time order.
 pub(super) fn time_to_text(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Nanos, true)
+}
+
+/// Event times are Unix milliseconds: small, and ordered by an integer
+/// index.
+pub(super) fn time_to_millis(time: DateTime<Utc>) -> i64 {
+    time.timestamp_millis()
 }
 
 pub(super) fn time_from_text(text: &str) -> Result<DateTime<Utc>, StoreError> {

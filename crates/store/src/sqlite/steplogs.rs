@@ -10,10 +10,11 @@ use serde_json::Value;
 use super::schema::{corrupt_json, time_from_text, time_to_text};
 use crate::{StepLogFilter, StoreError};
 
-pub(super) fn append(conn: &mut Connection, entries: &[StepLogEntry]) -> Result<(), StoreError> {
-    let tx = conn.transaction()?;
+/// Appends entries inside the writer's transaction (all or none: the
+/// writer runs each append in a savepoint).
+pub(super) fn append(conn: &Connection, entries: &[StepLogEntry]) -> Result<(), StoreError> {
     {
-        let mut insert = tx.prepare_cached(
+        let mut insert = conn.prepare_cached(
             "INSERT INTO step_logs
              (object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -34,7 +35,6 @@ pub(super) fn append(conn: &mut Connection, entries: &[StepLogEntry]) -> Result<
             ])?;
         }
     }
-    tx.commit()?;
     Ok(())
 }
 

@@ -6,12 +6,12 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::SqliteStore;
-use crate::{ChangeMeta, Store, StoreError, WatchFilter, WatchStream};
+use crate::{ChangeMeta, EventWindow, Store, StoreError, WatchFilter, WatchStream};
 
 fn store_with_capacity(capacity: usize) -> SqliteStore {
     let mut conn = rusqlite::Connection::open_in_memory().expect("open");
     super::schema::prepare(&mut conn, false).expect("schema");
-    SqliteStore::from_connection(conn, None, capacity)
+    SqliteStore::from_connection(conn, None, capacity).expect("store")
 }
 
 fn change() -> ChangeMeta {
@@ -63,7 +63,10 @@ async fn a_lagging_watcher_catches_up_from_the_table() {
 #[tokio::test]
 async fn retention_prunes_old_events_and_expires_old_watches() {
     let store = store_with_capacity(4);
-    store.set_event_retention(10);
+    store.set_event_window(EventWindow {
+        count: 10,
+        max_age: std::time::Duration::from_secs(3600),
+    });
     let mut lagging = store.watch(WatchFilter::default(), 0).await.expect("watch");
     create(&store, 0).await;
     assert_eq!(next_version(&mut lagging).await.expect("event"), 1);
@@ -118,7 +121,7 @@ async fn a_version_1_database_is_migrated_and_keeps_its_objects() {
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .expect("version");
     assert_eq!(version, super::SCHEMA_VERSION);
-    let store = SqliteStore::from_connection(conn, None, 16);
+    let store = SqliteStore::from_connection(conn, None, 16).expect("store");
     assert!(
         store.find_token("h").await.expect("read").is_some(),
         "v1 data survives the migration"
@@ -128,4 +131,244 @@ async fn a_version_1_database_is_migrated_and_keeps_its_objects() {
         .await
         .expect("the v2 table exists");
     assert!(logs.is_empty());
+}
+
+fn object_named(name: &str, image: &str) -> Object {
+    let mut object = Object::new(Kind::Pod, Some("default"), name, json!({"image": image}));
+    object.metadata.uid = format!("uid-{name}");
+    object
+}
+
+/// Writes queued while the writer waits share one commit; each failing
+/// write fails alone, later writes of the group see earlier ones, and the
+/// events come out in revision order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_commits_together_and_its_writes_fail_alone() {
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(&dir.path().join("group.db")).expect("open");
+    let a = crate::ObjectKey::new(Kind::Pod, Some("default"), "a");
+    let c = crate::ObjectKey::new(Kind::Pod, Some("default"), "c");
+    let mut a_edited = object_named("a", "img:2");
+    a_edited.metadata.namespace = Some("default".into());
+    let entry = corral_api::workflow::StepLogEntry {
+        time: chrono::DateTime::UNIX_EPOCH,
+        object_uid: "uid-a".into(),
+        workflow_id: "start-1".into(),
+        workflow: "start".into(),
+        step: "node/start".into(),
+        owner: "node".into(),
+        level: corral_api::workflow::LogLevel::Info,
+        message: "started".into(),
+        fields: Default::default(),
+    };
+    let change = change();
+    let writes: Vec<BoxFuture<'_, Result<Option<u64>, StoreError>>> = vec![
+        store
+            .create(object_named("a", "img:1"), &change)
+            .map(version)
+            .boxed(),
+        store
+            .create(object_named("a", "img:9"), &change)
+            .map(version)
+            .boxed(),
+        store
+            .update(object_named("b", "img:1"), 1, &change)
+            .map(version)
+            .boxed(),
+        store
+            .create(object_named("c", "img:1"), &change)
+            .map(version)
+            .boxed(),
+        store
+            .update(a_edited.clone(), 1, &change)
+            .map(version)
+            .boxed(),
+        store.update(a_edited, 1, &change).map(version).boxed(),
+        store.delete(&c, Some(2), &change).map(version).boxed(),
+        store
+            .append_step_logs(std::slice::from_ref(&entry))
+            .map(|done| done.map(|()| None))
+            .boxed(),
+    ];
+    let mut all = futures::future::join_all(writes);
+    // Hold the write connection (from a thread of its own) so the writer
+    // cannot commit while every write is queued; the first poll of each
+    // write queues it.
+    let db = std::sync::Arc::clone(&store.shared.db);
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let held = db.writer();
+        locked.send(()).expect("report the lock");
+        let _ = released.recv();
+        drop(held);
+    });
+    is_locked.recv().expect("the connection is held");
+    assert!(futures::poll!(&mut all).is_pending());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    release.send(()).expect("release the connection");
+    holder.join().expect("holder thread");
+    let results = all.await;
+    let summary: Vec<String> = results
+        .iter()
+        .map(|result| match result {
+            Ok(version) => format!("ok {version:?}"),
+            Err(StoreError::AlreadyExists { .. }) => "AlreadyExists".into(),
+            Err(StoreError::NotFound { .. }) => "NotFound".into(),
+            Err(StoreError::Conflict {
+                expected, actual, ..
+            }) => format!("Conflict {expected}/{actual}"),
+            Err(other) => format!("{other}"),
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "ok Some(1)",
+            "AlreadyExists",
+            "NotFound",
+            "ok Some(2)",
+            "ok Some(3)",
+            "Conflict 1/3",
+            "ok Some(4)",
+            "ok None",
+        ]
+    );
+    let stats = store.commit_stats();
+    assert_eq!(
+        stats.writes, 8,
+        "failed writes are answered by the commit too"
+    );
+    assert!(
+        stats.commits <= 2,
+        "eight queued writes take at most two commits (the writer may have taken the first alone), got {stats:?}"
+    );
+
+    let mut watch = store.watch(WatchFilter::default(), 0).await.expect("watch");
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
+            .await
+            .expect("an event in time")
+            .expect("stream goes on")
+            .expect("event");
+        seen.push((event.object.metadata.name.clone(), event.resource_version()));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("a".into(), 1),
+            ("c".into(), 2),
+            ("a".into(), 3),
+            ("c".into(), 4)
+        ],
+        "only the successful writes, in revision order"
+    );
+    let history = store.history(&a).await.expect("history of a");
+    assert_eq!(history.len(), 2);
+    assert_eq!(
+        store.revision(&a, 2).await.expect("revision 2").spec,
+        Some(json!({"image": "img:2"})),
+        "a delta against a revision of the same group decodes"
+    );
+    assert_eq!(
+        store
+            .step_logs("uid-a", &crate::StepLogFilter::default())
+            .await
+            .expect("step logs"),
+        vec![entry]
+    );
+}
+
+fn version(result: Result<Object, StoreError>) -> Result<Option<u64>, StoreError> {
+    result.map(|object| Some(object.metadata.resource_version))
+}
+
+/// Many concurrent writers: every write lands once, revisions are dense,
+/// and groups really form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_get_dense_revisions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(&dir.path().join("many.db")).expect("open");
+    let tasks: Vec<_> = (0..16)
+        .map(|task| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut versions = Vec::new();
+                let mut object = store
+                    .create(object_named(&format!("t{task}"), "img:0"), &change())
+                    .await
+                    .expect("create");
+                versions.push(object.metadata.resource_version);
+                for edit in 1..=30 {
+                    let expected = object.metadata.resource_version;
+                    object.spec = json!({"image": format!("img:{edit}")});
+                    object = store
+                        .update(object, expected, &change())
+                        .await
+                        .expect("update");
+                    versions.push(object.metadata.resource_version);
+                }
+                versions
+            })
+        })
+        .collect();
+    let mut versions = Vec::new();
+    for task in tasks {
+        versions.extend(task.await.expect("task"));
+    }
+    versions.sort_unstable();
+    assert_eq!(versions, (1..=16 * 31).collect::<Vec<u64>>());
+    let stats = store.commit_stats();
+    assert_eq!(stats.writes, 16 * 31);
+    println!("{} writes in {} commits", stats.writes, stats.commits);
+    let key = crate::ObjectKey::new(Kind::Pod, Some("default"), "t7");
+    assert_eq!(
+        store.revision(&key, 31).await.expect("revision").spec,
+        Some(json!({"image": "img:30"}))
+    );
+}
+
+/// Compaction walks the objects in batches; every batch is applied.
+#[tokio::test]
+async fn compaction_covers_objects_across_batches() {
+    let store = SqliteStore::open_in_memory().expect("store");
+    let objects = 1200;
+    for index in 0..objects {
+        let mut object = store
+            .create(object_named(&format!("p{index:04}"), "img:0"), &change())
+            .await
+            .expect("create");
+        for edit in 1..=2 {
+            let expected = object.metadata.resource_version;
+            object.spec = json!({"image": format!("img:{edit}")});
+            object = store
+                .update(object, expected, &change())
+                .await
+                .expect("update");
+        }
+    }
+    let report = store
+        .compact_history(
+            corral_api::history::CompactionPolicy::Last { count: 1 },
+            chrono::DateTime::UNIX_EPOCH,
+        )
+        .await
+        .expect("compact");
+    assert_eq!(report.revisions_removed, 2 * objects);
+    assert_eq!(store.history_size().await.expect("size").revisions, objects);
+    for index in [0, 499, 500, 1199] {
+        let key = crate::ObjectKey::new(Kind::Pod, Some("default"), &format!("p{index:04}"));
+        assert_eq!(
+            store
+                .revision(&key, 3)
+                .await
+                .expect("current revision")
+                .spec,
+            Some(json!({"image": "img:2"}))
+        );
+    }
 }

@@ -14,16 +14,17 @@ use rusqlite::{Connection, params};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::objects::{event_type_from_text, parse_object};
+use super::events::event_type_from_text;
+use super::objects::parse_object;
 use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
-use super::{Shared, run_blocking};
+use super::{Database, read};
 use crate::{StoreError, WatchEvent, WatchFilter, WatchStream};
 
 /// Events read from the table at a time while catching up.
 const BATCH: usize = 512;
 
 struct WatchState {
-    shared: Arc<Shared>,
+    db: Arc<Database>,
     receiver: broadcast::Receiver<Arc<WatchEvent>>,
     filter: WatchFilter,
     cursor: u64,
@@ -42,12 +43,12 @@ struct Batch {
 }
 
 pub(super) async fn watch(
-    shared: Arc<Shared>,
+    db: Arc<Database>,
     filter: WatchFilter,
     after: u64,
 ) -> Result<WatchStream, StoreError> {
-    let receiver = shared.events.subscribe();
-    let compacted = run_blocking(Arc::clone(&shared), |conn, _| {
+    let receiver = db.events.subscribe();
+    let compacted = read(Arc::clone(&db), |conn| {
         schema::get_meta(conn, META_EVENTS_COMPACTED)
     })
     .await?;
@@ -58,7 +59,7 @@ pub(super) async fn watch(
         });
     }
     let state = WatchState {
-        shared,
+        db,
         receiver,
         filter,
         cursor: after,
@@ -80,11 +81,11 @@ async fn next_event(mut state: WatchState) -> Option<(Result<WatchEvent, StoreEr
         }
         if state.catching_up {
             let (filter, cursor) = (state.filter.clone(), state.cursor);
-            let read = run_blocking(Arc::clone(&state.shared), move |conn, _| {
+            let batch = read(Arc::clone(&state.db), move |conn| {
                 read_batch(conn, &filter, cursor)
             })
             .await;
-            match read {
+            match batch {
                 Ok(batch) => {
                     if batch.complete {
                         state.catching_up = false;

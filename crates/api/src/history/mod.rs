@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 use crate::identity::AuthorClass;
 use crate::meta::Kind;
 
+mod policy;
+
+pub use policy::{CompactionPolicy, KeptRevision, PolicyParseError};
+
 /// One spec revision of one object, as `history` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RevisionRecord {
@@ -56,19 +60,6 @@ impl HistoryQuery {
             && self.kind.is_none_or(|kind| kind == record.kind)
             && self.since.is_none_or(|since| record.time >= since)
     }
-}
-
-/// How much history the store keeps. The current revision is never dropped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", tag = "keep")]
-pub enum CompactionPolicy {
-    /// Keep every revision (the default).
-    #[default]
-    All,
-    /// Keep the newest N revisions of each object.
-    Last { count: u64 },
-    /// Keep revisions younger than this many seconds.
-    For { seconds: u64 },
 }
 
 /// The difference between two revisions of one object.

@@ -1,0 +1,240 @@
+//! The writer thread: group commit.
+//!
+//! Callers queue [`Request`]s. The thread blocks for the first, takes
+//! whatever else has queued up meanwhile (up to [`MAX_GROUP`]) and applies
+//! the group in one `BEGIN IMMEDIATE` transaction, each write inside its
+//! own savepoint: a write that fails is rolled back alone and answered
+//! with its error, the others go on. Then the watch-event window is
+//! applied, the transaction commits (`synchronous=FULL`: one fsync for the
+//! group), the group's events are broadcast in store-revision order, and
+//! every caller is answered. While one group is being fsynced the next one
+//! queues up, so under concurrency groups grow by themselves and a single
+//! writer pays no added latency.
+
+use std::io;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+use std::thread::{self, JoinHandle};
+
+use chrono::{DateTime, Utc};
+use corral_api::workflow::StepLogEntry;
+use corral_api::{Object, ObjectKey};
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::sync::oneshot;
+
+use super::events::{self, EventPruner};
+use super::objects::{self, Applied};
+use super::specs::SpecCache;
+use super::{Database, steplogs};
+use crate::{ChangeMeta, StoreError, WatchEvent};
+
+/// Most writes in one transaction; more wait for the next group.
+const MAX_GROUP: usize = 512;
+
+/// One write, as queued.
+pub(super) enum Write {
+    Create {
+        object: Object,
+        change: ChangeMeta,
+    },
+    Update {
+        object: Object,
+        expected: u64,
+        change: ChangeMeta,
+    },
+    Delete {
+        key: ObjectKey,
+        expected: Option<u64>,
+        change: ChangeMeta,
+    },
+    StepLogs(Vec<StepLogEntry>),
+}
+
+impl Write {
+    /// The time the write says it happens at, if it makes a watch event.
+    fn time(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Write::Create { change, .. }
+            | Write::Update { change, .. }
+            | Write::Delete { change, .. } => Some(change.time),
+            Write::StepLogs(_) => None,
+        }
+    }
+}
+
+/// What a durable write answers.
+#[derive(Debug)]
+pub(super) enum Written {
+    Object(Box<Object>),
+    StepLogs,
+}
+
+/// A write and where its answer goes.
+pub(super) struct Request {
+    pub write: Write,
+    pub reply: oneshot::Sender<Result<Written, StoreError>>,
+}
+
+/// The error callers get once the writer thread is gone.
+pub(super) fn stopped() -> StoreError {
+    StoreError::Unavailable("the sqlite writer thread has stopped".into())
+}
+
+/// The error a caller gets when the writer dropped its write unanswered.
+pub(super) fn dropped() -> StoreError {
+    StoreError::Unavailable(
+        "the sqlite writer dropped this write without committing it (see the log)".into(),
+    )
+}
+
+/// Starts the writer thread; it ends when every sender of `queue` is gone.
+pub(super) fn spawn(
+    db: Arc<Database>,
+    queue: mpsc::Receiver<Request>,
+) -> io::Result<JoinHandle<()>> {
+    thread::Builder::new()
+        .name("corral-sqlite-writer".into())
+        .spawn(move || run(&db, &queue))
+}
+
+/// What the writer keeps between groups.
+#[derive(Default)]
+struct WriterState {
+    specs: SpecCache,
+    pruner: EventPruner,
+}
+
+fn run(db: &Database, queue: &mpsc::Receiver<Request>) {
+    let mut state = WriterState::default();
+    while let Ok(first) = queue.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(request) => group.push(request),
+                Err(_) => break,
+            }
+        }
+        // A bug that panics fails its group (the transaction rolls back as
+        // it unwinds, the callers' answers are dropped), not the store.
+        let committed = panic::catch_unwind(AssertUnwindSafe(|| {
+            commit_group(db, &mut state, group);
+        }));
+        if committed.is_err() {
+            state.specs.abort();
+            tracing::error!("the sqlite writer panicked applying a group of writes; they failed");
+        }
+    }
+}
+
+fn commit_group(db: &Database, state: &mut WriterState, group: Vec<Request>) {
+    let size = group.len();
+    let (writes, replies): (Vec<Write>, Vec<_>) = group
+        .into_iter()
+        .map(|request| (request.write, request.reply))
+        .unzip();
+    let outcome = {
+        let mut conn = db.writer();
+        apply_group(&mut conn, db, state, writes)
+    };
+    let results = match outcome {
+        Ok(results) => {
+            state.specs.commit();
+            db.commits.fetch_add(1, Ordering::Relaxed);
+            db.committed_writes
+                .fetch_add(results.len() as u64, Ordering::Relaxed);
+            results
+        }
+        Err(error) => {
+            state.specs.abort();
+            tracing::error!(%error, writes = size, "sqlite group commit failed");
+            let message = format!("sqlite commit of a group of {size} writes failed: {error}");
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Unavailable(message.clone())));
+            }
+            return;
+        }
+    };
+    // Committed and durable: broadcast in store-revision order (the order
+    // the group applied them), then answer.
+    for result in &results {
+        if let Ok(Applied {
+            event: Some(event), ..
+        }) = result
+        {
+            // No receiver is fine: nobody is watching.
+            let _ = db.events.send(Arc::new(WatchEvent::clone(event)));
+        }
+    }
+    for (result, reply) in results.into_iter().zip(replies) {
+        // A caller that went away does not mind.
+        let _ = reply.send(result.map(|applied| applied.written));
+    }
+}
+
+/// Applies every write of the group in one transaction and commits it.
+/// The outer error means nothing was committed; the inner ones are the
+/// writes that failed alone.
+fn apply_group(
+    conn: &mut Connection,
+    db: &Database,
+    state: &mut WriterState,
+    writes: Vec<Write>,
+) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut results = Vec::with_capacity(writes.len());
+    let mut newest_time = None;
+    for write in writes {
+        let time = write.time();
+        let mut savepoint = tx.savepoint()?;
+        let mut staged = SpecCache::default();
+        let applied = apply(&savepoint, &state.specs, &mut staged, write);
+        match applied {
+            Ok(applied) => {
+                savepoint.commit()?;
+                state.specs.take_staged(&mut staged);
+                if applied.event.is_some() {
+                    newest_time = newest_time.max(time);
+                }
+                results.push(Ok(applied));
+            }
+            Err(error) => {
+                savepoint.rollback()?;
+                savepoint.commit()?;
+                results.push(Err(error));
+            }
+        }
+    }
+    events::prune(&tx, db.window(), newest_time, &mut state.pruner)?;
+    tx.commit()?;
+    Ok(results)
+}
+
+fn apply(
+    conn: &Connection,
+    cache: &SpecCache,
+    staged: &mut SpecCache,
+    write: Write,
+) -> Result<Applied, StoreError> {
+    let mut specs = objects::Specs { cache, staged };
+    match write {
+        Write::Create { object, change } => objects::create(conn, &mut specs, object, &change),
+        Write::Update {
+            object,
+            expected,
+            change,
+        } => objects::update(conn, &mut specs, object, expected, &change),
+        Write::Delete {
+            key,
+            expected,
+            change,
+        } => objects::delete(conn, &mut specs, &key, expected, &change),
+        Write::StepLogs(entries) => {
+            steplogs::append(conn, &entries)?;
+            Ok(Applied {
+                written: Written::StepLogs,
+                event: None,
+            })
+        }
+    }
+}
