@@ -1,76 +1,408 @@
-//! The node's side of pod workflows: which node-owned steps are ready, and
-//! reporting claim/complete/fail through the API's step endpoint.
+//! The node's side of workflows: everything the agent reads of an object's
+//! workflow instances — which instance serves a revision, which node steps
+//! are ready or running and at which attempt, what a controller delegated
+//! to the node, putting an instance the step API returned into the local
+//! copy of the object — and the step API that moves them ([`StepApi`]).
+//!
+//! Nothing else in the agent parses `status.workflow`: the rest sees a
+//! [`NodeWork`] (one instance, through these questions) and builds
+//! requests with [`StepBatch`].
+
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use corral_api::Object;
-use corral_api::ObjectKey;
 use corral_api::workflow::{
-    StepActionKind, StepActionRequest, StepExecutor, WorkflowInstance, WorkflowOutcome,
-    WorkflowStatus,
+    StepActionKind, StepActionRequest, StepBatchRequest, StepExecutor, StepState, WorkflowInstance,
+    WorkflowOutcome, WorkflowStatus,
 };
-use corral_client::Client;
+use corral_api::{Object, ObjectKey};
+use corral_client::{Client, ClientError};
+use serde_json::{Map, Value};
+
+#[cfg(test)]
+pub mod fake;
 
 /// The owner name of every step the node agent executes.
 pub const NODE_OWNER: &str = "node";
 
-/// The API's step endpoint, behind a trait so workers are testable.
+/// Why a request to the step API did not go through.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepApiError {
+    /// The API answered and refused it (a step in another state, an
+    /// instance that moved on): the caller's view is stale.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The API did not answer, or failed: try again later.
+    #[error("the API is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<ClientError> for StepApiError {
+    fn from(error: ClientError) -> Self {
+        let message = crate::chain(&error);
+        match error.status() {
+            Some(status) if (400..500).contains(&status) => StepApiError::Refused(message),
+            _ => StepApiError::Unavailable(message),
+        }
+    }
+}
+
+/// The API's step endpoint and the node-owned status fields, behind a
+/// trait so the executor is tested against a fake.
 #[async_trait]
 pub trait StepApi: Send + Sync {
-    async fn act(
+    /// Applies the batch's actions in order, all or none, with its status
+    /// fields, in one write; returns the instance the actions moved.
+    async fn batch(&self, key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError>;
+
+    /// Writes the node-owned status fields (a `null` removes one) without
+    /// moving any step.
+    async fn put_status(
         &self,
         key: &ObjectKey,
-        request: &StepActionRequest,
-    ) -> Result<WorkflowInstance, String>;
+        fields: &Map<String, Value>,
+    ) -> Result<(), StepApiError>;
 }
 
 #[async_trait]
 impl StepApi for Client {
-    async fn act(
+    async fn batch(&self, key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError> {
+        let instance = self.step_batch(key, &batch.request()).await?;
+        Ok(NodeWork { instance })
+    }
+
+    async fn put_status(
         &self,
         key: &ObjectKey,
-        request: &StepActionRequest,
-    ) -> Result<WorkflowInstance, String> {
-        self.step_action(key, request)
-            .await
-            .map_err(|error| crate::chain(&error))
+        fields: &Map<String, Value>,
+    ) -> Result<(), StepApiError> {
+        let mut current = self.get(key).await?;
+        let mut merged = current.status.as_object().cloned().unwrap_or_default();
+        merge_fields(&mut merged, fields);
+        current.status = Value::Object(merged);
+        self.put_status(&current).await?;
+        Ok(())
     }
 }
 
-/// A step action on one instance.
-pub fn request(action: StepActionKind, step: &str, workflow: &str) -> StepActionRequest {
-    let mut request = StepActionRequest::new(action, step);
-    request.workflow = Some(workflow.to_string());
-    request
+/// Sets `fields` in `status`; a `null` removes the field.
+pub fn merge_fields(status: &mut Map<String, Value>, fields: &Map<String, Value>) {
+    for (field, value) in fields {
+        if value.is_null() {
+            status.remove(field);
+        } else {
+            status.insert(field.clone(), value.clone());
+        }
+    }
 }
 
-/// The workflow instance serving `revision`, newest first.
-pub fn instance_for(object: &Object, revision: u64) -> Option<WorkflowInstance> {
-    let status: WorkflowStatus =
-        serde_json::from_value(object.status.get("workflow")?.clone()).ok()?;
-    status
-        .instances
-        .into_iter()
-        .rev()
-        .find(|instance| instance.revision == revision)
+/// One step attempt of one instance: what a stale view is checked against.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attempt {
+    pub instance: String,
+    pub step: String,
+    pub attempt: u32,
 }
 
-/// Whether the instance still runs.
-pub fn is_running(instance: &WorkflowInstance) -> bool {
-    instance.outcome == WorkflowOutcome::Running
+/// A running node step as an instance shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningStep {
+    pub name: String,
+    pub attempt: u32,
 }
 
-/// Steps the node executes (its own, and those a controller delegated to
-/// it with `executor: node`) of the instance in the given phase (`ready`,
-/// `running`, …), in graph order.
-pub fn node_steps(instance: &WorkflowInstance, phase: &str) -> Vec<String> {
-    instance
-        .steps
-        .iter()
-        .filter(|step| {
-            (step.definition.owner == NODE_OWNER
-                || step.definition.executor == Some(StepExecutor::Node))
-                && step.state.phase() == phase
+/// One workflow instance of an object, as the node sees it: the node's
+/// steps (its own, and those a controller delegated to it with `executor:
+/// node`) and their states.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeWork {
+    instance: WorkflowInstance,
+}
+
+impl NodeWork {
+    /// The instance serving `revision` of `object` (the newest if several).
+    pub fn for_revision(object: &Object, revision: u64) -> Option<NodeWork> {
+        let status: WorkflowStatus =
+            serde_json::from_value(object.status.get("workflow")?.clone()).ok()?;
+        status
+            .instances
+            .into_iter()
+            .rev()
+            .find(|instance| instance.revision == revision)
+            .map(|instance| NodeWork { instance })
+    }
+
+    /// The instance's id (`start-1`).
+    pub fn id(&self) -> &str {
+        &self.instance.id
+    }
+
+    /// Whether the instance still runs.
+    pub fn is_running(&self) -> bool {
+        self.instance.outcome == WorkflowOutcome::Running
+    }
+
+    /// The node's ready steps, in graph order.
+    pub fn ready(&self) -> Vec<String> {
+        self.node_steps()
+            .filter(|step| matches!(step.state, StepState::Ready { .. }))
+            .map(|step| step.definition.name.clone())
+            .collect()
+    }
+
+    /// The node's running steps with their attempt, in graph order.
+    pub fn running(&self) -> Vec<RunningStep> {
+        self.node_steps()
+            .filter_map(|step| match &step.state {
+                StepState::Running { attempt, .. } => Some(RunningStep {
+                    name: step.definition.name.clone(),
+                    attempt: *attempt,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Attempts of `step` started so far (claims); the next claim is
+    /// attempt `attempts + 1`.
+    pub fn attempts(&self, step: &str) -> u32 {
+        self.instance.step(step).map_or(0, |s| s.attempts)
+    }
+
+    /// The attempt a claim of `step` now starts.
+    pub fn next_attempt(&self, step: &str) -> Attempt {
+        self.attempt(step, self.attempts(step) + 1)
+    }
+
+    /// Attempt `attempt` of `step` in this instance.
+    pub fn attempt(&self, step: &str, attempt: u32) -> Attempt {
+        Attempt {
+            instance: self.instance.id.clone(),
+            step: step.to_string(),
+            attempt,
+        }
+    }
+
+    /// Whether `step` is in the instance, owned by `owner` and delegated
+    /// to the node (`executor: node`): only the owner's own Controller can
+    /// hand a step to the node.
+    pub fn delegated_to_node(&self, step: &str, owner: &str) -> bool {
+        self.instance.step(step).is_some_and(|s| {
+            s.definition.owner == owner && s.definition.executor == Some(StepExecutor::Node)
         })
-        .map(|step| step.definition.name.clone())
-        .collect()
+    }
+
+    /// Puts this instance into `object`'s `status.workflow` in place of the
+    /// instance with its id, so the next look does not act on an older view.
+    pub fn remember_in(&self, object: &mut Object) {
+        let Some(instances) = object
+            .status
+            .pointer_mut("/workflow/instances")
+            .and_then(Value::as_array_mut)
+        else {
+            return;
+        };
+        for slot in instances.iter_mut() {
+            if slot.get("id").and_then(Value::as_str) == Some(self.instance.id.as_str()) {
+                *slot = serde_json::to_value(&self.instance).unwrap_or_default();
+            }
+        }
+    }
+
+    fn node_steps(&self) -> impl Iterator<Item = &corral_api::workflow::StepInstance> {
+        self.instance.steps.iter().filter(|step| {
+            step.definition.owner == NODE_OWNER
+                || step.definition.executor == Some(StepExecutor::Node)
+        })
+    }
+}
+
+/// Step actions on one instance, and node-owned status fields, to send in
+/// one request: reports first (log lines, completions, failures), then
+/// claims, so a claim may take a step the reports made ready.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepBatch {
+    reports: Vec<StepActionRequest>,
+    claims: Vec<StepActionRequest>,
+    status: BTreeMap<String, Value>,
+}
+
+impl StepBatch {
+    fn action(kind: StepActionKind, work: &NodeWork, step: &str) -> StepActionRequest {
+        let mut request = StepActionRequest::new(kind, step);
+        request.workflow = Some(work.id().to_string());
+        request
+    }
+
+    /// Claims `step`: it runs against its timeout from now.
+    pub fn claim(&mut self, work: &NodeWork, step: &str) {
+        self.claims
+            .push(Self::action(StepActionKind::Claim, work, step));
+    }
+
+    /// A line for `step`'s log.
+    pub fn log(&mut self, work: &NodeWork, step: &str, line: String) {
+        let mut request = Self::action(StepActionKind::Log, work, step);
+        request.message = Some(line);
+        self.reports.push(request);
+    }
+
+    /// Reports `step` done, with a note for `why`.
+    pub fn complete(&mut self, work: &NodeWork, step: &str, note: Option<String>) {
+        let mut request = Self::action(StepActionKind::Complete, work, step);
+        request.note = note;
+        self.reports.push(request);
+    }
+
+    /// Reports `step` failed.
+    pub fn fail(&mut self, work: &NodeWork, step: &str, error: String) {
+        let mut request = Self::action(StepActionKind::Fail, work, step);
+        request.error = Some(error);
+        self.reports.push(request);
+    }
+
+    /// Writes node-owned status fields in the same write.
+    pub fn set_status(&mut self, fields: &Map<String, Value>) {
+        self.status
+            .extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+
+    /// The steps this batch claims.
+    pub fn claimed(&self) -> impl Iterator<Item = &str> {
+        self.claims.iter().map(|c| c.step.as_str())
+    }
+
+    /// Whether the batch has no action (status fields alone are not sent
+    /// through the step API).
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty() && self.claims.is_empty()
+    }
+
+    pub fn has_claims(&self) -> bool {
+        !self.claims.is_empty()
+    }
+
+    pub fn has_reports(&self) -> bool {
+        !self.reports.is_empty()
+    }
+
+    /// Whether the batch sets status fields.
+    pub fn has_status(&self) -> bool {
+        !self.status.is_empty()
+    }
+
+    /// The same batch without its claims (to send the reports alone after
+    /// a claim was refused).
+    pub fn without_claims(&self) -> StepBatch {
+        StepBatch {
+            claims: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// The request body.
+    pub fn request(&self) -> StepBatchRequest {
+        StepBatchRequest {
+            actions: self.reports.iter().chain(&self.claims).cloned().collect(),
+            status: self.status.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corral_api::workflow::StepDefinition;
+
+    fn pod() -> Object {
+        fake::pod("start", &["scheduler/place"])
+    }
+
+    #[test]
+    fn the_node_sees_its_ready_steps_of_the_revision() {
+        let object = pod();
+        let work = NodeWork::for_revision(&object, 1).expect("an instance for revision 1");
+        assert_eq!(work.id(), "start-1");
+        assert!(work.is_running());
+        assert_eq!(work.ready(), ["node/pull-image", "node/prepare-volumes"]);
+        assert!(work.running().is_empty());
+        assert_eq!(work.next_attempt("node/pull-image").attempt, 1);
+        assert!(NodeWork::for_revision(&object, 2).is_none());
+    }
+
+    #[test]
+    fn a_fresh_instance_replaces_the_one_with_its_id() {
+        let mut object = pod();
+        let api = fake::FakeApi::new(object.clone());
+        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let mut batch = StepBatch::default();
+        batch.claim(&work, "node/pull-image");
+        let fresh = futures::executor::block_on(api.batch(&object.key(), &batch)).expect("claimed");
+        fresh.remember_in(&mut object);
+        let seen = NodeWork::for_revision(&object, 1).expect("an instance");
+        assert_eq!(
+            seen.running(),
+            [RunningStep {
+                name: "node/pull-image".into(),
+                attempt: 1
+            }]
+        );
+        assert_eq!(seen.ready(), ["node/prepare-volumes"]);
+    }
+
+    #[test]
+    fn only_the_owner_can_delegate_a_step_to_the_node() {
+        let mut object = pod();
+        let mut definition = corral_workflow::builtin(corral_api::Kind::Pod, "start")
+            .expect("the pod start workflow");
+        let delegated = |name: &str, owner: &str, executor| StepDefinition {
+            name: name.into(),
+            owner: owner.into(),
+            executor,
+            ..definition.steps[0].clone()
+        };
+        let extra = [
+            delegated("dirvol/prepare", "dirvol", Some(StepExecutor::Node)),
+            delegated("dirvol/mount", "dirvol", None),
+        ];
+        definition.steps.extend(extra);
+        let (instance, _) =
+            corral_workflow::instantiate(&definition, "start-1", "uid-1", 1, chrono::Utc::now());
+        object.status["workflow"] = serde_json::json!(WorkflowStatus {
+            instances: vec![instance]
+        });
+        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        assert!(work.delegated_to_node("dirvol/prepare", "dirvol"));
+        assert!(!work.delegated_to_node("dirvol/prepare", "other"));
+        assert!(!work.delegated_to_node("dirvol/mount", "dirvol"));
+        assert!(!work.delegated_to_node("node/pull-image", "node"));
+    }
+
+    #[test]
+    fn reports_go_before_claims_and_can_be_sent_without_them() {
+        let object = pod();
+        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let mut batch = StepBatch::default();
+        batch.claim(&work, "node/prepare-volumes");
+        batch.log(&work, "node/pull-image", "pulled".into());
+        batch.complete(&work, "node/pull-image", None);
+        let actions: Vec<StepActionKind> =
+            batch.request().actions.iter().map(|a| a.action).collect();
+        assert_eq!(
+            actions,
+            [
+                StepActionKind::Log,
+                StepActionKind::Complete,
+                StepActionKind::Claim
+            ]
+        );
+        assert!(
+            batch
+                .request()
+                .actions
+                .iter()
+                .all(|a| a.workflow.as_deref() == Some("start-1"))
+        );
+        assert_eq!(batch.without_claims().request().actions.len(), 2);
+    }
 }

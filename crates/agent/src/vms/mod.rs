@@ -1,7 +1,7 @@
 //! VirtualMachines bound to this node: the manager follows them through a
 //! node-scoped informer ([`crate::bound`]) and routes each VM to its own
-//! worker ([`worker`]), which runs
-//! the VM's node-owned workflow steps and supervises its QEMU process.
+//! executor ([`crate::executor`]) with a [`workload::VmWorkload`], which
+//! runs the VM's node-owned workflow steps and supervises its QEMU process.
 //!
 //! Each VM gets its own network namespace with a persistent tap device
 //! (`tap0`) that QEMU attaches as virtio-net, a directory `DATA/vms/UID/`
@@ -17,7 +17,7 @@
 pub mod boot;
 pub mod io;
 pub mod state;
-pub mod worker;
+pub mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AgentContext;
 use crate::bound::Bound;
+use crate::executor::{Executor, Message as VmMessage};
 use state::{VmRecord, VmState};
-use worker::{VmMessage, VmWorker};
+use workload::VmWorkload;
 
 /// The QEMU binary VMs run with.
 pub const QEMU: &str = "qemu-system-x86_64";
@@ -134,7 +135,8 @@ impl VmManager {
         let key = record.vm.key();
         let uid = record.vm.metadata.uid.clone();
         let (sender, receiver) = mpsc::channel(16);
-        tokio::spawn(VmWorker::new(self.ctx.clone(), record).run(receiver));
+        let workload = VmWorkload::new(self.ctx.clone(), record);
+        tokio::spawn(Executor::new(workload, self.ctx.agent.steps.clone()).run(receiver));
         self.workers.insert(key, (uid, sender.clone()));
         sender
     }

@@ -1,0 +1,415 @@
+//! The node-step executor: the one loop every object this node runs goes
+//! through — a pod, a VirtualMachine, the node's own join.
+//!
+//! It admits a new revision only through the revision's workflow: it claims
+//! the node's ready steps, runs them, and reports each outcome with its log
+//! lines, following the instance the API returns after every request so a
+//! stale view (an older watch event) never runs a step twice. Then it lets
+//! the object be supervised from local state and reports the status fields
+//! the node owns. It works from the local record, so supervision goes on
+//! with the API down.
+//!
+//! What differs between kinds is a [`Workload`]: how a step runs, what is
+//! supervised and reported, how the object is removed. The executor owns
+//! the order of things and the conversation with the API ([`StepApi`]); it
+//! never touches a runtime itself.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use corral_api::{Object, ObjectKey};
+use futures::future::BoxFuture;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::steps::{Attempt, NodeWork, StepApi, StepApiError, StepBatch};
+
+#[cfg(test)]
+mod tests;
+
+/// How often a supervised object is looked at without being told to.
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// What running a step came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// Done, with a note for `why`.
+    Done(Option<String>),
+    /// Failed with this error (the engine retries it per its policy).
+    Failed(String),
+    /// Not finished yet (waiting for readiness, a boot marker): the step
+    /// stays running and is looked at again.
+    NotYet,
+}
+
+/// A step's outcome and the lines it produced for its step log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRun {
+    pub outcome: StepOutcome,
+    pub log: Vec<String>,
+}
+
+impl From<StepOutcome> for StepRun {
+    fn from(outcome: StepOutcome) -> Self {
+        StepRun {
+            outcome,
+            log: Vec::new(),
+        }
+    }
+}
+
+impl From<Result<Option<String>, String>> for StepRun {
+    fn from(result: Result<Option<String>, String>) -> Self {
+        match result {
+            Ok(note) => StepOutcome::Done(note).into(),
+            Err(error) => StepOutcome::Failed(error).into(),
+        }
+    }
+}
+
+/// What a manager tells an executor.
+#[derive(Debug)]
+pub enum Message {
+    /// The object as the API now has it (bound to this node).
+    Desired(Box<Object>),
+    /// The object is gone from the API, or bound elsewhere: stop everything.
+    Remove,
+}
+
+/// What one kind of object does on this node; the executor decides when.
+#[async_trait]
+pub trait Workload: Send + 'static {
+    /// The object as the API last showed it: its revision is the one to
+    /// admit, its workflow instances say which steps are ready.
+    fn desired(&self) -> &Object;
+
+    /// Replaces the desired object (a newer view from the API).
+    fn set_desired(&mut self, object: Object);
+
+    /// Puts a fresh instance from the step API into the desired object.
+    fn remember(&mut self, work: &NodeWork);
+
+    /// Admits the desired revision when no workflow instance serves it
+    /// (revisions written before workflows existed).
+    async fn admit_without_workflow(&mut self);
+
+    /// Whether `step` runs on its own beside the others: it needs nothing
+    /// of the workload once started, so [`Workload::detach`] hands it over.
+    fn is_detached(&self, _step: &str) -> bool {
+        false
+    }
+
+    /// Starts a step for which [`Workload::is_detached`] said yes: its task
+    /// runs concurrently with the other steps claimed with it.
+    fn detach(&mut self, step: &str, _work: &NodeWork) -> BoxFuture<'static, StepRun> {
+        let step = step.to_string();
+        Box::pin(async move {
+            StepOutcome::Failed(format!("{step} cannot run on its own on this node")).into()
+        })
+    }
+
+    /// Runs `step` (one of the instance's node steps) for the desired
+    /// revision, with the workload to itself.
+    async fn run_step(&mut self, step: &str, work: &NodeWork) -> StepRun;
+
+    /// Looks after what runs (exits, restarts, probes); returns whether
+    /// anything changed that a running step may be waiting for.
+    async fn supervise(&mut self) -> bool {
+        false
+    }
+
+    /// The status fields the node owns, as they should be now (`null`
+    /// removes one); `None` reports nothing.
+    fn status(&self) -> Option<Map<String, Value>> {
+        None
+    }
+
+    /// How long to wait for news before looking again; `None` waits for
+    /// news only.
+    fn tick(&self) -> Option<Duration> {
+        Some(TICK)
+    }
+
+    /// Stops and forgets everything of the object on this node.
+    async fn remove(&mut self) {}
+}
+
+/// One object's executor: its workload and what it knows of the API.
+pub struct Executor<W> {
+    workload: W,
+    api: Arc<dyn StepApi>,
+    /// The status last written, to write only on change.
+    reported: Option<Map<String, Value>>,
+    /// Step attempts this executor claimed: a stale view can still show
+    /// the step ready, and it must not be claimed again.
+    claimed: BTreeSet<Attempt>,
+    /// Step attempts this executor reported: a stale view can still show
+    /// one running, and it must not run twice. (A step ready for a retry
+    /// shows the failed attempt's number too, but is claimed first.)
+    finished: BTreeSet<Attempt>,
+}
+
+impl<W> std::fmt::Debug for Executor<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor").finish_non_exhaustive()
+    }
+}
+
+impl<W: Workload> Executor<W> {
+    pub fn new(workload: W, api: Arc<dyn StepApi>) -> Self {
+        Executor {
+            workload,
+            api,
+            reported: None,
+            claimed: BTreeSet::new(),
+            finished: BTreeSet::new(),
+        }
+    }
+
+    pub fn workload(&self) -> &W {
+        &self.workload
+    }
+
+    fn key(&self) -> ObjectKey {
+        self.workload.desired().key()
+    }
+
+    /// Runs until told to remove the object (then removes it) or until the
+    /// channel closes (agent shutdown, which leaves everything running).
+    pub async fn run(mut self, mut messages: mpsc::Receiver<Message>) {
+        loop {
+            self.reconcile().await;
+            let message = match self.workload.tick() {
+                Some(tick) => tokio::select! {
+                    message = messages.recv() => message,
+                    () = tokio::time::sleep(tick) => continue,
+                },
+                None => messages.recv().await,
+            };
+            // Only the newest view matters; a removal wins.
+            let mut latest = message;
+            while let Ok(next) = messages.try_recv() {
+                if !matches!(latest, Some(Message::Remove)) {
+                    latest = Some(next);
+                }
+            }
+            match latest {
+                Some(Message::Desired(object)) => self.workload.set_desired(*object),
+                Some(Message::Remove) => {
+                    self.workload.remove().await;
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// One look: admission, supervision (and admission again when it
+    /// changed something a step waits for), status.
+    pub async fn reconcile(&mut self) {
+        self.admit().await;
+        if self.workload.supervise().await {
+            self.admit().await;
+        }
+        self.report().await;
+    }
+
+    /// Moves the object towards the desired revision through the node's
+    /// steps of the revision's workflow, until none is left to start.
+    pub async fn admit(&mut self) {
+        let desired = self.workload.desired();
+        let Some(mut work) = NodeWork::for_revision(desired, desired.metadata.revision) else {
+            self.workload.admit_without_workflow().await;
+            return;
+        };
+        // Steps started in this pass (each runs at most once per pass).
+        let mut started: BTreeSet<String> = BTreeSet::new();
+        // Claimed or resumed, waiting for the workload to itself.
+        let mut queue: VecDeque<(String, u32)> = VecDeque::new();
+        let mut detached: JoinSet<(String, u32, StepRun)> = JoinSet::new();
+        let mut batch = StepBatch::default();
+        // Attempts reported in `batch`.
+        let mut reporting: Vec<Attempt> = Vec::new();
+        loop {
+            if work.is_running() {
+                self.plan(&work, &mut started, &mut queue, &mut batch);
+            }
+            let sent = !batch.is_empty();
+            if sent {
+                let Some(claimed) = self.send(&mut batch, &mut reporting, &mut work).await else {
+                    break;
+                };
+                // What the batch claimed runs now, at the attempt it started.
+                for step in claimed {
+                    let attempt = work.attempts(&step);
+                    started.insert(step.clone());
+                    queue.push_back((step, attempt));
+                }
+            }
+            // Hand over the claimed steps that run on their own.
+            let mut inline = VecDeque::new();
+            for (step, attempt) in std::mem::take(&mut queue) {
+                if self.workload.is_detached(&step) {
+                    let task = self.workload.detach(&step, &work);
+                    detached.spawn(async move { (step, attempt, task.await) });
+                } else {
+                    inline.push_back((step, attempt));
+                }
+            }
+            queue = inline;
+            if let Some((step, attempt)) = queue.pop_front() {
+                let run = self.workload.run_step(&step, &work).await;
+                record(&work, &step, attempt, run, &mut batch, &mut reporting);
+            } else if let Some(joined) = detached.join_next().await {
+                match joined {
+                    Ok((step, attempt, run)) => {
+                        record(&work, &step, attempt, run, &mut batch, &mut reporting);
+                    }
+                    Err(error) => {
+                        tracing::error!(object = %self.key(), %error, "a step task failed")
+                    }
+                }
+            } else if !sent {
+                // Nothing runs, nothing to report, and the view is the one
+                // the last request returned (or the first): done for now.
+                return;
+            }
+            // Whatever else finished meanwhile goes in the same request.
+            while let Some(joined) = detached.try_join_next() {
+                if let Ok((step, attempt, run)) = joined {
+                    record(&work, &step, attempt, run, &mut batch, &mut reporting);
+                }
+            }
+        }
+        // The API refused or is away: let the steps already running end,
+        // unreported; a later pass finds them running and runs them again
+        // (every step is idempotent).
+        while detached.join_next().await.is_some() {}
+    }
+
+    /// Adds to `batch` the claims of the node's ready steps, and to `queue`
+    /// the running ones this executor has not reported (a step claimed
+    /// before the agent restarted, or one not finished yet).
+    fn plan(
+        &self,
+        work: &NodeWork,
+        started: &mut BTreeSet<String>,
+        queue: &mut VecDeque<(String, u32)>,
+        batch: &mut StepBatch,
+    ) {
+        for running in work.running() {
+            let attempt = work.attempt(&running.name, running.attempt);
+            if started.contains(&running.name) || self.finished.contains(&attempt) {
+                continue;
+            }
+            started.insert(running.name.clone());
+            queue.push_back((running.name, running.attempt));
+        }
+        // Steps that run with the workload to themselves are claimed one at
+        // a time, so each is claimed when it starts (honest timings).
+        let mut inline_claimed = queue.iter().any(|(s, _)| !self.workload.is_detached(s));
+        for step in work.ready() {
+            if started.contains(&step) || self.claimed.contains(&work.next_attempt(&step)) {
+                continue;
+            }
+            let detached = self.workload.is_detached(&step);
+            if !detached && inline_claimed {
+                continue;
+            }
+            inline_claimed |= !detached;
+            batch.claim(work, &step);
+        }
+    }
+
+    /// Sends `batch` (with the status when it changed) and returns the
+    /// steps it claimed; `work` is then the fresh instance, which the
+    /// workload remembers. A refused batch that also reports is sent again
+    /// without its claims (they came from a stale view; the reports did
+    /// not). `None`: nothing was applied (refused, or the API is away).
+    async fn send(
+        &mut self,
+        batch: &mut StepBatch,
+        reporting: &mut Vec<Attempt>,
+        work: &mut NodeWork,
+    ) -> Option<Vec<String>> {
+        let key = self.key();
+        let status = self
+            .workload
+            .status()
+            .filter(|status| Some(status) != self.reported.as_ref());
+        if let Some(status) = &status {
+            batch.set_status(status);
+        }
+        let mut result = self.api.batch(&key, batch).await;
+        if let Err(StepApiError::Refused(error)) = &result
+            && batch.has_claims()
+            && batch.has_reports()
+        {
+            tracing::debug!(object = %key, %error, "claims refused; reporting alone");
+            *batch = batch.without_claims();
+            result = self.api.batch(&key, batch).await;
+        }
+        let sent = std::mem::take(batch);
+        match result {
+            Ok(fresh) => {
+                self.finished.extend(reporting.drain(..));
+                let claimed: Vec<String> = sent.claimed().map(str::to_string).collect();
+                for step in &claimed {
+                    self.claimed.insert(work.next_attempt(step));
+                }
+                if sent.has_status() {
+                    self.reported = status;
+                }
+                self.workload.remember(&fresh);
+                *work = fresh;
+                Some(claimed)
+            }
+            Err(error) => {
+                tracing::debug!(object = %key, %error, "step request not applied");
+                reporting.clear();
+                None
+            }
+        }
+    }
+
+    /// Writes the node-owned status fields when they changed; on failure
+    /// (API down) tries again at the next look.
+    async fn report(&mut self) {
+        let Some(status) = self.workload.status() else {
+            return;
+        };
+        if self.reported.as_ref() == Some(&status) {
+            return;
+        }
+        match self.api.put_status(&self.key(), &status).await {
+            Ok(()) => self.reported = Some(status),
+            Err(error) => {
+                tracing::debug!(object = %self.key(), %error, "status not reported; will retry");
+            }
+        }
+    }
+}
+
+/// Puts a step's outcome (and its log lines) in `batch`; a step not
+/// finished yet stays running and reports nothing.
+fn record(
+    work: &NodeWork,
+    step: &str,
+    attempt: u32,
+    run: StepRun,
+    batch: &mut StepBatch,
+    reporting: &mut Vec<Attempt>,
+) {
+    for line in run.log {
+        batch.log(work, step, line);
+    }
+    match run.outcome {
+        StepOutcome::Done(note) => batch.complete(work, step, note),
+        StepOutcome::Failed(error) => batch.fail(work, step, error),
+        StepOutcome::NotYet => return,
+    }
+    reporting.push(work.attempt(step, attempt));
+}
