@@ -307,7 +307,7 @@ fn start_vms(config: &AgentConfig, ctx: Arc<AgentContext>) -> Result<vms::VmMana
         vms_dir: vms::vms_dir(&config.data_dir),
         volumes_dir: config.data_dir.join("volumes"),
         data_dir: config.data_dir.clone(),
-        accel: std::sync::OnceLock::new(),
+        accel: tokio::sync::OnceCell::new(),
     };
     Ok(vms::VmManager::new(Arc::new(vm_ctx)))
 }
