@@ -11,6 +11,7 @@ use corral_api::{Kind, Object, ObjectKey};
 use corral_client::Client;
 use corral_client::runtime::{Change, Informer};
 use corral_workflow::JoinStep;
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use crate::executor::{Executor, Message, StepOutcome, StepRun, Workload};
@@ -93,6 +94,31 @@ impl Workload for JoinWorkload {
     /// A node has no revision to admit without its join workflow.
     async fn admit_without_workflow(&mut self) {}
 
+    /// The runtime check and the egress rules need nothing of the others:
+    /// they run beside the tunnel and the routes.
+    fn is_detached(&self, step: &str) -> bool {
+        matches!(
+            step.parse::<JoinStep>(),
+            Ok(JoinStep::CheckRuntime | JoinStep::ConfigureEgress)
+        )
+    }
+
+    fn detach(&mut self, step: &str, _work: &NodeWork) -> BoxFuture<'static, StepRun> {
+        let (node, client, network) =
+            (self.node.clone(), self.client.clone(), self.network.clone());
+        let Ok(typed) = step.parse::<JoinStep>() else {
+            let error = format!("this node does not know step {step}");
+            return Box::pin(std::future::ready(StepOutcome::Failed(error).into()));
+        };
+        Box::pin(async move {
+            StepRun::from(
+                join_step(typed, &node, &client, network.as_deref())
+                    .await
+                    .map(Some),
+            )
+        })
+    }
+
     async fn run_step(&mut self, step: &str, _work: &NodeWork) -> StepRun {
         let Ok(typed) = step.parse::<JoinStep>() else {
             return StepOutcome::Failed(format!("this node does not know step {step}")).into();
@@ -170,12 +196,15 @@ async fn join_step(
             None => Ok("no pod network on this node (pods have loopback only)".to_string()),
         },
         JoinStep::CheckRuntime => {
-            // The agent reaps orphans; hold the lock so our own child is not taken.
-            let _spawning = corral_runtime::oci::reap::spawn_lock();
-            let output = std::process::Command::new("runc")
-                .arg("--version")
-                .output()
-                .map_err(|error| format!("cannot run runc: {error}"))?;
+            let output = tokio::task::spawn_blocking(|| {
+                // The agent reaps orphans; hold the lock so our own child
+                // is not taken.
+                let _spawning = corral_runtime::oci::reap::spawn_lock();
+                std::process::Command::new("runc").arg("--version").output()
+            })
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| format!("cannot run runc: {error}"))?;
             let version = String::from_utf8_lossy(&output.stdout);
             let first = version.lines().next().unwrap_or("runc").to_string();
             if output.status.success() {

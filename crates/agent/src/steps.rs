@@ -192,6 +192,52 @@ impl NodeWork {
         })
     }
 
+    /// The node's steps that will be ready once the steps in `completing`
+    /// are done (the engine's own derivation, on a copy): what may be
+    /// claimed in the request that reports them. Only a guess — the server
+    /// decides, and refuses a claim of a step that is not ready.
+    pub fn ready_after(&self, completing: &[&str]) -> Vec<String> {
+        if completing.is_empty() {
+            return self.ready();
+        }
+        let mut next = self.clone();
+        // The instance's own latest time, not this node's clock: nothing
+        // times out or comes due for a retry in the guess.
+        let now = next.latest_time();
+        for step in next.instance.steps.iter_mut() {
+            if completing.contains(&step.definition.name.as_str())
+                && let StepState::Running { since, attempt, .. } = step.state
+            {
+                step.state = StepState::Done {
+                    started: since,
+                    finished: now,
+                    attempt,
+                    note: None,
+                };
+            }
+        }
+        corral_workflow::tick(&mut next.instance, now);
+        next.ready()
+    }
+
+    /// The latest time any step of the instance moved.
+    fn latest_time(&self) -> chrono::DateTime<chrono::Utc> {
+        self.instance
+            .steps
+            .iter()
+            .filter_map(|step| match &step.state {
+                StepState::Ready { since } | StepState::Running { since, .. } => Some(*since),
+                StepState::Done { finished, .. } => Some(*finished),
+                StepState::Failed { at, .. }
+                | StepState::TimedOut { at, .. }
+                | StepState::Blocked { at, .. } => Some(*at),
+                StepState::Waiting { .. } => None,
+            })
+            .chain([self.instance.started_at])
+            .max()
+            .unwrap_or(self.instance.started_at)
+    }
+
     /// Puts this instance into `object`'s `status.workflow` in place of the
     /// instance with its id, so the next look does not act on an older view.
     pub fn remember_in(&self, object: &mut Object) {
@@ -265,6 +311,22 @@ impl StepBatch {
     pub fn set_status(&mut self, fields: &Map<String, Value>) {
         self.status
             .extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+
+    /// Adds `other`'s actions and status fields to this batch.
+    pub fn append(&mut self, other: StepBatch) {
+        self.reports.extend(other.reports);
+        self.claims.extend(other.claims);
+        self.status.extend(other.status);
+    }
+
+    /// The steps this batch reports done.
+    pub fn completed(&self) -> Vec<&str> {
+        self.reports
+            .iter()
+            .filter(|r| r.action == StepActionKind::Complete)
+            .map(|r| r.step.as_str())
+            .collect()
     }
 
     /// The steps this batch claims.
@@ -376,6 +438,45 @@ mod tests {
         assert!(!work.delegated_to_node("dirvol/prepare", "other"));
         assert!(!work.delegated_to_node("dirvol/mount", "dirvol"));
         assert!(!work.delegated_to_node("node/pull-image", "node"));
+    }
+
+    #[test]
+    fn what_a_completion_makes_ready_can_be_claimed_with_it() {
+        let object = fake::pod("start", &["scheduler/place", "ipam/assign-address"]);
+        let api = fake::FakeApi::new(object.clone());
+        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let mut batch = StepBatch::default();
+        for step in [
+            "node/create-sandbox",
+            "node/pull-image",
+            "node/prepare-volumes",
+        ] {
+            batch.claim(&work, step);
+        }
+        let work = futures::executor::block_on(api.batch(&object.key(), &batch)).expect("claimed");
+        assert!(
+            work.ready_after(&["node/create-sandbox", "node/pull-image"])
+                .is_empty(),
+            "the containers wait for the volumes too"
+        );
+        let next = work.ready_after(&[
+            "node/create-sandbox",
+            "node/pull-image",
+            "node/prepare-volumes",
+        ]);
+        assert_eq!(next, ["node/start-containers"]);
+        let mut batch = StepBatch::default();
+        for step in [
+            "node/create-sandbox",
+            "node/pull-image",
+            "node/prepare-volumes",
+        ] {
+            batch.complete(&work, step, None);
+        }
+        batch.claim(&work, &next[0]);
+        let work = futures::executor::block_on(api.batch(&object.key(), &batch))
+            .expect("the server agrees");
+        assert_eq!(work.running()[0].name, "node/start-containers");
     }
 
     #[test]

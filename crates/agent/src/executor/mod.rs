@@ -261,7 +261,24 @@ impl<W: Workload> Executor<W> {
             }
             queue = inline;
             if let Some((step, attempt)) = queue.pop_front() {
-                let run = self.workload.run_step(&step, &work).await;
+                let key = self.key();
+                let inline = InlineRun {
+                    api: self.api.as_ref(),
+                    key: &key,
+                    finished: &mut self.finished,
+                    detached: &mut detached,
+                };
+                let began = std::time::Instant::now();
+                let (run, fresh, unsent) = inline.run(&mut self.workload, &step, &work).await;
+                tracing::debug!(object = %key, %step, took = ?began.elapsed(), outcome = ?run.outcome, "step ran");
+                if let Some(fresh) = fresh {
+                    self.workload.remember(&fresh);
+                    work = fresh;
+                }
+                if let Some((unsent, attempts)) = unsent {
+                    batch.append(unsent);
+                    reporting.extend(attempts);
+                }
                 record(&work, &step, attempt, run, &mut batch, &mut reporting);
             } else if let Some(joined) = detached.join_next().await {
                 match joined {
@@ -290,7 +307,8 @@ impl<W: Workload> Executor<W> {
         while detached.join_next().await.is_some() {}
     }
 
-    /// Adds to `batch` the claims of the node's ready steps, and to `queue`
+    /// Adds to `batch` the claims of the node's ready steps (counting those
+    /// the batch's reports will make ready), and to `queue`
     /// the running ones this executor has not reported (a step claimed
     /// before the agent restarted, or one not finished yet).
     fn plan(
@@ -311,7 +329,8 @@ impl<W: Workload> Executor<W> {
         // Steps that run with the workload to themselves are claimed one at
         // a time, so each is claimed when it starts (honest timings).
         let mut inline_claimed = queue.iter().any(|(s, _)| !self.workload.is_detached(s));
-        for step in work.ready() {
+        // What the reports about to be sent make ready is claimed with them.
+        for step in work.ready_after(&batch.completed()) {
             if started.contains(&step) || self.claimed.contains(&work.next_attempt(&step)) {
                 continue;
             }
@@ -388,6 +407,66 @@ impl<W: Workload> Executor<W> {
             Ok(()) => self.reported = Some(status),
             Err(error) => {
                 tracing::debug!(object = %self.key(), %error, "status not reported; will retry");
+            }
+        }
+    }
+}
+
+/// One inline step running, with the detached steps that end meanwhile
+/// reported at once, each in the request of its own end: a step's time in
+/// `why` is its own, not that of the step it ran beside.
+struct InlineRun<'a> {
+    api: &'a dyn StepApi,
+    key: &'a ObjectKey,
+    finished: &'a mut BTreeSet<Attempt>,
+    detached: &'a mut JoinSet<(String, u32, StepRun)>,
+}
+
+/// What the reports sent during an inline step came to: the freshest
+/// instance the API returned, and reports that could not be sent (to go
+/// with the next request).
+type InlineOutcome = (StepRun, Option<NodeWork>, Option<(StepBatch, Vec<Attempt>)>);
+
+impl InlineRun<'_> {
+    async fn run<W: Workload>(
+        self,
+        workload: &mut W,
+        step: &str,
+        work: &NodeWork,
+    ) -> InlineOutcome {
+        let mut current = work.clone();
+        let mut fresh = None;
+        let mut unsent: Option<(StepBatch, Vec<Attempt>)> = None;
+        let running = workload.run_step(step, work);
+        tokio::pin!(running);
+        loop {
+            tokio::select! {
+                biased;
+                run = &mut running => return (run, fresh, unsent),
+                Some(joined) = self.detached.join_next(), if !self.detached.is_empty() => {
+                    let (mut early, mut attempts) = unsent.take().unwrap_or_default();
+                    let mut next = Some(joined);
+                    while let Some(joined) = next {
+                        if let Ok((done, attempt, run)) = joined {
+                            record(&current, &done, attempt, run, &mut early, &mut attempts);
+                        }
+                        next = self.detached.try_join_next();
+                    }
+                    if early.is_empty() {
+                        continue;
+                    }
+                    match self.api.batch(self.key, &early).await {
+                        Ok(work) => {
+                            self.finished.extend(attempts);
+                            current = work.clone();
+                            fresh = Some(work);
+                        }
+                        Err(error) => {
+                            tracing::debug!(object = %self.key, %error, "step report not applied; sent again with the next");
+                            unsent = Some((early, attempts));
+                        }
+                    }
+                }
             }
         }
     }

@@ -29,6 +29,8 @@ struct FakeWorkload {
     /// Outcomes other than `Done(None)`.
     outcomes: BTreeMap<String, StepRun>,
     detached: BTreeSet<String>,
+    /// Steps that take a while (50 ms).
+    slow: BTreeSet<String>,
     /// Whether `await-readiness` is satisfied; supervision makes it so.
     ready: bool,
     ready_after_supervision: bool,
@@ -44,6 +46,7 @@ impl FakeWorkload {
             runs: Arc::default(),
             outcomes: BTreeMap::new(),
             detached: BTreeSet::new(),
+            slow: BTreeSet::new(),
             ready: true,
             ready_after_supervision: false,
             status: None,
@@ -107,6 +110,9 @@ impl Workload for FakeWorkload {
 
     async fn run_step(&mut self, step: &str, _work: &NodeWork) -> StepRun {
         self.start(step);
+        if self.slow.contains(step) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         self.outcome(step)
     }
 
@@ -181,6 +187,102 @@ async fn steps_that_run_on_their_own_are_claimed_together_and_run_beside_one_inl
             .filter(|a| a.starts_with("claim"))
             .count()
             == 5,
+        "{actions:?}"
+    );
+    assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test]
+async fn a_completion_and_the_claim_of_the_step_it_makes_ready_share_a_request() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    let mut executor = executor(&api, FakeWorkload::new(&api));
+    executor.admit().await;
+    let expected: Vec<Vec<String>> = [
+        vec![format!("claim {SANDBOX}")],
+        vec![format!("complete {SANDBOX}"), format!("claim {PULL}")],
+        vec![format!("complete {PULL}"), format!("claim {VOLUMES}")],
+        vec![format!("complete {VOLUMES}"), format!("claim {START}")],
+        vec![format!("complete {START}"), format!("claim {READY}")],
+        vec![format!("complete {READY}")],
+    ]
+    .into();
+    assert_eq!(api.actions(), expected);
+}
+
+#[tokio::test]
+async fn a_refused_claim_costs_a_request_not_a_report() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    api.refuse_claims_of(START);
+    let mut executor = executor(&api, FakeWorkload::new(&api));
+    executor.admit().await;
+    assert_eq!(api.step(VOLUMES), ("done", 1), "reported alone");
+    assert_eq!(api.step(START), ("ready", 0));
+    let actions = api.actions();
+    let refused = actions
+        .iter()
+        .position(|r| r.contains(&format!("claim {START}")))
+        .unwrap();
+    assert_eq!(actions[refused + 1], [format!("complete {VOLUMES}")]);
+    assert!(!runs(&executor).contains(&START.to_string()));
+}
+
+#[tokio::test]
+async fn a_third_partys_step_before_the_containers_is_waited_for() {
+    // Ready only after the node's volumes: the executor's guess does not
+    // claim the containers with the volumes' report.
+    let mut object = fake::pod("start", &[PLACE, ADDRESS]);
+    let mut definition = corral_workflow::builtin(corral_api::Kind::Pod, "start").unwrap();
+    let mut sidecar = definition.steps[0].clone();
+    sidecar.name = "acme/inject".into();
+    sidecar.owner = "acme".into();
+    sidecar.requires = vec![VOLUMES.into()];
+    sidecar.wanted_by = None;
+    sidecar.before = vec!["containers".into()];
+    definition.steps.push(sidecar);
+    let now = chrono::Utc::now();
+    let (mut instance, _) = corral_workflow::instantiate(&definition, "start-1", "uid-1", 1, now);
+    for step in [PLACE, ADDRESS] {
+        let actor = corral_api::Identity::new(
+            step.split('/').next().unwrap(),
+            corral_api::Role::Controller,
+        );
+        corral_workflow::claim(&mut instance, step, &actor, Some(fake::NODE), now).unwrap();
+        corral_workflow::complete(&mut instance, step, &actor, Some(fake::NODE), now, None)
+            .unwrap();
+    }
+    object.status["workflow"] = json!({"instances": [instance]});
+    let api = Arc::new(FakeApi::new(object));
+    let mut executor = executor(&api, FakeWorkload::new(&api));
+    executor.admit().await;
+    assert_eq!(api.step(VOLUMES), ("done", 1));
+    assert_eq!(api.step(START).0, "waiting", "waits for acme/inject");
+    api.finish_as_owner("acme/inject");
+    executor.workload.set_desired(api.object());
+    executor.admit().await;
+    assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test]
+async fn steps_that_end_beside_a_slow_one_are_reported_when_they_end() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    workload.slow = [SANDBOX.to_string()].into();
+    let mut executor = executor(&api, workload);
+    executor.admit().await;
+    let actions = api.actions();
+    let position = |action: String| {
+        actions
+            .iter()
+            .position(|request| request.contains(&action))
+            .unwrap_or_else(|| panic!("{action} in {actions:?}"))
+    };
+    assert!(
+        position(format!("complete {PULL}")) < position(format!("complete {SANDBOX}")),
+        "{actions:?}"
+    );
+    assert!(
+        position(format!("complete {VOLUMES}")) < position(format!("complete {SANDBOX}")),
         "{actions:?}"
     );
     assert_eq!(api.step(READY), ("done", 1));

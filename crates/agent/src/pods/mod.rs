@@ -27,6 +27,7 @@ use corral_api::kinds::{ContainerState, ContainerStatus, PodPhase, PodSpec, PodS
 use corral_api::{Object, ObjectKey};
 use corral_runtime::oci::userns::user_namespace_path;
 use corral_workflow::PodStep;
+use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
 use crate::AgentContext;
@@ -54,6 +55,8 @@ pub struct PodWorkload {
     probes: BTreeMap<String, ProbeState>,
     /// When `node/await-readiness` began waiting for a revision.
     readiness_wait: Option<(u64, Instant)>,
+    /// Stopped containers' files being removed.
+    cleanups: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -69,6 +72,7 @@ impl PodWorkload {
             desired,
             probes: BTreeMap::new(),
             readiness_wait: None,
+            cleanups: Vec::new(),
         }
     }
 
@@ -93,51 +97,60 @@ impl PodWorkload {
     }
 
     /// `node/pull-image`: every image of the desired revision on the node.
-    async fn pull_images(&mut self, spec: &PodSpec) -> StepOutcome {
+    /// Needs nothing of the pod once started (it runs beside the others).
+    fn pull_images(&mut self, spec: &PodSpec) -> BoxFuture<'static, StepRun> {
         let runner = self.ctx.runner.clone();
         let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
         // Recorded first, so image GC never takes what is being pulled.
         self.record.pulling.clone_from(&images);
         self.save();
-        let pulled = tokio::task::spawn_blocking(move || {
-            images
-                .iter()
-                .map(|image| runner.ensure_image(image).map(|_| ()))
-                .collect::<Result<Vec<()>, ContainerError>>()
+        Box::pin(async move {
+            let pulled = tokio::task::spawn_blocking(move || {
+                images
+                    .iter()
+                    .map(|image| runner.ensure_image(image).map(|_| ()))
+                    .collect::<Result<Vec<()>, ContainerError>>()
+            })
+            .await;
+            match pulled {
+                Ok(Ok(_)) => StepOutcome::Done(None),
+                Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
+                Err(error) => StepOutcome::Failed(error.to_string()),
+            }
+            .into()
         })
-        .await;
-        match pulled {
-            Ok(Ok(_)) => StepOutcome::Done(None),
-            Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
-            Err(error) => StepOutcome::Failed(error.to_string()),
-        }
     }
 
     /// `node/prepare-volumes`: the desired revision's volumes, owned by
-    /// the pod's id range.
-    async fn prepare_volumes(&self, spec: PodSpec, work: &NodeWork) -> StepOutcome {
+    /// the pod's id range. Needs nothing of the pod once started.
+    fn prepare_volumes(&self, spec: PodSpec, work: &NodeWork) -> BoxFuture<'static, StepRun> {
         let missing = crate::plugin_volumes::missing_steps(&spec, |step, owner| {
             work.delegated_to_node(step, owner)
         });
         if !missing.is_empty() {
-            return StepOutcome::Failed(format!(
+            let error = format!(
                 "the pod's plugin volumes need the steps {} executed by the node, and this workflow has none: an operator registers them with a Controller named after the plugin (steps PLUGIN/prepare and PLUGIN/mount, executor: node; see examples/volume-plugins)",
                 missing.join(", ")
-            ));
+            );
+            return Box::pin(std::future::ready(StepOutcome::Failed(error).into()));
         }
         let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
         let ranges = self.ctx.id_ranges.clone();
-        let prepared = tokio::task::spawn_blocking(move || {
-            let host_base = pod_host_base(&ranges, &uid, &spec)?;
-            let owner = crate::volumes::PodRange { host_base };
-            crate::volumes::prepare(&pods_dir, &uid, &spec, &owner).map_err(|e| crate::chain(&e))
+        Box::pin(async move {
+            let prepared = tokio::task::spawn_blocking(move || {
+                let host_base = pod_host_base(&ranges, &uid, &spec)?;
+                let owner = crate::volumes::PodRange { host_base };
+                crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
+                    .map_err(|e| crate::chain(&e))
+            })
+            .await;
+            match prepared {
+                Ok(Ok(note)) => StepOutcome::Done(Some(note).filter(|n| !n.is_empty())),
+                Ok(Err(error)) => StepOutcome::Failed(error),
+                Err(error) => StepOutcome::Failed(error.to_string()),
+            }
+            .into()
         })
-        .await;
-        match prepared {
-            Ok(Ok(note)) => StepOutcome::Done(Some(note).filter(|n| !n.is_empty())),
-            Ok(Err(error)) => StepOutcome::Failed(error),
-            Err(error) => StepOutcome::Failed(error.to_string()),
-        }
     }
 
     /// `node/start-containers`, `node/stop-changed-containers` and
@@ -145,7 +158,12 @@ impl PodWorkload {
     /// desired revision changes are stopped (and, unless `stop_only`,
     /// started again with the others it adds).
     async fn apply_containers(&mut self, spec: &PodSpec, stop_only: bool) -> StepOutcome {
-        if let Err(error) = self.ensure_sandbox().await {
+        // `node/create-sandbox` made and wired it; only a sandbox lost
+        // since (a reboot) or never made (a revision without a workflow)
+        // is made here.
+        if !self.has_sandbox()
+            && let Err(error) = self.ensure_sandbox().await
+        {
             return StepOutcome::Failed(error);
         }
         if stop_only && let Err(short) = self.fits_here(spec) {
@@ -292,6 +310,31 @@ impl Workload for PodWorkload {
         }
     }
 
+    /// Pulling images and preparing volumes need nothing of the pod once
+    /// started: they run beside the sandbox's creation.
+    fn is_detached(&self, step: &str) -> bool {
+        matches!(
+            step.parse::<PodStep>(),
+            Ok(PodStep::PullImage | PodStep::PrepareVolumes)
+        )
+    }
+
+    fn detach(&mut self, step: &str, work: &NodeWork) -> BoxFuture<'static, StepRun> {
+        let Some(spec) = typed_spec(&self.desired) else {
+            return Box::pin(std::future::ready(
+                StepOutcome::Failed("the pod's spec does not decode".into()).into(),
+            ));
+        };
+        match step.parse::<PodStep>() {
+            Ok(PodStep::PullImage) => self.pull_images(&spec),
+            Ok(PodStep::PrepareVolumes) => self.prepare_volumes(spec, work),
+            _ => {
+                let error = format!("{step} does not run on its own");
+                Box::pin(std::future::ready(StepOutcome::Failed(error).into()))
+            }
+        }
+    }
+
     async fn run_step(&mut self, step: &str, work: &NodeWork) -> StepRun {
         let Some(spec) = typed_spec(&self.desired) else {
             return StepOutcome::Failed("the pod's spec does not decode".into()).into();
@@ -309,8 +352,8 @@ impl Workload for PodWorkload {
         };
         match typed {
             PodStep::CreateSandbox => StepRun::from(self.ensure_sandbox().await.map(Some)),
-            PodStep::PullImage => self.pull_images(&spec).await.into(),
-            PodStep::PrepareVolumes => self.prepare_volumes(spec, work).await.into(),
+            PodStep::PullImage => self.pull_images(&spec).await,
+            PodStep::PrepareVolumes => self.prepare_volumes(spec, work).await,
             PodStep::StartContainers | PodStep::StartChangedContainers => {
                 self.apply_containers(&spec, false).await.into()
             }
@@ -327,6 +370,7 @@ impl Workload for PodWorkload {
     }
 
     async fn supervise(&mut self) -> bool {
+        self.cleanups.retain(|cleanup| !cleanup.is_finished());
         let restarted = self.restart_exited().await;
         let probed = self.probe().await;
         restarted || probed

@@ -13,18 +13,28 @@ use super::{PodWorkload, short, typed_spec};
 use crate::sandbox;
 
 impl PodWorkload {
+    /// Whether the pod's namespaces exist (made, and wired, before).
+    pub(super) fn has_sandbox(&self) -> bool {
+        self.record.netns.as_ref().is_some_and(|path| path.exists())
+    }
+
     /// The pod's namespaces, made if missing, and wired; returns a note.
     pub(super) async fn ensure_sandbox(&mut self) -> Result<String, String> {
-        let path = match &self.record.netns {
-            Some(path) if path.exists() => path.clone(),
+        let (path, created) = match &self.record.netns {
+            Some(path) if path.exists() => (path.clone(), false),
             _ => {
                 let path = self.create_sandbox().await?;
                 self.record.netns = Some(path.clone());
-                self.save();
-                path
+                (path, true)
             }
         };
-        match self.ensure_network(&path).await? {
+        // The new namespace is saved with the egress address it gets (one
+        // write), or alone.
+        let network = self.ensure_network(&path, created).await;
+        if created && !matches!(network, Ok((_, true))) {
+            self.save();
+        }
+        match network?.0 {
             Some(note) => Ok(format!("{}; {note}", path.display())),
             None => Ok(path.display().to_string()),
         }
@@ -60,11 +70,17 @@ impl PodWorkload {
     }
 
     /// Wires the pod's network namespace (veth, its IPv6 address from
-    /// `status.address`, IPv4 egress); `None` when the node has no pod network.
-    async fn ensure_network(&mut self, netns: &Path) -> Result<Option<String>, String> {
+    /// `status.address`, IPv4 egress); `None` when the node has no pod
+    /// network. Also says whether the record was saved.
+    async fn ensure_network(
+        &mut self,
+        netns: &Path,
+        unsaved: bool,
+    ) -> Result<(Option<String>, bool), String> {
         let Some(network) = self.ctx.network.clone() else {
-            return Ok(None);
+            return Ok((None, false));
         };
+        let mut saved = false;
         let ipv6 = match crate::network::pod_address(&self.desired) {
             Ok(address) => address,
             Err(crate::network::NetworkError::NoAddress) if self.ctx.client.is_some() => {
@@ -91,7 +107,12 @@ impl PodWorkload {
             self.record.egress_ipv4 = network
                 .allocate_egress(&taken)
                 .map_err(|e| crate::chain(&e))?;
+            // Saved before it is used: no other pod takes it.
             self.save();
+            saved = true;
+        } else if unsaved {
+            self.save();
+            saved = true;
         }
         if network.dns_address().is_none()
             && let Ok(prefix) = ipnet::Ipv6Net::new(ipv6, 64)
@@ -111,6 +132,6 @@ impl PodWorkload {
                 .and_then(|()| std::fs::write(dir.join(crate::containers::RESOLV_CONF), text))
                 .map_err(|e| format!("cannot write the pod's resolv.conf: {e}"))?;
         }
-        Ok(Some(note))
+        Ok((Some(note), saved))
     }
 }

@@ -34,6 +34,9 @@ impl PodWorkload {
             })
             .await;
         }
+        self.finish_cleanups().await;
+        let (runner, uid) = (self.ctx.runner.clone(), self.uid());
+        let _ = tokio::task::spawn_blocking(move || runner.cleanup_all(&uid)).await;
         if let Some(network) = self.ctx.network.clone()
             && let Err(error) = network.unwire_pod(&self.network_owner()).await
         {

@@ -19,27 +19,43 @@ impl PodWorkload {
         plan: &RevisionPlan,
         stop_only: bool,
     ) -> Result<(), String> {
+        let began = std::time::Instant::now();
         let grace = Duration::from_secs(u64::from(spec.termination_grace_seconds.unwrap_or(10)));
         let old_spec = typed_spec(&self.record.pod).unwrap_or_else(|| spec.clone());
+        let mut stopped = false;
         for name in plan.to_stop() {
             // Forgotten only once stopped: a failed stop keeps it tracked.
             if let Some(record) = self.record.containers.get(name).cloned() {
+                stopped = true;
                 let runner = self.ctx.runner.clone();
-                let uid = self.uid();
                 let old_spec = old_spec.clone();
-                tokio::task::spawn_blocking(move || runner.stop(&uid, &old_spec, &record, grace))
+                let halted = record.clone();
+                tokio::task::spawn_blocking(move || runner.halt(&old_spec, &halted, grace))
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| crate::chain(&e))?;
                 self.record.containers.remove(name);
+                // Its files go while the new container starts; removal
+                // waits for that (and sweeps what an agent stop left).
+                let (runner, uid) = (self.ctx.runner.clone(), self.uid());
+                self.cleanups.push(tokio::task::spawn_blocking(move || {
+                    if let Err(error) = runner.cleanup(&uid, &record) {
+                        tracing::warn!(container = %record.runtime_id, error = %crate::chain(&error), "cannot remove a stopped container's files");
+                    }
+                }));
             }
         }
-        self.save();
+        if stopped {
+            self.save();
+        }
+        tracing::debug!(pod = %self.key(), stopped = ?plan.to_stop().collect::<Vec<_>>(), took = ?began.elapsed(), "containers stopped");
         if stop_only {
             return Ok(());
         }
         let netns = self.record.netns.clone().ok_or("the pod has no sandbox")?;
-        for name in plan.to_start() {
+        let to_start: Vec<&String> = plan.to_start().collect();
+        for (index, name) in to_start.iter().enumerate() {
+            let name = *name;
             let Some(container) = spec.containers.iter().find(|c| c.name == *name).cloned() else {
                 continue;
             };
@@ -60,10 +76,22 @@ impl PodWorkload {
             .map_err(|e| e.to_string())?
             .map_err(|e| crate::chain(&e))?;
             self.record.containers.insert(name.clone(), started);
-            self.save();
+            // Saved before anything else happens; the last one is saved
+            // with the admitted revision, below.
+            if index + 1 < to_start.len() {
+                self.save();
+            }
         }
         self.admit_desired(spec);
+        tracing::debug!(pod = %self.key(), started = ?plan.to_start().collect::<Vec<_>>(), took = ?began.elapsed(), "revision admitted");
         Ok(())
+    }
+
+    /// Waits for the removal of stopped containers' files.
+    pub(super) async fn finish_cleanups(&mut self) {
+        for cleanup in std::mem::take(&mut self.cleanups) {
+            let _ = cleanup.await;
+        }
     }
 
     /// The next generation of a container, recorded as taken.

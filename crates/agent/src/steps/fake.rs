@@ -24,6 +24,8 @@ struct State {
     unavailable: bool,
     /// Requests that still succeed before the API goes away.
     away_after: Option<usize>,
+    /// Steps whose claims are refused (as if another view had won).
+    refused: Vec<String>,
     now: DateTime<Utc>,
 }
 
@@ -99,6 +101,7 @@ impl FakeApi {
                 status_writes: Vec::new(),
                 unavailable: false,
                 away_after: None,
+                refused: Vec::new(),
                 now: start_time(),
             }),
         }
@@ -142,6 +145,11 @@ impl FakeApi {
         let mut state = self.state();
         state.unavailable = unavailable;
         state.away_after = None;
+    }
+
+    /// Refuses every claim of `step` from now on.
+    pub fn refuse_claims_of(&self, step: &str) {
+        self.state().refused.push(step.to_string());
     }
 
     /// Lets `requests` more requests through, then goes away.
@@ -193,6 +201,11 @@ impl StepApi for FakeApi {
         for action in &request.actions {
             let step = action.step.as_str();
             let applied = match action.action {
+                StepActionKind::Claim if state.refused.iter().any(|s| s == step) => {
+                    return Err(StepApiError::Refused(format!(
+                        "{step} was claimed elsewhere"
+                    )));
+                }
                 StepActionKind::Claim => {
                     corral_workflow::claim(&mut instance, step, &node, Some(NODE), now)
                 }
