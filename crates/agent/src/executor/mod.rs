@@ -150,7 +150,16 @@ pub struct Executor<W> {
     /// one running, and it must not run twice. (A step ready for a retry
     /// shows the failed attempt's number too, but is claimed first.)
     finished: BTreeSet<Attempt>,
+    /// Steps running on their own; they outlive an admission pass, so news
+    /// (a step another owner finished) is acted on while they run.
+    detached: JoinSet<StepEnd>,
+    /// Their attempts, and runs that ended and are not reported yet.
+    running_detached: BTreeSet<Attempt>,
+    ended: Vec<StepEnd>,
 }
+
+/// A step that ended: its name, attempt and outcome.
+type StepEnd = (String, u32, StepRun);
 
 impl<W> std::fmt::Debug for Executor<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -166,6 +175,9 @@ impl<W: Workload> Executor<W> {
             reported: None,
             claimed: BTreeSet::new(),
             finished: BTreeSet::new(),
+            detached: JoinSet::new(),
+            running_detached: BTreeSet::new(),
+            ended: Vec::new(),
         }
     }
 
@@ -182,12 +194,16 @@ impl<W: Workload> Executor<W> {
     pub async fn run(mut self, mut messages: mpsc::Receiver<Message>) {
         loop {
             self.reconcile().await;
-            let message = match self.workload.tick() {
-                Some(tick) => tokio::select! {
-                    message = messages.recv() => message,
-                    () = tokio::time::sleep(tick) => continue,
-                },
-                None => messages.recv().await,
+            let tick = self.workload.tick();
+            let message = tokio::select! {
+                message = messages.recv() => message,
+                Some(joined) = self.detached.join_next(), if !self.detached.is_empty() => {
+                    if let Ok(end) = joined {
+                        self.ended.push(end);
+                    }
+                    continue;
+                }
+                () = sleep_for(tick) => continue,
             };
             // Only the newest view matters; a removal wins.
             let mut latest = message;
@@ -218,7 +234,8 @@ impl<W: Workload> Executor<W> {
     }
 
     /// Moves the object towards the desired revision through the node's
-    /// steps of the revision's workflow, until none is left to start.
+    /// steps of the revision's workflow, until none is left to start now:
+    /// steps running on their own go on after it returns.
     pub async fn admit(&mut self) {
         let desired = self.workload.desired();
         let Some(mut work) = NodeWork::for_revision(desired, desired.metadata.revision) else {
@@ -229,18 +246,21 @@ impl<W: Workload> Executor<W> {
         let mut started: BTreeSet<String> = BTreeSet::new();
         // Claimed or resumed, waiting for the workload to itself.
         let mut queue: VecDeque<(String, u32)> = VecDeque::new();
-        let mut detached: JoinSet<(String, u32, StepRun)> = JoinSet::new();
         let mut batch = StepBatch::default();
         // Attempts reported in `batch`.
         let mut reporting: Vec<Attempt> = Vec::new();
+        self.collect_ended(&work, &mut batch, &mut reporting);
         loop {
             if work.is_running() {
-                self.plan(&work, &mut started, &mut queue, &mut batch);
+                self.plan(&work, &mut started, &mut queue, &mut batch, &reporting);
             }
             let sent = !batch.is_empty();
             if sent {
                 let Some(claimed) = self.send(&mut batch, &mut reporting, &mut work).await else {
-                    break;
+                    // The API refused or is away: what runs on its own
+                    // goes on, and is reported at a later pass (or, if that
+                    // report is lost too, run again: steps are idempotent).
+                    return;
                 };
                 // What the batch claimed runs now, at the attempt it started.
                 for step in claimed {
@@ -254,7 +274,9 @@ impl<W: Workload> Executor<W> {
             for (step, attempt) in std::mem::take(&mut queue) {
                 if self.workload.is_detached(&step) {
                     let task = self.workload.detach(&step, &work);
-                    detached.spawn(async move { (step, attempt, task.await) });
+                    self.running_detached.insert(work.attempt(&step, attempt));
+                    self.detached
+                        .spawn(async move { (step, attempt, task.await) });
                 } else {
                     inline.push_back((step, attempt));
                 }
@@ -266,7 +288,8 @@ impl<W: Workload> Executor<W> {
                     api: self.api.as_ref(),
                     key: &key,
                     finished: &mut self.finished,
-                    detached: &mut detached,
+                    running_detached: &mut self.running_detached,
+                    detached: &mut self.detached,
                 };
                 let began = std::time::Instant::now();
                 let (run, fresh, unsent) = inline.run(&mut self.workload, &step, &work).await;
@@ -280,31 +303,33 @@ impl<W: Workload> Executor<W> {
                     reporting.extend(attempts);
                 }
                 record(&work, &step, attempt, run, &mut batch, &mut reporting);
-            } else if let Some(joined) = detached.join_next().await {
-                match joined {
-                    Ok((step, attempt, run)) => {
-                        record(&work, &step, attempt, run, &mut batch, &mut reporting);
-                    }
-                    Err(error) => {
-                        tracing::error!(object = %self.key(), %error, "a step task failed")
-                    }
-                }
-            } else if !sent {
-                // Nothing runs, nothing to report, and the view is the one
-                // the last request returned (or the first): done for now.
+            } else if !sent && batch.is_empty() {
+                // Nothing to run here, nothing to report, and the view is
+                // the one the last request returned (or the first): done
+                // for now; what runs on its own is reported when it ends.
                 return;
             }
-            // Whatever else finished meanwhile goes in the same request.
-            while let Some(joined) = detached.try_join_next() {
-                if let Ok((step, attempt, run)) = joined {
-                    record(&work, &step, attempt, run, &mut batch, &mut reporting);
-                }
+            // Whatever else ended meanwhile goes in the same request.
+            self.collect_ended(&work, &mut batch, &mut reporting);
+        }
+    }
+
+    /// Moves the runs of detached steps that ended into `batch`.
+    fn collect_ended(
+        &mut self,
+        work: &NodeWork,
+        batch: &mut StepBatch,
+        reporting: &mut Vec<Attempt>,
+    ) {
+        while let Some(joined) = self.detached.try_join_next() {
+            if let Ok(end) = joined {
+                self.ended.push(end);
             }
         }
-        // The API refused or is away: let the steps already running end,
-        // unreported; a later pass finds them running and runs them again
-        // (every step is idempotent).
-        while detached.join_next().await.is_some() {}
+        for (step, attempt, run) in std::mem::take(&mut self.ended) {
+            self.running_detached.remove(&work.attempt(&step, attempt));
+            record(work, &step, attempt, run, batch, reporting);
+        }
     }
 
     /// Adds to `batch` the claims of the node's ready steps (counting those
@@ -317,10 +342,15 @@ impl<W: Workload> Executor<W> {
         started: &mut BTreeSet<String>,
         queue: &mut VecDeque<(String, u32)>,
         batch: &mut StepBatch,
+        reporting: &[Attempt],
     ) {
         for running in work.running() {
             let attempt = work.attempt(&running.name, running.attempt);
-            if started.contains(&running.name) || self.finished.contains(&attempt) {
+            if started.contains(&running.name)
+                || self.finished.contains(&attempt)
+                || self.running_detached.contains(&attempt)
+                || reporting.contains(&attempt)
+            {
                 continue;
             }
             started.insert(running.name.clone());
@@ -412,6 +442,14 @@ impl<W: Workload> Executor<W> {
     }
 }
 
+/// Sleeps for `tick`, or forever.
+async fn sleep_for(tick: Option<Duration>) {
+    match tick {
+        Some(tick) => tokio::time::sleep(tick).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// One inline step running, with the detached steps that end meanwhile
 /// reported at once, each in the request of its own end: a step's time in
 /// `why` is its own, not that of the step it ran beside.
@@ -419,7 +457,8 @@ struct InlineRun<'a> {
     api: &'a dyn StepApi,
     key: &'a ObjectKey,
     finished: &'a mut BTreeSet<Attempt>,
-    detached: &'a mut JoinSet<(String, u32, StepRun)>,
+    running_detached: &'a mut BTreeSet<Attempt>,
+    detached: &'a mut JoinSet<StepEnd>,
 }
 
 /// What the reports sent during an inline step came to: the freshest
@@ -448,6 +487,7 @@ impl InlineRun<'_> {
                     let mut next = Some(joined);
                     while let Some(joined) = next {
                         if let Ok((done, attempt, run)) = joined {
+                            self.running_detached.remove(&current.attempt(&done, attempt));
                             record(&current, &done, attempt, run, &mut early, &mut attempts);
                         }
                         next = self.detached.try_join_next();

@@ -36,6 +36,8 @@ struct FakeWorkload {
     ready_after_supervision: bool,
     status: Option<Map<String, Value>>,
     removed: Arc<Mutex<bool>>,
+    /// `None`: looks again only on news.
+    tick: Option<std::time::Duration>,
 }
 
 impl FakeWorkload {
@@ -51,6 +53,7 @@ impl FakeWorkload {
             ready_after_supervision: false,
             status: None,
             removed: Arc::default(),
+            tick: Some(TICK),
         }
     }
 
@@ -102,7 +105,11 @@ impl Workload for FakeWorkload {
     fn detach(&mut self, step: &str, _work: &NodeWork) -> BoxFuture<'static, StepRun> {
         self.start(step);
         let run = self.outcome(step);
+        let slow = self.slow.contains(step);
         Box::pin(async move {
+            if slow {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
             tokio::task::yield_now().await;
             run
         })
@@ -129,10 +136,27 @@ impl Workload for FakeWorkload {
     async fn remove(&mut self) {
         *self.removed.lock().unwrap() = true;
     }
+
+    fn tick(&self) -> Option<std::time::Duration> {
+        self.tick
+    }
 }
 
 fn executor(api: &Arc<FakeApi>, workload: FakeWorkload) -> Executor<FakeWorkload> {
     Executor::new(workload, api.clone() as Arc<dyn StepApi>)
+}
+
+/// Admits until nothing runs any more: what the run loop does as steps
+/// running on their own end.
+async fn settle(executor: &mut Executor<FakeWorkload>) {
+    loop {
+        executor.admit().await;
+        match executor.detached.join_next().await {
+            Some(Ok(end)) => executor.ended.push(end),
+            Some(Err(error)) => panic!("a step task failed: {error}"),
+            None => return,
+        }
+    }
 }
 
 fn runs(executor: &Executor<FakeWorkload>) -> Vec<String> {
@@ -169,7 +193,7 @@ async fn steps_that_run_on_their_own_are_claimed_together_and_run_beside_one_inl
     let mut workload = FakeWorkload::new(&api);
     workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
     let mut executor = executor(&api, workload);
-    executor.admit().await;
+    settle(&mut executor).await;
     let actions = api.actions();
     assert_eq!(
         actions[0],
@@ -269,7 +293,7 @@ async fn steps_that_end_beside_a_slow_one_are_reported_when_they_end() {
     workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
     workload.slow = [SANDBOX.to_string()].into();
     let mut executor = executor(&api, workload);
-    executor.admit().await;
+    settle(&mut executor).await;
     let actions = api.actions();
     let position = |action: String| {
         actions
@@ -286,6 +310,27 @@ async fn steps_that_end_beside_a_slow_one_are_reported_when_they_end() {
         "{actions:?}"
     );
     assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test]
+async fn news_is_acted_on_while_a_step_runs_on_its_own() {
+    let api = pod_api(&[PLACE]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    workload.slow = [PULL.to_string()].into();
+    let mut executor = executor(&api, workload);
+    executor.admit().await;
+    assert_eq!(api.step(PULL), ("running", 1));
+    // The address arrives while the image is still being pulled.
+    api.finish_as_owner(ADDRESS);
+    executor.workload.set_desired(api.object());
+    executor.admit().await;
+    assert_eq!(api.step(SANDBOX), ("done", 1), "not held up by the pull");
+    assert_eq!(api.step(PULL), ("running", 1));
+    settle(&mut executor).await;
+    assert_eq!(api.step(READY), ("done", 1));
+    let pulls = runs(&executor).iter().filter(|s| *s == PULL).count();
+    assert_eq!(pulls, 1);
 }
 
 #[tokio::test]
@@ -436,6 +481,28 @@ async fn steps_of_another_owner_wait_and_run_once_the_view_shows_them_ready() {
     executor.workload.set_desired(api.object());
     executor.admit().await;
     assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test]
+async fn the_loop_wakes_when_a_step_running_on_its_own_ends() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    workload.slow = [PULL.to_string()].into();
+    workload.tick = None;
+    let (sender, receiver) = mpsc::channel(4);
+    let task = tokio::spawn(executor(&api, workload).run(receiver));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while api.step(READY).0 != "done" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no progress without news: {:?}",
+            api.actions()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(sender);
+    task.await.unwrap();
 }
 
 #[tokio::test]
