@@ -35,6 +35,7 @@ pub async fn heartbeat_loop(
     config: AgentConfig,
     endpoint: Option<String>,
     fences: tokio::sync::mpsc::Sender<manager::FenceRequest>,
+    registered: tokio::sync::mpsc::UnboundedSender<corral_api::Object>,
     network: Option<Arc<network::PodNetwork>>,
     shutdown: CancellationToken,
 ) {
@@ -73,15 +74,21 @@ pub async fn heartbeat_loop(
                 heartbeat: None,
                 ..status.clone()
             };
-            let result = match &mut node {
-                None => node::register(&client, &config.node, &status)
-                    .await
-                    .map(|n| node = Some(n)),
-                Some(object) if reported.as_ref() != Some(&offered) => {
-                    node::heartbeat(&client, object, &status).await
-                }
-                Some(_) => Ok(()),
-            };
+            let result =
+                match &mut node {
+                    None => node::register(&client, &config.node, &status).await.map(
+                        |registered_node| {
+                            // Its join steps start now, not when the watch
+                            // brings the Node.
+                            let _ = registered.send(registered_node.clone());
+                            node = Some(registered_node);
+                        },
+                    ),
+                    Some(object) if reported.as_ref() != Some(&offered) => {
+                        node::heartbeat(&client, object, &status).await
+                    }
+                    Some(_) => Ok(()),
+                };
             let result = match result {
                 Ok(()) => {
                     reported = Some(offered);

@@ -26,17 +26,31 @@ pub struct JoinWorkload {
     network: Option<Arc<PodNetwork>>,
 }
 
-/// Runs the join steps of node `name` as the `nodes` informer shows its
-/// `Node` (once the heartbeat registered it) until the agent stops.
+/// Where the node's `Node` objects reach the join steps: the heartbeat
+/// sends the one it registered (so the first step starts at once), the
+/// informer every later change.
+pub fn channel() -> (
+    mpsc::UnboundedSender<Object>,
+    mpsc::UnboundedReceiver<Object>,
+) {
+    mpsc::unbounded_channel()
+}
+
+/// Runs the join steps of node `name` as its `Node` arrives through
+/// `received` (see [`channel`]; `changes` is its sending end, given to the
+/// `nodes` informer) until the agent stops.
 pub async fn follow(
     name: String,
     nodes: Informer,
+    (changes, mut received): (
+        mpsc::UnboundedSender<Object>,
+        mpsc::UnboundedReceiver<Object>,
+    ),
     client: Client,
     api: Arc<dyn StepApi>,
     network: Option<Arc<PodNetwork>>,
 ) {
     let own = ObjectKey::new(Kind::Node, None, &name);
-    let (changes, mut received) = mpsc::unbounded_channel();
     {
         let existing = changes.clone();
         let own_existing = own.clone();

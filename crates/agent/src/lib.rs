@@ -258,11 +258,13 @@ pub async fn run(
     ));
     tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
+        let (registered, joining) = join::channel();
         tokio::spawn(heartbeat::heartbeat_loop(
             client.clone(),
             config.clone(),
             endpoint,
             fences,
+            registered.clone(),
             ctx.network.clone(),
             shutdown.clone(),
         ));
@@ -275,6 +277,7 @@ pub async fn run(
         tokio::spawn(join::follow(
             ctx.node.clone(),
             nodes.clone(),
+            (registered, joining),
             client.clone(),
             ctx.steps.clone(),
             ctx.network.clone(),
