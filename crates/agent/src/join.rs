@@ -137,6 +137,11 @@ impl Workload for JoinWorkload {
         let Ok(typed) = step.parse::<JoinStep>() else {
             return StepOutcome::Failed(format!("this node does not know step {step}")).into();
         };
+        // Registered means what the node offers is in the API: the
+        // heartbeat's first status write, which the informer brings here.
+        if typed == JoinStep::Register && self.node.status.get("capacity").is_none() {
+            return StepOutcome::NotYet.into();
+        }
         let outcome = join_step(typed, &self.node, &self.client, self.network.as_deref()).await;
         StepRun::from(outcome.map(Some))
     }

@@ -105,36 +105,52 @@ pub async fn register(
     Ok(node)
 }
 
+/// How often a status write that lost a race with another write of the
+/// object (a join step moving) is tried again at once.
+pub const STATUS_WRITE_ATTEMPTS: usize = 5;
+
 /// Writes the node's status with a fresh heartbeat time. Only the fields
 /// the node owns are touched; the rest of the stored status (the prefix
 /// IPAM chose, the phase node-lifecycle decides, the workflow) is kept as
-/// stored.
+/// stored. A write that lost a race with another (409) is read and made
+/// again at once: the node's own join steps move the same object.
 pub async fn heartbeat(
     client: &Client,
     node: &mut Object,
     status: &NodeStatus,
 ) -> Result<(), ClientError> {
-    let mut current = client.get(&node.key()).await?;
     let ours = serde_json::to_value(status).unwrap_or_default();
-    let mut merged = current.status.as_object().cloned().unwrap_or_default();
-    for field in [
-        "address",
-        "capacity",
-        "runtimes",
-        "features",
-        "agentEndpoint",
-        "wireguard",
-    ] {
-        match ours.get(field) {
-            Some(value) if !value.is_null() => merged.insert(field.to_string(), value.clone()),
-            _ => merged.remove(field),
-        };
+    let mut attempt = 1;
+    loop {
+        let mut current = client.get(&node.key()).await?;
+        let mut merged = current.status.as_object().cloned().unwrap_or_default();
+        for field in [
+            "address",
+            "capacity",
+            "runtimes",
+            "features",
+            "agentEndpoint",
+            "wireguard",
+        ] {
+            match ours.get(field) {
+                Some(value) if !value.is_null() => merged.insert(field.to_string(), value.clone()),
+                _ => merged.remove(field),
+            };
+        }
+        merged.insert(
+            "heartbeat".to_string(),
+            serde_json::to_value(Utc::now()).unwrap_or_default(),
+        );
+        current.status = serde_json::Value::Object(merged);
+        match client.put_status(&current).await {
+            Ok(written) => {
+                *node = written;
+                return Ok(());
+            }
+            Err(error) if error.status() == Some(409) && attempt < STATUS_WRITE_ATTEMPTS => {
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
     }
-    merged.insert(
-        "heartbeat".to_string(),
-        serde_json::to_value(Utc::now()).unwrap_or_default(),
-    );
-    current.status = serde_json::Value::Object(merged);
-    *node = client.put_status(&current).await?;
-    Ok(())
 }

@@ -76,12 +76,25 @@ impl StepApi for Client {
         key: &ObjectKey,
         fields: &Map<String, Value>,
     ) -> Result<(), StepApiError> {
-        let mut current = self.get(key).await?;
-        let mut merged = current.status.as_object().cloned().unwrap_or_default();
-        merge_fields(&mut merged, fields);
-        current.status = Value::Object(merged);
-        self.put_status(&current).await?;
-        Ok(())
+        // A write that lost a race with a step moving (409) is read and
+        // made again at once.
+        let mut attempt = 1;
+        loop {
+            let mut current = self.get(key).await?;
+            let mut merged = current.status.as_object().cloned().unwrap_or_default();
+            merge_fields(&mut merged, fields);
+            current.status = Value::Object(merged);
+            match self.put_status(&current).await {
+                Ok(_) => return Ok(()),
+                Err(error)
+                    if error.status() == Some(409)
+                        && attempt < crate::node::STATUS_WRITE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 }
 
