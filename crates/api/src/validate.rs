@@ -163,6 +163,9 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
                 check_load_balancer(&mut checker, &spec);
             }
         }
+        Kind::WorkflowDefinition => {
+            decode_spec::<crate::workflow::WorkflowDefinitionSpec>(&mut checker, &object.spec);
+        }
     }
     if checker.errors.is_empty() {
         Ok(())
@@ -192,6 +195,7 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
         Kind::Controller => round_trip::<ControllerSpec>(&spec),
         Kind::VirtualMachine => round_trip::<VirtualMachineSpec>(&spec),
         Kind::LoadBalancer => round_trip::<LoadBalancerSpec>(&spec),
+        Kind::WorkflowDefinition => round_trip::<crate::workflow::WorkflowDefinitionSpec>(&spec),
     };
     canonical.unwrap_or(spec)
 }

@@ -41,5 +41,8 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         Kind::Controller => generator.subschema_for::<ControllerSpec>(),
         Kind::VirtualMachine => generator.subschema_for::<VirtualMachineSpec>(),
         Kind::LoadBalancer => generator.subschema_for::<LoadBalancerSpec>(),
+        Kind::WorkflowDefinition => {
+            generator.subschema_for::<crate::workflow::WorkflowDefinitionSpec>()
+        }
     }
 }
