@@ -346,6 +346,7 @@ async fn heartbeat_loop(
     let mut last_beat: Option<std::time::Instant> = None;
     // The status last written to the Node, without its heartbeat time.
     let mut reported: Option<node::NodeStatus> = None;
+    let join_steps = steps::ClientSteps::new(client.clone());
     let mut joined = false;
     while !shutdown.is_cancelled() {
         // A node returning from silence stops the pods moved away from it
@@ -405,8 +406,9 @@ async fn heartbeat_loop(
             && let Ok(fresh) = client.get(&object.key()).await
         {
             *object = fresh;
-            node::run_join_steps(&client, object, network.as_deref()).await;
-            joined = steps::instance_for(object, object.metadata.revision)
+            node::run_join_steps(&client, &join_steps, object, network.as_deref()).await;
+            joined = steps::instance_for(&join_steps, object, object.metadata.revision)
+                .await
                 .is_some_and(|instance| !steps::is_running(&instance));
         }
         tokio::select! {

@@ -145,10 +145,11 @@ pub async fn heartbeat(
 /// Executes the node-owned steps of the node's join workflow that are ready.
 pub async fn run_join_steps(
     client: &Client,
+    steps: &dyn crate::steps::StepApi,
     node: &Object,
     network: Option<&crate::network::PodNetwork>,
 ) {
-    let Some(instance) = instance_for(node, node.metadata.revision) else {
+    let Some(instance) = instance_for(steps, node, node.metadata.revision).await else {
         return;
     };
     if !is_running(&instance) {

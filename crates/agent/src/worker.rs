@@ -245,7 +245,9 @@ impl PodWorker {
     /// transition so no step is executed twice.
     async fn admit(&mut self) {
         let desired_revision = self.desired.metadata.revision;
-        let Some(mut instance) = instance_for(&self.desired, desired_revision) else {
+        let Some(mut instance) =
+            instance_for(&*self.ctx.steps, &self.desired, desired_revision).await
+        else {
             if desired_revision > self.record.admitted_revision {
                 // No workflow for this revision (none was recorded): admit directly.
                 let _ = self.run_step("node/start-containers", None).await;
@@ -323,18 +325,7 @@ impl PodWorker {
     /// Puts an instance the API returned into the local copy of the pod, so
     /// the next round does not act on an older view of it.
     fn remember(&mut self, fresh: WorkflowInstance) -> WorkflowInstance {
-        if let Some(instances) = self
-            .desired
-            .status
-            .pointer_mut("/workflow/instances")
-            .and_then(|v| v.as_array_mut())
-        {
-            for slot in instances.iter_mut() {
-                if slot.get("id").and_then(|id| id.as_str()) == Some(fresh.id.as_str()) {
-                    *slot = serde_json::to_value(&fresh).unwrap_or_default();
-                }
-            }
-        }
+        crate::steps::remember(&mut self.desired, &fresh);
         fresh
     }
 

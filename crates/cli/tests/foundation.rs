@@ -181,7 +181,8 @@ fn history_filters_by_author_and_class() {
         vec!["admin:by-admin"]
     );
     // The system changes are the built-in controllers registering
-    // themselves, each under its own name, and the node registering itself.
+    // themselves, each under its own name, the node registering itself, and
+    // the workflow engine storing each workflow definition it runs.
     let system = names(&["history", "--since", "1h", "--system", "-o", "json"]);
     assert_eq!(
         system[..5],
@@ -196,7 +197,7 @@ fn history_filters_by_author_and_class() {
     assert!(
         system[5..].iter().all(|entry| entry
             .split_once(':')
-            .is_some_and(|(author, name)| author == name)),
+            .is_some_and(|(author, name)| author == name || author == "workflow")),
         "{system:?}"
     );
     assert_eq!(names(&["history", "--external", "-o", "json"]).len(), 2);

@@ -18,6 +18,7 @@ use corral_api::history::RevisionDiff;
 use corral_api::watch::{ObjectList, WatchEvent};
 use corral_api::workflow::{
     LogLevel, StepActionKind, StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance,
+    WorkflowStatus,
 };
 use corral_api::{
     FieldError, HistoryQuery, Identity, Kind, Object, ObjectKey, RevisionRecord, Role,
@@ -547,6 +548,14 @@ impl Client {
         request.level = Some(level);
         request.message = Some(message.to_string());
         self.step_action(key, &request).await
+    }
+
+    /// The object's kept workflow instances whole (each joined with its
+    /// definition; finished ones replayed from the step log), oldest
+    /// first: what `why` and `analyze` render.
+    pub async fn workflows(&self, key: &ObjectKey) -> Result<WorkflowStatus, ClientError> {
+        let path = format!("{}/workflows", object_path(key));
+        self.call(self.request(Method::GET, &path)).await
     }
 
     /// The object's step log (transitions and owners' lines), time order.

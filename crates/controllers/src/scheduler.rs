@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use corral_api::kinds::{Availability, NodeStatus, PodSpec};
-use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
+use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
@@ -388,11 +388,7 @@ fn grace_left(
 /// Whether the pod's newest instance is an update of its current revision
 /// that failed (the node refuses an update that no longer fits it).
 fn update_refused(pod: &Object) -> bool {
-    let Some(Ok(status)) = pod
-        .status
-        .get("workflow")
-        .map(|w| serde_json::from_value::<WorkflowStatus>(w.clone()))
-    else {
+    let Ok(status) = StoredWorkflows::of(&pod.status) else {
         return false;
     };
     status.latest().is_some_and(|instance| {

@@ -19,6 +19,7 @@ pub mod openapi;
 pub mod ownership;
 mod query;
 pub mod render;
+pub mod retention;
 pub mod scope;
 pub mod security;
 pub mod tls;
@@ -55,6 +56,8 @@ pub struct Server {
     /// Every object in memory, fed by the store's watch: lists and watches
     /// are served from it.
     pub cache: Arc<watchcache::WatchCache>,
+    /// Workflow definitions: stored ones by name, and the current ones.
+    pub definitions: workflows::definitions::Definitions,
 }
 
 impl std::fmt::Debug for Server {
@@ -92,6 +95,7 @@ impl Server {
             ownership: ownership::Ownership::default(),
             agent_secret: std::sync::OnceLock::new(),
             cache,
+            definitions: workflows::definitions::Definitions::default(),
         })
     }
 }
@@ -141,6 +145,10 @@ pub fn app(server: SharedServer) -> Router {
             .route(
                 &format!("{prefix}/{{plural}}/{{name}}/steplogs"),
                 get(steps::logs),
+            )
+            .route(
+                &format!("{prefix}/{{plural}}/{{name}}/workflows"),
+                get(steps::instances),
             )
             .route(
                 &format!("{prefix}/{{plural}}/{{name}}/logs"),

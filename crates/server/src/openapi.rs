@@ -69,10 +69,13 @@ fn object_paths(prefix: &str, kind_names: &str, namespaced: bool) -> Vec<(String
                 "get": {"summary": "list objects, or watch them with watch=true (newline-delimited JSON events)",
                     "parameters": ([params.clone(), vec![
                         json!({"name": "selector", "in": "query", "schema": {"type": "string"}, "description": "label selector: a=b,c!=d,e,!f"}),
+                        json!({"name": "node", "in": "query", "schema": {"type": "string"}, "description": "pods and virtualmachines bound to this node; a watch hears one that leaves the node as a deletion"}),
+                        json!({"name": "limit", "in": "query", "schema": {"type": "integer"}, "description": "at most this many objects; the answer's continue token gets the next page"}),
+                        json!({"name": "continue", "in": "query", "schema": {"type": "string"}, "description": "the continue token of the previous page"}),
                         json!({"name": "watch", "in": "query", "schema": {"type": "boolean"}}),
-                        json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}, "description": "watch changes after this store revision"}),
+                        json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}, "description": "watch changes after this store revision (410 Gone: list again)"}),
                     ]].concat()),
-                    "responses": ok(json!({"type": "object", "properties": {"items": {"type": "array", "items": object}, "resourceVersion": {"type": "integer"}}}), "the objects")},
+                    "responses": ok(json!({"type": "object", "properties": {"items": {"type": "array", "items": object}, "resourceVersion": {"type": "integer"}, "continue": {"type": "string"}}}), "the objects")},
                 "post": {"summary": "create an object", "parameters": ([params.clone(), vec![message.clone()]].concat()),
                     "requestBody": body, "responses": ok(object.clone(), "the created object")}
             }),
@@ -128,10 +131,18 @@ fn object_paths(prefix: &str, kind_names: &str, namespaced: bool) -> Vec<(String
         (
             format!("{prefix}/{{plural}}/{{name}}/steps"),
             json!({
-                "post": {"summary": "a step owner claims, completes, fails or logs for a step of the object's workflow (403: not the owner; 409: the step's state does not allow it)",
+                "post": {"summary": "a step owner claims, completes, fails or logs for a step of the object's workflow (403: not the owner; 409: the step's state does not allow it); a batch of actions and owned status fields is applied in one write, all or none",
                     "parameters": named.clone(),
-                    "requestBody": {"required": true, "content": {"application/json": {"schema": schema_ref("StepActionRequest")}}},
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [schema_ref("StepActionRequest"), schema_ref("StepBatchRequest")]}}}},
                     "responses": ok(schema_ref("WorkflowInstance"), "the workflow instance afterwards")}
+            }),
+        ),
+        (
+            format!("{prefix}/{{plural}}/{{name}}/workflows"),
+            json!({
+                "get": {"summary": "the object's kept workflow instances, each joined with its WorkflowDefinition; finished ones replayed from the step log (what why and analyze render)",
+                    "parameters": named.clone(),
+                    "responses": ok(schema_ref("WorkflowStatus"), "the instances, oldest first")}
             }),
         ),
         (
@@ -187,8 +198,11 @@ pub fn document() -> Value {
     generator.subschema_for::<RevisionDiff>();
     generator.subschema_for::<corral_api::Identity>();
     generator.subschema_for::<corral_api::workflow::StepActionRequest>();
+    generator.subschema_for::<corral_api::workflow::StepBatchRequest>();
+    generator.subschema_for::<corral_api::workflow::WorkflowStatus>();
     generator.subschema_for::<corral_api::workflow::WorkflowInstance>();
     generator.subschema_for::<corral_api::workflow::StepLogEntry>();
+    generator.subschema_for::<crate::handlers::lease::Lease>();
     for kind in Kind::ALL {
         corral_api::kinds::spec_schema(kind, &mut generator);
     }
@@ -216,6 +230,13 @@ pub fn document() -> Value {
         "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["name", "role"],
             "properties": {"name": {"type": "string"}, "role": {"type": "string", "enum": ["operator", "user", "controller", "node"]}}}}}},
         "responses": ok(json!({"type": "object", "properties": {"token": {"type": "string"}, "identity": schema_ref("Identity")}}), "the token, shown once")}}));
+    paths.insert("/v1/nodes/{name}/lease".into(), json!({
+        "get": {"summary": "when the node last renewed its lease (404: not since the store started)",
+            "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": ok(schema_ref("Lease"), "the lease")},
+        "put": {"summary": "the node's heartbeat: renews its lease without writing the Node (the node itself, or an operator)",
+            "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+            "responses": ok(schema_ref("Lease"), "the lease")}}));
     paths.insert("/v1/history".into(), json!({"get": {"summary": "cluster-wide history, oldest first",
         "parameters": [
             {"name": "since", "in": "query", "schema": {"type": "string"}, "description": "a duration like 1h, or an RFC 3339 time"},

@@ -124,7 +124,9 @@ impl VmWorker {
     /// (written before workflows existed) is admitted by restarting QEMU.
     async fn admit(&mut self) {
         let revision = self.desired.metadata.revision;
-        let Some(mut instance) = instance_for(&self.desired, revision) else {
+        let Some(mut instance) =
+            instance_for(&*self.ctx.agent.steps, &self.desired, revision).await
+        else {
             if revision > self.record.admitted_revision
                 && self.record.admitted_revision > 0
                 && let Err(error) = self.restart_in_place().await
@@ -179,18 +181,7 @@ impl VmWorker {
     }
 
     fn remember(&mut self, fresh: WorkflowInstance) -> WorkflowInstance {
-        if let Some(instances) = self
-            .desired
-            .status
-            .pointer_mut("/workflow/instances")
-            .and_then(|v| v.as_array_mut())
-        {
-            for slot in instances.iter_mut() {
-                if slot.get("id").and_then(|id| id.as_str()) == Some(fresh.id.as_str()) {
-                    *slot = serde_json::to_value(&fresh).unwrap_or_default();
-                }
-            }
-        }
+        crate::steps::remember(&mut self.desired, &fresh);
         fresh
     }
 

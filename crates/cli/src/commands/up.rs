@@ -59,6 +59,13 @@ pub struct ServerArgs {
     /// best-effort pods move too (default 7 days).
     #[arg(long, value_name = "SECONDS", default_value_t = 7 * 24 * 3600)]
     lost_after: u64,
+    /// Which spec revisions history keeps, compacted at start and hourly:
+    /// `last=N` (each object's newest N), `age=D` (younger than D: 30d,
+    /// 12h), both (`last=10,age=30d`: either one keeps a revision), or
+    /// `all`. A live object always keeps its newest 3 (rollbacks and the
+    /// images nodes keep for them).
+    #[arg(long, value_name = "POLICY", default_value = corral_server::retention::DEFAULT_KEEP)]
+    history_keep: corral_api::history::CompactionPolicy,
     #[command(flatten)]
     datastore: super::datastore::DatastoreArgs,
 }
@@ -226,6 +233,7 @@ struct ControlPlane {
     controller_tokens: corral_server::ownership::BuiltinTokens,
     prefix: ClusterPrefix,
     timing: corral_controllers::lifecycle::Timing,
+    history_keep: corral_api::history::CompactionPolicy,
     /// On etcd: the controllers run only while this server leads.
     leadership: Option<super::datastore::Leadership>,
 }
@@ -283,6 +291,7 @@ async fn start_control_plane(args: &ServerArgs, data_dir: &Path) -> anyhow::Resu
         controller_tokens,
         prefix,
         timing: args.timing(),
+        history_keep: args.history_keep,
         leadership,
     })
 }
@@ -352,6 +361,7 @@ fn spawn_controllers(plane: &ControlPlane, shutdown: &CancellationToken) -> anyh
         prefix: plane.prefix,
         timing: plane.timing,
         server: plane.server.clone(),
+        history_keep: plane.history_keep,
     };
     let Some(leadership) = &plane.leadership else {
         return clients.spawn(shutdown);
@@ -372,6 +382,7 @@ struct BuiltinClients {
     prefix: ClusterPrefix,
     timing: corral_controllers::lifecycle::Timing,
     server: SharedServer,
+    history_keep: corral_api::history::CompactionPolicy,
 }
 
 impl BuiltinClients {
@@ -400,6 +411,12 @@ impl BuiltinClients {
         corral_controllers::spawn_pinned(client(corral_controllers::pinned::NAME)?, term.clone());
         tokio::spawn(corral_server::workflows::drive(
             self.server.clone(),
+            term.clone(),
+        ));
+        tokio::spawn(corral_server::retention::compact_loop(
+            self.server.clone(),
+            self.history_keep,
+            corral_server::retention::COMPACTION_INTERVAL,
             term.clone(),
         ));
         self.server.metrics.set_leading(true);
@@ -586,8 +603,12 @@ async fn run_agent(setup: AgentSetup, shutdown: CancellationToken) -> anyhow::Re
         network: setup.network,
         volume_plugin_dir: Some(setup.volume_plugin_dir),
     };
-    let ctx = corral_agent::context(&agent_config, Some(client.clone()), Arc::new(client))
-        .context("cannot set up the node agent")?;
+    let ctx = corral_agent::context(
+        &agent_config,
+        Some(client.clone()),
+        Arc::new(corral_agent::steps::ClientSteps::new(client)),
+    )
+    .context("cannot set up the node agent")?;
     corral_agent::run(agent_config, ctx, shutdown)
         .await
         .context("the node agent failed")
