@@ -49,7 +49,10 @@ pub struct Counters {
     pub stale_claims: AtomicU64,
     /// Pod statuses reported running.
     pub status_reports: AtomicU64,
-    /// Failed calls other than stale claims.
+    /// Failed heartbeats and registrations (a conflict with the
+    /// node-lifecycle controller's write of the phase, or an API away).
+    pub heartbeat_failures: AtomicU64,
+    /// Failed step completions, status reports and node reads.
     pub errors: AtomicU64,
     /// Pod lists (at start and after a watch broke).
     pub watch_restarts: AtomicU64,
@@ -70,9 +73,10 @@ impl Counters {
     pub fn describe(&self) -> String {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         format!(
-            "joined {}, heartbeats {}, steps {}, stale claims {}, pods reported running {}, errors {}, pod lists {}",
+            "joined {}, heartbeats {} ({} failed), steps {}, stale claims {}, pods reported running {}, errors {}, pod lists {}",
             get(&self.joined),
             get(&self.heartbeats),
+            get(&self.heartbeat_failures),
             get(&self.steps),
             get(&self.stale_claims),
             get(&self.status_reports),

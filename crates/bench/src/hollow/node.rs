@@ -71,7 +71,7 @@ pub async fn run(api: NodeApi, settings: NodeSettings, counters: Arc<Counters>) 
         match api.register(&status).await {
             Ok(node) => break node,
             Err(_) => {
-                Counters::add(&counters.errors);
+                Counters::add(&counters.heartbeat_failures);
                 tokio::time::sleep(JOIN_TICK).await;
             }
         }
@@ -152,7 +152,7 @@ async fn heartbeat_loop(
                 every
             }
             Err(_) => {
-                Counters::add(&counters.errors);
+                Counters::add(&counters.heartbeat_failures);
                 JOIN_TICK
             }
         };

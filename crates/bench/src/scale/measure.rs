@@ -132,17 +132,52 @@ pub fn files_size(paths: &[PathBuf]) -> u64 {
         .sum()
 }
 
-/// The object every measured apply changes: a `Policy` whose namespace
-/// list names a namespace no pod lives in. It has no workflow, no
-/// controller acts on it and it admits no pod, so the apply's cost is the
-/// API's and the store's alone; each apply is a new spec revision.
-pub fn apply_object(sequence: u64) -> Object {
-    Object::new(
-        Kind::Policy,
-        None,
-        "scale-apply",
-        json!({"namespaces": [format!("scale-apply-{sequence}")]}),
-    )
+/// What a series of measured applies changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyTarget {
+    /// A `Policy` whose namespace list names a namespace no pod lives in:
+    /// a new spec revision each time, but no workflow, no controller acts
+    /// on it and no pod watcher is sent it, so the cost is the API's and
+    /// the store's alone.
+    Policy,
+    /// A label of one running pod (in its own namespace, bound to a hollow
+    /// node): a metadata-only write (no revision, no workflow) that every
+    /// pod watcher is sent — the controllers, which then run a round, and
+    /// every hollow node.
+    PodLabel,
+}
+
+/// The namespace of the pod [`ApplyTarget::PodLabel`] changes (not the
+/// benchmark's pods' namespace, so it is not counted among them).
+pub const APPLY_NAMESPACE: &str = "scale-apply";
+
+impl ApplyTarget {
+    pub fn describe(self) -> &'static str {
+        match self {
+            ApplyTarget::Policy => "Policy",
+            ApplyTarget::PodLabel => "pod label",
+        }
+    }
+
+    /// The object's `sequence`-th version: each differs from the last.
+    pub fn object(self, sequence: u64) -> Object {
+        match self {
+            ApplyTarget::Policy => Object::new(
+                Kind::Policy,
+                None,
+                "scale-apply",
+                json!({"namespaces": [format!("scale-apply-{sequence}")]}),
+            ),
+            ApplyTarget::PodLabel => {
+                let spec = super::workload::pod_spec();
+                let mut pod = Object::new(Kind::Pod, Some(APPLY_NAMESPACE), "scale-apply", spec);
+                pod.metadata
+                    .labels
+                    .insert("scale-apply".to_string(), sequence.to_string());
+                pod
+            }
+        }
+    }
 }
 
 /// What a run of applies measured.
@@ -153,12 +188,13 @@ pub struct ApplyResult {
     pub server_cpu: Duration,
 }
 
-/// Applies `count` changes of [`apply_object`] one after another with one
-/// client, numbering them from `*sequence`; measures each apply's latency
-/// and the server's CPU over the run.
+/// Applies `count` versions of `target`'s object one after another with
+/// one client, numbering them on from `*sequence`; measures each apply's
+/// latency and the server's CPU over the run.
 pub async fn applies(
     client: &Client,
     server_pid: u32,
+    target: ApplyTarget,
     count: usize,
     sequence: &mut u64,
 ) -> anyhow::Result<ApplyResult> {
@@ -166,12 +202,12 @@ pub async fn applies(
     let mut latencies = Vec::with_capacity(count);
     for _ in 0..count {
         *sequence += 1;
-        let object = apply_object(*sequence);
+        let object = target.object(*sequence);
         let started = Instant::now();
         client
             .apply(&object, Some("scale benchmark"))
             .await
-            .with_context(|| format!("apply {} failed", *sequence))?;
+            .with_context(|| format!("apply {} of a {} failed", *sequence, target.describe()))?;
         latencies.push(started.elapsed());
     }
     let usage = window.stop()?;
@@ -242,8 +278,14 @@ mod tests {
     }
 
     #[test]
-    fn every_apply_object_is_a_new_spec() {
-        assert_ne!(apply_object(1).spec, apply_object(2).spec);
-        assert_eq!(apply_object(1).key(), apply_object(2).key());
+    fn every_policy_is_a_new_spec_and_every_pod_a_new_label_only() {
+        let policy = ApplyTarget::Policy;
+        assert_ne!(policy.object(1).spec, policy.object(2).spec);
+        assert_eq!(policy.object(1).key(), policy.object(2).key());
+        let pod = ApplyTarget::PodLabel;
+        assert_eq!(pod.object(1).spec, pod.object(2).spec);
+        assert_ne!(pod.object(1).metadata.labels, pod.object(2).metadata.labels);
+        assert_eq!(pod.object(1).key(), pod.object(2).key());
+        assert_eq!(pod.object(1).key().namespace, APPLY_NAMESPACE);
     }
 }

@@ -26,18 +26,26 @@ pub struct SizeResult {
     pub etcd_idle_cpu: Option<f64>,
     pub rss: u64,
     pub peak_rss: u64,
-    /// Server CPU per apply: raw, and less the idle CPU over the same time.
-    pub cpu_per_apply: Duration,
-    pub cpu_per_apply_corrected: Duration,
-    pub apply: Option<Summary>,
+    /// Applies of a Policy, and of a pod's label.
+    pub policy: ApplyMeasure,
+    pub pod_label: ApplyMeasure,
     pub get_pods: Duration,
     pub store_bytes: u64,
     pub nodes_ready: usize,
 }
 
+/// One series of applies at one size.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApplyMeasure {
+    /// Server CPU per apply: raw, and less the idle CPU over the same time.
+    pub cpu: Duration,
+    pub cpu_less_idle: Duration,
+    pub latency: Option<Summary>,
+}
+
 /// One row: a label, a value per size, and the goal with its check.
 struct Line {
-    label: &'static str,
+    label: String,
     values: Vec<String>,
     goal: Option<(&'static str, Option<bool>)>,
 }
@@ -57,106 +65,68 @@ pub fn render(results: &[SizeResult], nodes: usize) -> String {
     };
     let base = results.iter().find(|result| result.pods == 0);
     let column = |f: &dyn Fn(&SizeResult) -> String| results.iter().map(f).collect::<Vec<_>>();
-    let ratio_of = |f: fn(&SizeResult) -> Duration| {
-        move |result: &SizeResult| {
-            base.and_then(|base| ratio(f(result), f(base)))
-                .map_or_else(|| "-".to_string(), |r| format!("{r:.2}×"))
-        }
+    let line = |label: &str, f: &dyn Fn(&SizeResult) -> String, goal| Line {
+        label: label.to_string(),
+        values: column(f),
+        goal,
     };
-    let last_ratio = |f: fn(&SizeResult) -> Duration| base.and_then(|base| ratio(f(last), f(base)));
-    let lines = vec![
-        Line {
-            label: "pods started per second (hollow nodes)",
-            values: column(&|r| r.pods_per_second.map_or("-".into(), |v| format!("{v:.1}"))),
-            goal: Some(("≥ 300", last.pods_per_second.map(|v| v >= 300.0))),
-        },
-        Line {
-            label: "idle server CPU (% of a core)",
-            values: column(&|r| format!("{:.1} %", r.idle_cpu)),
-            goal: Some(("≤ 5 %", Some(last.idle_cpu <= 5.0))),
-        },
-        Line {
-            label: "server RSS",
-            values: column(&|r| mib(r.rss)),
-            goal: Some(("≤ 250 MiB", Some(last.rss <= 250 << 20))),
-        },
-        Line {
-            label: "server peak RSS (VmHWM)",
-            values: column(&|r| mib(r.peak_rss)),
-            goal: None,
-        },
-        Line {
-            label: "server CPU per apply",
-            values: column(&|r| millis(r.cpu_per_apply)),
-            goal: None,
-        },
-        Line {
-            label: "  ÷ at 0 pods",
-            values: column(&ratio_of(|r| r.cpu_per_apply)),
-            goal: Some(("≤ 1.3×", last_ratio(|r| r.cpu_per_apply).map(|r| r <= 1.3))),
-        },
-        Line {
-            label: "server CPU per apply, less idle CPU",
-            values: column(&|r| millis(r.cpu_per_apply_corrected)),
-            goal: None,
-        },
-        Line {
-            label: "  ÷ at 0 pods",
-            values: column(&ratio_of(|r| r.cpu_per_apply_corrected)),
-            goal: Some((
-                "≤ 1.3×",
-                last_ratio(|r| r.cpu_per_apply_corrected).map(|r| r <= 1.3),
-            )),
-        },
-        Line {
-            label: "apply p50 (one client)",
-            values: column(&|r| r.apply.map_or("-".into(), |s| millis(s.median))),
-            goal: None,
-        },
-        Line {
-            label: "apply p99 (one client)",
-            values: column(&|r| r.apply.map_or("-".into(), |s| millis(s.p99))),
-            goal: Some((
-                "≤ 50 ms",
-                last.apply.map(|s| s.p99 <= Duration::from_millis(50)),
-            )),
-        },
-        Line {
-            label: "`corral get pods -o json` (median of 3)",
-            values: column(&|r| millis(r.get_pods)),
-            goal: Some(("≤ 1 s", Some(last.get_pods <= Duration::from_secs(1)))),
-        },
-        Line {
-            label: "store size",
-            values: column(&|r| mib(r.store_bytes)),
-            goal: None,
-        },
-        Line {
-            label: "bench process CPU while pods start (% of a core)",
-            values: column(&|r| {
-                r.bench_cpu_starting
-                    .map_or("-".into(), |v| format!("{v:.1} %"))
-            }),
-            goal: None,
-        },
-        Line {
-            label: "bench process CPU while idle (% of a core)",
-            values: column(&|r| format!("{:.1} %", r.bench_idle_cpu)),
-            goal: None,
-        },
-        Line {
-            label: "hollow nodes Ready",
-            values: column(&|r| format!("{} of {nodes}", r.nodes_ready)),
-            goal: None,
-        },
+    let percent = |value: f64| format!("{value:.1} %");
+    let mut lines = vec![
+        line(
+            "pods started per second (hollow nodes)",
+            &|r| r.pods_per_second.map_or("-".into(), |v| format!("{v:.1}")),
+            Some(("≥ 300", last.pods_per_second.map(|v| v >= 300.0))),
+        ),
+        line(
+            "idle server CPU (% of a core)",
+            &|r| percent(r.idle_cpu),
+            Some(("≤ 5 %", Some(last.idle_cpu <= 5.0))),
+        ),
+        line(
+            "server RSS",
+            &|r| mib(r.rss),
+            Some(("≤ 250 MiB", Some(last.rss <= 250 << 20))),
+        ),
+        line("server peak RSS (VmHWM)", &|r| mib(r.peak_rss), None),
     ];
-    let mut lines = lines;
+    for (name, series) in [
+        (
+            "Policy",
+            (|r: &SizeResult| r.policy) as fn(&SizeResult) -> ApplyMeasure,
+        ),
+        ("pod label", |r: &SizeResult| r.pod_label),
+    ] {
+        lines.extend(apply_lines(name, series, results, base, last));
+    }
+    lines.extend([
+        line(
+            "`corral get pods -o json` (median of 3)",
+            &|r| millis(r.get_pods),
+            Some(("≤ 1 s", Some(last.get_pods <= Duration::from_secs(1)))),
+        ),
+        line("store size", &|r| mib(r.store_bytes), None),
+        line(
+            "bench process CPU while pods start (% of a core)",
+            &|r| r.bench_cpu_starting.map_or("-".into(), percent),
+            None,
+        ),
+        line(
+            "bench process CPU while idle (% of a core)",
+            &|r| percent(r.bench_idle_cpu),
+            None,
+        ),
+        line(
+            "hollow nodes Ready",
+            &|r| format!("{} of {nodes}", r.nodes_ready),
+            None,
+        ),
+    ]);
     if results.iter().any(|r| r.etcd_idle_cpu.is_some()) {
-        lines.push(Line {
-            label: "idle etcd CPU (% of a core)",
-            values: column(&|r| r.etcd_idle_cpu.map_or("-".into(), |v| format!("{v:.1} %"))),
-            goal: None,
-        });
+        lines.push(line(
+            "idle etcd CPU (% of a core)",
+            &|r| r.etcd_idle_cpu.map_or("-".into(), percent),
+            None,
+        ));
     }
 
     let mut out = String::new();
@@ -186,6 +156,61 @@ pub fn render(results: &[SizeResult], nodes: usize) -> String {
     out
 }
 
+/// The rows of one series of applies: CPU per apply raw and less idle,
+/// each with its ratio to 0 pods, and the latency.
+fn apply_lines(
+    name: &str,
+    series: fn(&SizeResult) -> ApplyMeasure,
+    results: &[SizeResult],
+    base: Option<&SizeResult>,
+    last: &SizeResult,
+) -> Vec<Line> {
+    let values = |f: &dyn Fn(ApplyMeasure) -> String| {
+        results.iter().map(|r| f(series(r))).collect::<Vec<_>>()
+    };
+    let ratio_line = |label: String, cpu: fn(ApplyMeasure) -> Duration| {
+        let to_base = |r: &SizeResult| base.and_then(|b| ratio(cpu(series(r)), cpu(series(b))));
+        Line {
+            label,
+            values: results
+                .iter()
+                .map(|r| to_base(r).map_or_else(|| "-".to_string(), |v| format!("{v:.2}×")))
+                .collect(),
+            goal: Some(("≤ 1.3×", to_base(last).map(|v| v <= 1.3))),
+        }
+    };
+    let latency = |f: fn(&Summary) -> Duration| {
+        move |m: ApplyMeasure| m.latency.map_or("-".into(), |s| millis(f(&s)))
+    };
+    let p99_met = series(last)
+        .latency
+        .map(|s| s.p99 <= Duration::from_millis(50));
+    vec![
+        Line {
+            label: format!("server CPU per apply ({name})"),
+            values: values(&|m| millis(m.cpu)),
+            goal: None,
+        },
+        ratio_line("  ÷ at 0 pods".into(), |m| m.cpu),
+        Line {
+            label: format!("server CPU per apply ({name}), less idle CPU"),
+            values: values(&|m| millis(m.cpu_less_idle)),
+            goal: None,
+        },
+        ratio_line("  ÷ at 0 pods".into(), |m| m.cpu_less_idle),
+        Line {
+            label: format!("apply p50 ({name}, one client)"),
+            values: values(&latency(|s| s.median)),
+            goal: None,
+        },
+        Line {
+            label: format!("apply p99 ({name}, one client)"),
+            values: values(&latency(|s| s.p99)),
+            goal: Some(("≤ 50 ms", p99_met)),
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,8 +221,11 @@ mod tests {
             pods_per_second: (pods > 0).then_some(350.0),
             idle_cpu: idle,
             rss: 100 << 20,
-            cpu_per_apply: Duration::from_millis(cpu_ms),
-            cpu_per_apply_corrected: Duration::from_millis(cpu_ms),
+            policy: ApplyMeasure {
+                cpu: Duration::from_millis(cpu_ms),
+                cpu_less_idle: Duration::from_millis(cpu_ms),
+                latency: None,
+            },
             get_pods: Duration::from_millis(200),
             nodes_ready: 3,
             ..SizeResult::default()

@@ -24,23 +24,24 @@ pub const NAMESPACE: &str = "default";
 /// How often one pod's create is tried before the run fails.
 const CREATE_ATTEMPTS: u32 = 3;
 
-/// Pod number `index`: one container asking for 1m CPU and 1Mi memory, so
-/// only pod slots limit how many a node takes. Its image is never pulled.
-pub fn pod(index: usize) -> Object {
-    let spec = json!({
+/// The benchmark's pod spec: one container asking for 1m CPU and 1Mi
+/// memory, so only pod slots limit how many a node takes. Its image is
+/// never pulled.
+pub fn pod_spec() -> serde_json::Value {
+    json!({
         "terminationGraceSeconds": 0,
         "containers": [{
             "name": "app",
             "image": "registry.example.com/hollow/app:1",
             "resources": {"cpu": "1m", "memory": "1Mi"},
         }],
-    });
-    Object::new(
-        Kind::Pod,
-        Some(NAMESPACE),
-        &format!("scale-{index:05}"),
-        spec,
-    )
+    })
+}
+
+/// Pod number `index`.
+pub fn pod(index: usize) -> Object {
+    let name = format!("scale-{index:05}");
+    Object::new(Kind::Pod, Some(NAMESPACE), &name, pod_spec())
 }
 
 /// Creates pods `range` with `clients` requests in flight, until done or
