@@ -249,13 +249,13 @@ async fn run_on(plan: &Plan, datastore: &str) -> anyhow::Result<(Vec<SizeResult>
         };
         if size > have {
             println!("{datastore}, {size} pods: creating {} pods", size - have);
-            let window = CpuWindow::start(&[None])?;
+            let window = CpuWindow::start(&[None, Some(server_pid)])?;
             let first_create = Instant::now();
             let deadline = first_create + plan.budget;
             let created =
                 workload::create_pods(&admin, have..size, plan.creators, deadline).await?;
             let reached = running.reached(size, deadline).await;
-            let bench = window.stop()?;
+            let usage = window.stop()?;
             server.ensure_running()?;
             let Some(reached) = reached else {
                 let note = format!(
@@ -272,7 +272,8 @@ async fn run_on(plan: &Plan, datastore: &str) -> anyhow::Result<(Vec<SizeResult>
             };
             let elapsed = reached.saturating_duration_since(first_create);
             result.pods_per_second = Some((size - have) as f64 / elapsed.as_secs_f64());
-            result.bench_cpu_starting = Some(bench.percent(0));
+            result.bench_cpu_starting = Some(usage.percent(0));
+            result.server_cpu_starting = Some(usage.percent(1));
             println!(
                 "{datastore}, {size} pods: all running {:.1} s after the first create ({:.1} pods/s)",
                 elapsed.as_secs_f64(),

@@ -16,7 +16,8 @@ pub struct SizeResult {
     /// Pods started per second (new pods ÷ first create → last seen
     /// running); `None` when no pod was added.
     pub pods_per_second: Option<f64>,
-    /// The bench process's CPU while the pods started, % of a core.
+    /// The server's and this process's CPU while the pods started, % of a core.
+    pub server_cpu_starting: Option<f64>,
     pub bench_cpu_starting: Option<f64>,
     /// Server CPU with every pod running and nothing to do, % of a core.
     pub idle_cpu: f64,
@@ -76,6 +77,11 @@ pub fn render(results: &[SizeResult], nodes: usize) -> String {
             "pods started per second (hollow nodes)",
             &|r| r.pods_per_second.map_or("-".into(), |v| format!("{v:.1}")),
             Some(("≥ 300", last.pods_per_second.map(|v| v >= 300.0))),
+        ),
+        line(
+            "server CPU while pods start (% of a core)",
+            &|r| r.server_cpu_starting.map_or("-".into(), percent),
+            None,
         ),
         line(
             "idle server CPU (% of a core)",
