@@ -14,6 +14,7 @@
 //! ends the run with a message; the sizes measured so far are printed.
 
 mod measure;
+mod stages;
 mod table;
 pub(crate) mod workload;
 
@@ -247,7 +248,9 @@ async fn run_on(plan: &Plan, datastore: &str) -> anyhow::Result<(Vec<SizeResult>
             pods: size,
             ..SizeResult::default()
         };
+        let mut started_from = None;
         if size > have {
+            started_from = Some(have);
             println!("{datastore}, {size} pods: creating {} pods", size - have);
             let window = CpuWindow::start(&[None, Some(server_pid)])?;
             let first_create = Instant::now();
@@ -285,6 +288,18 @@ async fn run_on(plan: &Plan, datastore: &str) -> anyhow::Result<(Vec<SizeResult>
             println!(
                 "{datastore}, {size} pods: hollow nodes still busy after 60 s; measuring anyway"
             );
+        }
+        if let Some(first_new) = started_from {
+            let pods = admin
+                .list(Kind::Pod, Some(workload::NAMESPACE), None)
+                .await?;
+            let first = workload::pod(first_new).metadata.name;
+            let new: Vec<_> = pods
+                .items
+                .into_iter()
+                .filter(|pod| pod.metadata.name >= first)
+                .collect();
+            print!("{datastore}, {size} pods: {}", stages::report(&new));
         }
         // Let the workflow driver finish the last instances.
         tokio::time::sleep(Duration::from_secs(2)).await;
