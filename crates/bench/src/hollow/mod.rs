@@ -65,6 +65,10 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn add_n(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
     fn sub(counter: &AtomicU64) {
         counter.fetch_sub(1, Ordering::Relaxed);
     }

@@ -67,15 +67,15 @@ pub fn hollow_status(settings: &NodeSettings) -> NodeStatus {
 /// and, once joined, following pods.
 pub async fn run(api: NodeApi, settings: NodeSettings, counters: Arc<Counters>) {
     let status = hollow_status(&settings);
-    let mut node = loop {
+    loop {
         match api.register(&status).await {
-            Ok(node) => break node,
+            Ok(_) => break,
             Err(_) => {
                 Counters::add(&counters.heartbeat_failures);
                 tokio::time::sleep(JOIN_TICK).await;
             }
         }
-    };
+    }
     Counters::add(&counters.heartbeats);
     let work = async {
         if join(&api, &counters).await {
@@ -85,10 +85,7 @@ pub async fn run(api: NodeApi, settings: NodeSettings, counters: Arc<Counters>) 
             .run()
             .await;
     };
-    tokio::join!(
-        heartbeat_loop(&api, &mut node, &status, settings.heartbeat, &counters),
-        work,
-    );
+    tokio::join!(heartbeat_loop(&api, settings.heartbeat, &counters), work,);
 }
 
 /// Completes the node-owned steps of the node's join workflow as they
@@ -116,13 +113,19 @@ async fn run_join_steps(
     node: &Object,
     counters: &Counters,
 ) -> Option<WorkflowOutcome> {
-    let mut instance = instance_for(node, node.metadata.revision)?;
+    let mut instance = instance_for(api.steps(), node, node.metadata.revision).await?;
     let key = node.key();
     while is_running(&instance) {
-        let step = node_steps(&instance, "ready").into_iter().next()?;
-        match api.run_step(&key, &instance.id, &step).await {
+        let steps = node_steps(&instance, "ready");
+        if steps.is_empty() {
+            return None;
+        }
+        match api
+            .run_steps(&key, &instance.id, &steps, Default::default())
+            .await
+        {
             Ok(fresh) => {
-                Counters::add(&counters.steps);
+                Counters::add_n(&counters.steps, steps.len());
                 instance = fresh;
             }
             Err(_) => {
@@ -136,17 +139,11 @@ async fn run_join_steps(
 
 /// Heartbeats every `every` (the first one came with the registration),
 /// trying again soon after a failed one.
-async fn heartbeat_loop(
-    api: &NodeApi,
-    node: &mut Object,
-    status: &NodeStatus,
-    every: Duration,
-    counters: &Counters,
-) {
+async fn heartbeat_loop(api: &NodeApi, every: Duration, counters: &Counters) {
     let mut wait = every;
     loop {
         tokio::time::sleep(wait).await;
-        wait = match api.heartbeat(node, status).await {
+        wait = match api.heartbeat().await {
             Ok(()) => {
                 Counters::add(&counters.heartbeats);
                 every

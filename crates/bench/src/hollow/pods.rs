@@ -6,7 +6,7 @@
 //! container start step is done. A deleted pod, or one bound elsewhere, is
 //! forgotten.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use super::Counters;
-use super::protocol::{NodeApi, StepError, bound_to};
+use super::protocol::{NodeApi, StepError, bound_to, running_status};
 
 /// How long to wait before listing again after the API failed.
 const RETRY: Duration = Duration::from_secs(1);
@@ -164,34 +164,49 @@ impl PodWorker {
     async fn advance(&mut self, pod: &Object) {
         let key = pod.key();
         let revision = pod.metadata.revision;
-        let Some(mut instance) = instance_for(pod, revision) else {
+        let Some(mut instance) = instance_for(self.api.steps(), pod, revision).await else {
             // No workflow recorded for this revision: the agent admits it directly.
             self.report(&key, revision).await;
             return;
         };
         while is_running(&instance) {
-            let Some((step, attempts)) = next_step(&instance, &self.claimed) else {
+            // Every ready node step at once, in one request; the containers
+            // are reported running in the request that starts them.
+            let ready = next_steps(&instance, &self.claimed);
+            if ready.is_empty() {
                 break;
+            }
+            for (step, attempts) in &ready {
+                self.claimed
+                    .insert((instance.id.clone(), step.clone(), *attempts));
+            }
+            let steps: Vec<String> = ready.into_iter().map(|(step, _)| step).collect();
+            let starts = steps
+                .iter()
+                .any(|step| STARTS_CONTAINERS.contains(&step.as_str()));
+            let status = if starts && self.reported != Some(instance.revision) {
+                running_fields(pod, instance.revision)
+            } else {
+                BTreeMap::new()
             };
-            self.claimed
-                .insert((instance.id.clone(), step.clone(), attempts));
-            match self.api.run_step(&key, &instance.id, &step).await {
+            match self.api.run_steps(&key, &instance.id, &steps, status).await {
                 Ok(fresh) => {
-                    Counters::add(&self.counters.steps);
+                    Counters::add_n(&self.counters.steps, steps.len());
+                    if starts {
+                        self.reported = Some(fresh.revision);
+                        Counters::add(&self.counters.status_reports);
+                    }
                     instance = fresh;
                 }
-                Err(StepError::Claim { .. }) => {
+                Err(StepError::Refused { .. }) => {
                     // A stale view: the next event brings the news.
                     Counters::add(&self.counters.stale_claims);
                     break;
                 }
-                Err(StepError::Complete { .. }) => {
+                Err(StepError::Failed { .. }) => {
                     Counters::add(&self.counters.errors);
                     break;
                 }
-            }
-            if containers_started(&instance) {
-                self.report(&key, instance.revision).await;
             }
         }
         if containers_started(&instance) {
@@ -214,14 +229,27 @@ impl PodWorker {
     }
 }
 
-/// The first ready step the node executes that it has not claimed yet,
-/// with the attempts made before.
-fn next_step(instance: &WorkflowInstance, claimed: &HashSet<Attempt>) -> Option<(String, u32)> {
-    node_steps(instance, "ready").into_iter().find_map(|step| {
-        let attempts = instance.step(&step).map_or(0, |s| s.attempts);
-        let attempt = (instance.id.clone(), step.clone(), attempts);
-        (!claimed.contains(&attempt)).then_some((step, attempts))
-    })
+/// The ready steps the node executes that it has not claimed yet, with
+/// the attempts made before each.
+fn next_steps(instance: &WorkflowInstance, claimed: &HashSet<Attempt>) -> Vec<(String, u32)> {
+    node_steps(instance, "ready")
+        .into_iter()
+        .filter_map(|step| {
+            let attempts = instance.step(&step).map_or(0, |s| s.attempts);
+            let attempt = (instance.id.clone(), step.clone(), attempts);
+            (!claimed.contains(&attempt)).then_some((step, attempts))
+        })
+        .collect()
+}
+
+/// The node-owned status fields of `pod` once its containers run
+/// `revision`.
+fn running_fields(pod: &Object, revision: u64) -> BTreeMap<String, serde_json::Value> {
+    let status = running_status(pod, revision);
+    ["phase", "containers", "observedRevision"]
+        .into_iter()
+        .filter_map(|field| Some((field.to_string(), status.get(field)?.clone())))
+        .collect()
 }
 
 /// Whether the instance's container start step is done (its containers
@@ -266,12 +294,15 @@ mod tests {
     fn ready_node_steps_are_claimed_once_per_attempt() {
         let instance = placed_instance();
         let mut claimed = HashSet::new();
-        let mut order = Vec::new();
-        while let Some((step, attempts)) = next_step(&instance, &claimed) {
-            assert_eq!(attempts, 0);
-            claimed.insert((instance.id.clone(), step.clone(), attempts));
-            order.push(step);
-        }
+        let order: Vec<String> = next_steps(&instance, &claimed)
+            .into_iter()
+            .map(|(step, attempts)| {
+                assert_eq!(attempts, 0);
+                claimed.insert((instance.id.clone(), step.clone(), attempts));
+                step
+            })
+            .collect();
+        assert!(next_steps(&instance, &claimed).is_empty(), "claimed once");
         assert!(
             order.contains(&"node/create-sandbox".to_string()),
             "{order:?}"

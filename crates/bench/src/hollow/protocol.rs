@@ -1,19 +1,23 @@
 //! Everything a hollow node says to the API, in one place. Each method is
-//! one thing a node agent does, made of today's calls; when the API grows a
-//! cheaper way (a lease for heartbeats, a node filter on pod watches, a
-//! batch step call) the change is local to the method.
+//! one thing a node agent does: a lease renewal for a heartbeat, a
+//! node-scoped list and watch of its pods, one batch request for the steps
+//! it moves together.
 //!
 //! Where the real agent's own function exists (`corral_agent::node`), it is
 //! called rather than copied, so hollow nodes speak the protocol the agent
 //! speaks.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use chrono::Utc;
+use corral_agent::steps::ClientSteps;
 use corral_api::kinds::{ContainerState, ContainerStatus, NodeStatus, PodPhase, PodSpec};
 use corral_api::watch::WatchEvent;
-use corral_api::workflow::{StepActionKind, WorkflowInstance};
+use corral_api::workflow::{StepActionKind, StepBatchRequest, WorkflowInstance};
 use corral_api::{Kind, Object, ObjectKey};
+use corral_client::runtime::Scope;
 use corral_client::{Client, ClientConfig, ClientError};
 use futures::Stream;
 
@@ -30,19 +34,19 @@ pub type PodEvents = Pin<Box<dyn Stream<Item = Result<WatchEvent, ClientError>> 
 /// A step action that did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
-    /// The claim was refused: the step was not ready any more (our view of
-    /// the pod was stale) or is not ours. Nothing to undo.
-    #[error("claim of {step} refused")]
-    Claim {
-        step: String,
+    /// The batch was refused (409): a step was not ready any more (our
+    /// view of the pod was stale). Nothing happened.
+    #[error("steps {steps} refused")]
+    Refused {
+        steps: String,
         #[source]
         source: ClientError,
     },
-    /// The step was claimed but not completed; the engine's timeout will
-    /// make it ready again.
-    #[error("completion of {step} failed")]
-    Complete {
-        step: String,
+    /// The batch failed otherwise; nothing happened, and the next change
+    /// of the pod brings the steps back.
+    #[error("steps {steps} failed")]
+    Failed {
+        steps: String,
         #[source]
         source: ClientError,
     },
@@ -54,6 +58,8 @@ pub enum StepError {
 pub struct NodeApi {
     client: Client,
     node: String,
+    /// The workflow definitions fetched so far, as the agent keeps them.
+    steps: Arc<ClientSteps>,
 }
 
 impl NodeApi {
@@ -67,9 +73,15 @@ impl NodeApi {
             ..join.clone()
         })?;
         Ok(NodeApi {
+            steps: Arc::new(ClientSteps::new(client.clone())),
             client,
             node: node.to_string(),
         })
+    }
+
+    /// The step API as the agent holds it (definitions cached).
+    pub fn steps(&self) -> &ClientSteps {
+        &self.steps
     }
 
     pub fn name(&self) -> &str {
@@ -88,62 +100,62 @@ impl NodeApi {
         corral_agent::node::register(&self.client, &self.node, status).await
     }
 
-    /// One heartbeat. Today: the agent's status write with a fresh time
-    /// (a GET and a compare-and-swap PUT of the whole Node status).
-    pub async fn heartbeat(
-        &self,
-        node: &mut Object,
-        status: &NodeStatus,
-    ) -> Result<(), ClientError> {
-        corral_agent::node::heartbeat(&self.client, node, status).await
+    /// One heartbeat: the node's lease renewal, as the agent sends it
+    /// (no object is written).
+    pub async fn heartbeat(&self) -> Result<(), ClientError> {
+        self.client.renew_lease(&self.node).await.map(|_| ())
     }
 
-    /// The pods bound to this node and the store revision to watch from.
-    /// Today: a list of every pod, filtered here by `status.node`.
+    /// The pods bound to this node and the store revision to watch from
+    /// (a node-scoped list, as the agent's informer makes it).
     pub async fn bound_pods(&self) -> Result<(Vec<Object>, u64), ClientError> {
-        let list = self.client.list(Kind::Pod, None, None).await?;
-        let pods = list
-            .items
-            .into_iter()
-            .filter(|pod| bound_to(pod) == Some(self.node.as_str()))
-            .collect();
-        Ok((pods, list.resource_version))
+        let list = self
+            .client
+            .list_scope_all(&Scope::on_node(Kind::Pod, &self.node))
+            .await?;
+        Ok((list.items, list.resource_version))
     }
 
-    /// Changes to pods after store revision `after`. Today the server
-    /// sends every pod's changes; the caller drops the pods not bound here
-    /// (and must, to notice a pod moved away).
+    /// Changes to the pods bound here after store revision `after`; a pod
+    /// taken away arrives as a deletion.
     pub async fn watch_pods(&self, after: u64) -> Result<PodEvents, ClientError> {
-        let events = self.client.watch(Kind::Pod, None, None, after).await?;
+        let scope = Scope::on_node(Kind::Pod, &self.node);
+        let events = self.client.watch_scope(&scope, after).await?;
         Ok(Box::pin(events))
     }
 
-    /// Claims a ready step of workflow instance `workflow` of the object
-    /// at `key` and completes it at once, doing nothing in between.
-    /// Returns the instance as stored afterwards. Today: two requests.
-    pub async fn run_step(
+    /// Claims the ready `steps` of workflow instance `workflow` of the
+    /// object at `key` and completes them at once, doing nothing in
+    /// between, with the node-owned `status` fields given: one request.
+    /// Returns the instance as stored afterwards.
+    pub async fn run_steps(
         &self,
         key: &ObjectKey,
         workflow: &str,
-        step: &str,
+        steps: &[String],
+        status: BTreeMap<String, serde_json::Value>,
     ) -> Result<WorkflowInstance, StepError> {
-        let claim = corral_agent::steps::request(StepActionKind::Claim, step, workflow);
-        self.client
-            .step_action(key, &claim)
-            .await
-            .map_err(|source| StepError::Claim {
-                step: step.to_string(),
-                source,
-            })?;
-        let mut complete = corral_agent::steps::request(StepActionKind::Complete, step, workflow);
-        complete.note = Some(NOTE.to_string());
-        self.client
-            .step_action(key, &complete)
-            .await
-            .map_err(|source| StepError::Complete {
-                step: step.to_string(),
-                source,
-            })
+        let mut actions = Vec::with_capacity(steps.len() * 2);
+        for step in steps {
+            actions.push(corral_agent::steps::request(
+                StepActionKind::Claim,
+                step,
+                workflow,
+            ));
+            let mut complete =
+                corral_agent::steps::request(StepActionKind::Complete, step, workflow);
+            complete.note = Some(NOTE.to_string());
+            actions.push(complete);
+        }
+        let batch = StepBatchRequest { actions, status };
+        self.client.step_batch(key, &batch).await.map_err(|source| {
+            let steps = steps.join(", ");
+            if source.status() == Some(409) {
+                StepError::Refused { steps, source }
+            } else {
+                StepError::Failed { steps, source }
+            }
+        })
     }
 
     /// Reports the pod's containers running spec revision `revision`: the

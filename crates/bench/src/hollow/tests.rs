@@ -137,8 +137,11 @@ async fn hollow_nodes_join_and_run_pods_through_the_real_api() {
             .items;
         assert_eq!(pods.len(), 10);
         let succeeded = pods.iter().all(|pod| {
-            corral_agent::steps::instance_for(pod, pod.metadata.revision)
-                .is_some_and(|instance| instance.outcome == WorkflowOutcome::Succeeded)
+            corral_api::workflow::StoredWorkflows::of(&pod.status).is_ok_and(|status| {
+                status
+                    .for_revision(pod.metadata.revision)
+                    .is_some_and(|instance| instance.outcome == WorkflowOutcome::Succeeded)
+            })
         });
         for pod in &pods {
             let status: PodStatus = pod.typed_status().expect("a pod status");

@@ -299,7 +299,8 @@ async fn run_on(plan: &Plan, datastore: &str) -> anyhow::Result<(Vec<SizeResult>
                 .into_iter()
                 .filter(|pod| pod.metadata.name >= first)
                 .collect();
-            print!("{datastore}, {size} pods: {}", stages::report(&new));
+            let sampled = stages::sample(&admin, &new).await;
+            print!("{datastore}, {size} pods: {}", stages::report(&sampled));
         }
         // Let the workflow driver finish the last instances.
         tokio::time::sleep(Duration::from_secs(2)).await;
