@@ -85,6 +85,11 @@ impl Cluster {
         assert_eq!(Path::new(path), self.config);
     }
 
+    /// The process id of the running `corral`.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the process with SIGKILL, as a crash would.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
