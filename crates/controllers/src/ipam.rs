@@ -24,6 +24,10 @@ use crate::steps::{ReadyStep, ready_instance};
 pub const PREFIX_STEP: &str = "ipam/assign-prefix";
 pub const ADDRESS_STEP: &str = "ipam/assign-address";
 
+/// Objects answered at once: choices are made one at a time, the writes
+/// that carry them go out together (and share the store's commits).
+const WORKERS: usize = 16;
+
 /// How long an address or prefix handed out is held back from others
 /// before the caches show it.
 const PENDING_FOR: Duration = Duration::from_secs(60);
@@ -77,6 +81,9 @@ struct Shared {
     vms: Cache<Addressing>,
     /// Blocks and addresses handed out that the caches may not show yet.
     pending: Mutex<HashMap<String, Instant>>,
+    /// Held while a block or address is chosen: workers write at once, but
+    /// choose one after another.
+    choosing: Mutex<()>,
 }
 
 impl Shared {
@@ -132,6 +139,7 @@ pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationT
         pods: pods.cache().clone(),
         vms: vms.cache().clone(),
         pending: Mutex::new(HashMap::new()),
+        choosing: Mutex::new(()),
     });
     let queue = WorkQueue::new();
     for informer in [&nodes, &pods, &vms] {
@@ -151,7 +159,7 @@ pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationT
             },
         );
     }
-    runtime::run("ipam", queue, 1, shutdown, move |key: ObjectKey| {
+    runtime::run("ipam", queue, WORKERS, shutdown, move |key: ObjectKey| {
         let shared = shared.clone();
         async move { reconcile(&shared, &key).await }
     })
@@ -171,7 +179,13 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
             step: PREFIX_STEP,
             workflow,
         };
-        let (outcome, status) = node_prefix(shared, &addressing);
+        let (outcome, status) = {
+            let _choosing = shared
+                .choosing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            node_prefix(shared, &addressing)
+        };
         step.finish(&shared.client, outcome, status).await?;
     } else {
         let step = ReadyStep {
@@ -179,7 +193,13 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
             step: ADDRESS_STEP,
             workflow,
         };
-        let (outcome, status) = workload_address(shared, &addressing);
+        let (outcome, status) = {
+            let _choosing = shared
+                .choosing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            workload_address(shared, &addressing)
+        };
         step.finish(&shared.client, outcome, status).await?;
     }
     Ok(Action::Done)

@@ -31,6 +31,11 @@ use crate::steps::{ReadyStep, ready_instance};
 
 pub const STEP: &str = "scheduler/place";
 
+/// Workloads answered at once: placements are decided one at a time on the
+/// shared reservations, the writes that record them go out together (and
+/// share the store's commits).
+const WORKERS: usize = 16;
+
 /// What the scheduler keeps of a pod or VM.
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -248,10 +253,16 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
             },
         );
     }
-    runtime::run("scheduler", queue, 1, shutdown, move |key: ObjectKey| {
-        let shared = shared.clone();
-        async move { reconcile(&shared, &key).await }
-    })
+    runtime::run(
+        "scheduler",
+        queue,
+        WORKERS,
+        shutdown,
+        move |key: ObjectKey| {
+            let shared = shared.clone();
+            async move { reconcile(&shared, &key).await }
+        },
+    )
     .await;
 }
 

@@ -275,6 +275,35 @@ pub trait Store: Send + Sync + 'static {
         change: &ChangeMeta,
     ) -> Result<Object, StoreError>;
 
+    /// [`Store::create`] and then [`Store::append_step_logs`] of `logs`
+    /// (the log of what the write did): in one transaction where the
+    /// backend can, so the object and its log land together, with one
+    /// commit. The default makes the two calls.
+    async fn create_logged(
+        &self,
+        object: Object,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
+        let created = self.create(object, change).await?;
+        self.append_step_logs(logs).await?;
+        Ok(created)
+    }
+
+    /// [`Store::update`] and then [`Store::append_step_logs`] of `logs`,
+    /// like [`Store::create_logged`].
+    async fn update_logged(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
+        let updated = self.update(object, expected, change).await?;
+        self.append_step_logs(logs).await?;
+        Ok(updated)
+    }
+
     /// Removes an object, if `expected` is given only at that
     /// `resourceVersion`. History keeps a record of the deletion.
     async fn delete(

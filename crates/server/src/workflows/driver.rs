@@ -22,7 +22,7 @@ use futures::StreamExt;
 use futures::stream::SelectAll;
 use tokio_util::sync::CancellationToken;
 
-use super::{hydrate, put_stored, store_logs, stored_status};
+use super::{hydrate, put_stored, stored_status};
 use crate::watchcache::{CachedObject, ListRequest, Scope};
 use crate::{Server, SharedServer};
 
@@ -265,16 +265,18 @@ async fn tick_object(
         time: now,
         always_record: false,
     };
-    match server.store.update(object, expected, &change).await {
-        Ok(_) => {}
+    match server
+        .store
+        .update_logged(object, expected, &change, &logs)
+        .await
+    {
+        Ok(_) => Ok(true),
         Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
             tracing::debug!(object = %key, "changed meanwhile; ticked again at its next deadline");
-            return Ok(false);
+            Ok(false)
         }
-        Err(error) => return Err(error),
+        Err(error) => Err(error),
     }
-    store_logs(server, &logs).await;
-    Ok(true)
 }
 
 #[cfg(test)]

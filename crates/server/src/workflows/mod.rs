@@ -78,8 +78,7 @@ pub async fn create(
         "start"
     };
     let logs = begin(server, &mut object, workflow, 1).await?;
-    let created = server.store.create(object, change).await?;
-    store_logs(server, &logs).await;
+    let created = server.store.create_logged(object, change, &logs).await?;
     Ok(created)
 }
 
@@ -113,8 +112,10 @@ pub async fn update(
         let revision = current.metadata.revision + 1;
         begin(server, &mut next, "update", revision).await?
     };
-    let updated = server.store.update(next, expected, &change).await?;
-    store_logs(server, &logs).await;
+    let updated = server
+        .store
+        .update_logged(next, expected, &change, &logs)
+        .await?;
     Ok(updated)
 }
 
@@ -268,13 +269,5 @@ pub(crate) fn bound_node(object: &Object) -> Option<String> {
             .get("node")
             .and_then(Value::as_str)
             .map(str::to_string),
-    }
-}
-
-/// Stores log entries of a write that already happened. A failure cannot
-/// undo the write, so it is reported in the server log.
-async fn store_logs(server: &Server, logs: &[StepLogEntry]) {
-    if let Err(error) = server.store.append_step_logs(logs).await {
-        tracing::error!(%error, entries = logs.len(), "workflow step log entries were lost");
     }
 }

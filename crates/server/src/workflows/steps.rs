@@ -13,7 +13,7 @@ use corral_store::{StepLogFilter, StoreError};
 use corral_workflow::TransitionError;
 use serde_json::{Map, Value};
 
-use super::{bound_node, hydrate, put_stored, store_logs, stored_status};
+use super::{bound_node, hydrate, put_stored, stored_status};
 use crate::Server;
 use crate::error::ApiError;
 
@@ -225,14 +225,15 @@ pub async fn act_batch(
         let expected = object.metadata.resource_version;
         put_stored(&mut next, &workflows);
         let change = crate::handlers::change(server, caller, None);
-        match server.store.update(next, expected, &change).await {
+        logs.extend(lines);
+        match server
+            .store
+            .update_logged(next, expected, &change, &logs)
+            .await
+        {
             Err(StoreError::Conflict { .. }) => continue,
             Err(error) => return Err(error.into()),
-            Ok(_) => {
-                logs.extend(lines);
-                store_logs(server, &logs).await;
-                return Ok(result);
-            }
+            Ok(_) => return Ok(result),
         }
     }
     Err(ApiError::Conflict(format!(
