@@ -69,7 +69,7 @@ pub struct ScaleArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10m")]
     budget: Duration,
     /// Clients creating pods at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 32)]
     creators: usize,
     /// Pods each hollow node works on at once.
     #[arg(long, default_value_t = 4)]
@@ -257,6 +257,13 @@ async fn run_on(plan: &Plan, datastore: &str) -> anyhow::Result<(Vec<SizeResult>
             let deadline = first_create + plan.budget;
             let created =
                 workload::create_pods(&admin, have..size, plan.creators, deadline).await?;
+            let creating = first_create.elapsed();
+            println!(
+                "{datastore}, {size} pods: {created} created in {:.1} s ({:.1} creates/s from {} clients)",
+                creating.as_secs_f64(),
+                created as f64 / creating.as_secs_f64().max(f64::EPSILON),
+                plan.creators
+            );
             let reached = running.reached(size, deadline).await;
             let usage = window.stop()?;
             server.ensure_running()?;
