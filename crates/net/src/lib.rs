@@ -2,8 +2,9 @@
 //! no Services.
 //!
 //! Owns:
-//! - [`ipam`]: pure allocation — the cluster's ULA /48 (or a given prefix),
-//!   a /64 per node, a random address per pod, the node-local IPv4 egress range;
+//! - [`ipam`]: the pure allocation rules, re-exported from `corral-ipam`
+//!   (the cluster's prefix, a /64 per node, a random address per pod, the
+//!   node-local IPv4 egress range);
 //! - [`datapath`]: a veth per pod and plain routes between nodes, over
 //!   rtnetlink, behind the [`datapath::NetworkOps`] trait;
 //! - [`dns`]: answers pods' queries for `corral.` names, forwards the rest;
@@ -20,7 +21,8 @@
 pub mod datapath;
 pub mod dns;
 pub mod egress;
-pub mod ipam;
 pub mod lab;
 pub mod netns;
 pub mod wireguard;
+
+pub use corral_ipam as ipam;
