@@ -11,7 +11,8 @@
 //! - [`egress`]: the nftables masquerade that gives pods IPv4 egress;
 //! - [`wireguard`]: optional encrypted node-to-node links (kernel module or
 //!   `wireguard-go`);
-//! - [`netns`]: persistent network namespaces named by path;
+//! - [`netns`]: persistent network namespaces named by path, re-exported
+//!   from `corral-runtime`, which owns them (pods' sandboxes need them too);
 //! - [`lab`]: N "nodes" as namespaces on one bridge, for tests and `corral lab`.
 //!
 //! Must not: talk to the API server, keep state on disk (the agent persists
@@ -22,7 +23,7 @@ pub mod datapath;
 pub mod dns;
 pub mod egress;
 pub mod lab;
-pub mod netns;
 pub mod wireguard;
 
 pub use corral_ipam as ipam;
+pub use corral_runtime::oci::netns;

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 
-use super::netns::{LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls};
+use super::netns::{self, LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls, failed};
 use super::reap;
 
 /// One id mapping of the pod's user namespace: ids `0..size` inside are
@@ -44,19 +44,11 @@ pub fn user_namespace_path(net: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-fn syscall<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> NetnsError + 'a {
-    move |source| NetnsError::Syscall {
-        step,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn mount_point(path: &Path) -> Result<(), NetnsError> {
     match OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(NetnsError::Exists(path.into())),
-        Err(e) => Err(syscall("create mount point", path)(e)),
+        Err(e) => Err(failed("create mount point", path)(e)),
     }
 }
 
@@ -68,25 +60,12 @@ fn bind(source: &Path, target: &Path) -> Result<(), NetnsError> {
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| syscall("bind-mount", target)(e.into()))
+    .map_err(|e| failed("bind-mount", target)(e.into()))
 }
 
-/// Brings `lo` up inside the network namespace pinned at `net`, from a
-/// thread that enters it and ends.
+/// Brings `lo` up inside the network namespace pinned at `net`.
 fn loopback_up(net: &Path) -> Result<(), NetnsError> {
-    let file = fs::File::open(net).map_err(syscall("open", net))?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> Result<(), NetnsError> {
-                nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| syscall("enter", net)(e.into()))?;
-                LinuxNetns
-                    .loopback_up()
-                    .map_err(syscall("bring up lo", net))
-            })
-            .join()
-            .unwrap_or(Err(NetnsError::ThreadPanicked))
-    })
+    netns::run_in(net, || LinuxNetns.loopback_up())?.map_err(failed("bring up lo", net))
 }
 
 impl NetnsManager<LinuxNetns> {
@@ -100,7 +79,7 @@ impl NetnsManager<LinuxNetns> {
         let net = self.path(name)?;
         let user = user_namespace_path(&net);
         let run_dir = net.parent().unwrap_or(Path::new("/"));
-        fs::create_dir_all(run_dir).map_err(syscall("create run dir", run_dir))?;
+        fs::create_dir_all(run_dir).map_err(failed("create run dir", run_dir))?;
         mount_point(&net)?;
         if let Err(error) = mount_point(&user) {
             let _ = fs::remove_file(&net);
@@ -134,13 +113,13 @@ fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
     }
     let mut helper = command
         .spawn()
-        .map_err(syscall("start the namespace helper for", net))?;
+        .map_err(failed("start the namespace helper for", net))?;
     let proc_dir = PathBuf::from(format!("/proc/{}", helper.id()));
     let map = format!("0 {} {}\n", ids.host_base, ids.size);
     let result = fs::write(proc_dir.join("uid_map"), &map)
-        .map_err(syscall("write uid_map", user))
+        .map_err(failed("write uid_map", user))
         .and_then(|()| {
-            fs::write(proc_dir.join("gid_map"), &map).map_err(syscall("write gid_map", user))
+            fs::write(proc_dir.join("gid_map"), &map).map_err(failed("write gid_map", user))
         })
         .and_then(|()| bind(&proc_dir.join("ns/user"), user))
         .and_then(|()| bind(&proc_dir.join("ns/net"), net));
