@@ -9,9 +9,16 @@
 //!
 //! [`app`] builds the router without a socket so tests drive it directly;
 //! [`serve`] runs it on a listener until cancelled.
+//!
+//! [`control_plane`] assembles a whole control plane around it (the store
+//! named by [`datastore`], TLS, the built-in controllers with their own
+//! tokens and clients, the workflow driver, history compaction, leadership
+//! on etcd): `corral up` and `corral server` only call it.
 
 pub mod auth;
 pub mod clock;
+pub mod control_plane;
+pub mod datastore;
 pub mod error;
 mod handlers;
 pub mod metrics;

@@ -4,22 +4,17 @@
 //! The registry is the cluster's `Controller` objects; the rules applied to
 //! them are `corral_ownership`'s, the same the API server enforces.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use corral_api::{Kind, Object};
 use corral_client::Client;
 use corral_ownership::{FieldRef, Owner, Registry, Rule, Source};
-use corral_server::SharedServer;
-use corral_server::ownership::BuiltinTokens;
 use serde::Serialize;
 
 use super::connect;
 use crate::output::{Format, Table, print_structured};
-
-/// The file in the data dir that keeps the built-in controllers' tokens.
-pub const BUILTIN_TOKENS: &str = "controller-tokens.json";
 
 #[derive(Debug, Args)]
 pub struct ControllersArgs {
@@ -271,40 +266,4 @@ pub async fn explain(config: Option<PathBuf>, args: ExplainArgs) -> anyhow::Resu
     };
     println!("  readers: {readers}");
     Ok(())
-}
-
-/// Registers the built-in controllers of `corral up` through the API's own
-/// handler, keeping their tokens in the data dir (mode 0600) across
-/// restarts.
-/// Registers the built-in controllers through the API's own handlers and
-/// returns their tokens (kept in `DATA_DIR/controller-tokens.json`).
-pub async fn register_builtins(
-    server: &SharedServer,
-    data_dir: &Path,
-) -> anyhow::Result<corral_server::ownership::BuiltinTokens> {
-    let path = data_dir.join(BUILTIN_TOKENS);
-    let known: BuiltinTokens = std::fs::read(&path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default();
-    let tokens = corral_server::ownership::register_builtins(server, &known)
-        .await
-        .context("cannot register the built-in controllers")?;
-    if tokens != known {
-        write_private(&path, &serde_json::to_vec_pretty(&tokens)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(tokens)
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)
 }
