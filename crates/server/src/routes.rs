@@ -96,7 +96,7 @@ impl Route {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use crate::handlers::{history, lease, system};
+    use crate::handlers::{history, lease, node_images, system};
     use crate::ownership;
 
     let mut table = vec![
@@ -111,6 +111,7 @@ pub fn table() -> Vec<Route> {
         Route::new("/v1/nodes/{name}/lease")
             .get(lease::read, docs::read_lease())
             .put(lease::renew, docs::renew_lease()),
+        Route::new("/v1/nodes/{name}/images/prune").post(node_images::prune, docs::prune_images()),
     ];
     let namespaced: Vec<&str> = corral_api::Kind::ALL
         .iter()

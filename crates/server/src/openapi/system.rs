@@ -85,3 +85,9 @@ pub(crate) fn renew_lease() -> Value {
         "parameters": [name_param("the node")],
         "responses": ok(schema_ref("Lease"), "the lease")})
 }
+
+pub(crate) fn prune_images() -> Value {
+    json!({"summary": "operators only: the node's agent deletes the pulled images no pod on the node uses or used in its last revisions (it also does so every 10 minutes), and says what it removed",
+        "parameters": [name_param("the node")],
+        "responses": ok(schema_ref("ImagePruneReport"), "what was removed")})
+}
