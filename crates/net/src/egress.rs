@@ -55,12 +55,7 @@ pub struct EgressConfig {
 }
 
 fn validate_uplink(name: &str) -> Result<(), EgressError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
+    if crate::datapath::is_interface_name(name) {
         Ok(())
     } else {
         Err(EgressError::InterfaceName {

@@ -214,12 +214,7 @@ pub fn parse_transfer(output: &str) -> Result<Vec<PeerTransfer>, WireguardError>
 }
 
 fn validate_name(name: &str) -> Result<(), WireguardError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
+    if crate::datapath::is_interface_name(name) {
         Ok(())
     } else {
         Err(WireguardError::InterfaceName {
