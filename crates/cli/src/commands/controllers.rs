@@ -1,5 +1,6 @@
 //! `corral controllers list|check|transfer` and `corral explain`: who owns
-//! which field, who reads it, and whether the controllers converge.
+//! which field, who reads it, and whether the controllers' declared reads
+//! and writes form a cycle.
 //!
 //! The registry is the cluster's `Controller` objects; the rules applied to
 //! them are `corral_ownership`'s, the same the API server enforces.
@@ -31,9 +32,11 @@ enum ControllersCommand {
         #[arg(short = 'o', long, value_enum, default_value_t)]
         output: Format,
     },
-    /// Prove the controllers converge: build the graph "A writes a field B
-    /// reads" and print `converges`, or name every cycle
-    /// (`A writes X read by B; B writes Y read by A`) and exit non-zero.
+    /// Look for feedback cycles between the controllers: build the graph
+    /// "A writes a field B reads" from their registrations (what they
+    /// declare, not what they do) and print `converges` when it has no
+    /// cycle, or name every cycle (`A writes X read by B; B writes Y read
+    /// by A`) and exit non-zero.
     ///
     /// A controller reading its own fields is not a cycle; step hand-offs
     /// through workflows are not field writes (a step only moves forward).
