@@ -17,9 +17,9 @@
 mod manager;
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use nix::sched::CloneFlags;
 use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
@@ -170,6 +170,30 @@ pub fn output(
     command: &mut Command,
 ) -> Result<io::Result<Output>, NetnsError> {
     run_in_optional(path, || command.output())
+}
+
+/// Runs `command` to completion inside the namespace (or here for `None`)
+/// with `stdin` written to it (none: `/dev/null`), capturing stdout and
+/// stderr: how the tools corral drives (`nft`, `wg`) are run.
+pub fn output_with_input(
+    path: Option<&Path>,
+    command: &mut Command,
+    stdin: Option<&[u8]>,
+) -> Result<io::Result<Output>, NetnsError> {
+    command
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Ok(spawn(path, command)?.and_then(|mut child| {
+        if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(bytes)?;
+        }
+        child.wait_with_output()
+    }))
 }
 
 /// Starts `command` inside the namespace (or here for `None`); the child stays
