@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 
-use super::netns::{self, LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls, failed};
+use super::netns::{self, LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls, failed as syscall};
 use super::reap;
 
 /// One id mapping of the pod's user namespace: ids `0..size` inside are
@@ -48,7 +48,7 @@ fn mount_point(path: &Path) -> Result<(), NetnsError> {
     match OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(NetnsError::Exists(path.into())),
-        Err(e) => Err(failed("create mount point", path)(e)),
+        Err(e) => Err(syscall("create mount point", path)(e)),
     }
 }
 
@@ -60,12 +60,12 @@ fn bind(source: &Path, target: &Path) -> Result<(), NetnsError> {
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| failed("bind-mount", target)(e.into()))
+    .map_err(|e| syscall("bind-mount", target)(e.into()))
 }
 
 /// Brings `lo` up inside the network namespace pinned at `net`.
 fn loopback_up(net: &Path) -> Result<(), NetnsError> {
-    netns::run_in(net, || LinuxNetns.loopback_up())?.map_err(failed("bring up lo", net))
+    netns::run_in(net, || LinuxNetns.loopback_up())?.map_err(syscall("bring up lo", net))
 }
 
 impl NetnsManager<LinuxNetns> {
@@ -79,7 +79,7 @@ impl NetnsManager<LinuxNetns> {
         let net = self.path(name)?;
         let user = user_namespace_path(&net);
         let run_dir = net.parent().unwrap_or(Path::new("/"));
-        fs::create_dir_all(run_dir).map_err(failed("create run dir", run_dir))?;
+        fs::create_dir_all(run_dir).map_err(syscall("create run dir", run_dir))?;
         mount_point(&net)?;
         if let Err(error) = mount_point(&user) {
             let _ = fs::remove_file(&net);
@@ -113,13 +113,13 @@ fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
     }
     let mut helper = command
         .spawn()
-        .map_err(failed("start the namespace helper for", net))?;
+        .map_err(syscall("start the namespace helper for", net))?;
     let proc_dir = PathBuf::from(format!("/proc/{}", helper.id()));
     let map = format!("0 {} {}\n", ids.host_base, ids.size);
     let result = fs::write(proc_dir.join("uid_map"), &map)
-        .map_err(failed("write uid_map", user))
+        .map_err(syscall("write uid_map", user))
         .and_then(|()| {
-            fs::write(proc_dir.join("gid_map"), &map).map_err(failed("write gid_map", user))
+            fs::write(proc_dir.join("gid_map"), &map).map_err(syscall("write gid_map", user))
         })
         .and_then(|()| bind(&proc_dir.join("ns/user"), user))
         .and_then(|()| bind(&proc_dir.join("ns/net"), net));
