@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
-use corral_net::ipam::{ClusterPrefix, allocate_pod_address};
+use corral_ipam::{ClusterPrefix, allocate_pod_address};
 use ipnet::Ipv6Net;
 use tokio_util::sync::CancellationToken;
 

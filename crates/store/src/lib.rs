@@ -360,3 +360,41 @@ pub trait Store: Send + Sync + 'static {
         filter: &StepLogFilter,
     ) -> Result<Vec<StepLogEntry>, StoreError>;
 }
+
+/// The revisions history kept, as [`StoreError::RevisionNotFound`] names
+/// them: `1-3, 7, 9-12`, or `none`.
+pub fn describe_kept(revisions: impl IntoIterator<Item = u64>) -> String {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for revision in revisions {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == revision => *end = revision,
+            _ => ranges.push((revision, revision)),
+        }
+    }
+    if ranges.is_empty() {
+        return "none".to_string();
+    }
+    ranges
+        .iter()
+        .map(|&(start, end)| {
+            if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_kept;
+
+    #[test]
+    fn kept_revisions_read_as_ranges() {
+        assert_eq!(describe_kept([]), "none");
+        assert_eq!(describe_kept([4]), "4");
+        assert_eq!(describe_kept([1, 2, 3, 7, 9, 10, 11, 12]), "1-3, 7, 9-12");
+    }
+}

@@ -16,7 +16,7 @@ pub use controller::{ControllerSpec, StepRegistration};
 pub use loadbalancer::{
     DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
 };
-pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
+pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
 pub use pinned::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
     Templates, VersionStatus,

@@ -261,8 +261,13 @@ mod tests {
 
     #[test]
     fn this_process_has_used_some_cpu_and_memory() {
-        let spin = Instant::now();
-        while spin.elapsed() < Duration::from_millis(30) {}
+        // Spin until the kernel has counted a tick: on a loaded machine
+        // 30 ms of wall time may hold no whole tick of this thread's CPU.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cpu_time(None).expect("own cpu time") == Duration::ZERO && Instant::now() < deadline {
+            let spin = Instant::now();
+            while spin.elapsed() < Duration::from_millis(30) {}
+        }
         assert!(cpu_time(None).expect("own cpu time") > Duration::ZERO);
         let (rss, peak) = memory(std::process::id()).expect("own memory");
         assert!(rss > 0 && peak >= rss);
