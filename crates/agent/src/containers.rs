@@ -392,23 +392,10 @@ const EXIT_POLL: Duration = Duration::from_millis(5);
 /// runtime is asked to delete it anyway.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// Whether process `pid` still runs: not exited, and not a zombie. A child
-/// of ours that exited is collected here.
+/// Whether process `pid` still runs (a child of ours that exited is
+/// collected on the way).
 fn process_alive(pid: u32) -> bool {
-    match reap::try_wait(pid) {
-        Ok(None) => true,
-        Ok(Some(_)) => false,
-        // Not our child (adopted after an agent restart): ask /proc.
-        Err(_) => {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The state is the field after the parenthesised command name.
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().next());
-            !matches!(state, Some("Z") | Some("X") | None)
-        }
-    }
+    reap::liveness(pid) == reap::Liveness::Alive
 }
 
 /// Waits until `pid` has exited or `deadline` passes; returns whether it

@@ -3,12 +3,21 @@
 //! last revisions (so a rollback starts without a registry). Images that
 //! were imported by hand (no registry host in their name) cannot be pulled
 //! again and are never collected.
+//!
+//! Collection runs only in the agent, which owns the image store and the
+//! pod records it reads: every 10 minutes, and when asked through its
+//! endpoint (`POST /v1/images/prune`, what `corral image prune` reaches
+//! through the API server).
 
 use std::collections::BTreeSet;
 
-use corral_api::kinds::PodSpec;
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use corral_api::kinds::{ImagePruneReport, PodSpec};
 use corral_runtime::image::{GcReport, ImageError, ImageStore, Reference};
 
+use crate::serve::{EndpointError, Shared, authenticate};
 use crate::state::PodRecord;
 
 /// The images to keep: every pod's current spec, images being pulled for a
@@ -41,6 +50,32 @@ pub fn collect(images: &ImageStore, records: &[PodRecord]) -> Result<GcReport, I
     let keep = roots(records, &stored);
     let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
     images.retain(&keep)
+}
+
+/// `POST /v1/images/prune` on the agent's endpoint: collects now, in this
+/// process (under the image store's lock, like the periodic collection).
+pub(crate) async fn prune(
+    State(endpoint): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Json<ImagePruneReport>, EndpointError> {
+    authenticate(&endpoint, &headers)?;
+    let ctx = endpoint.ctx.clone();
+    let collected = tokio::task::spawn_blocking(move || {
+        let records = ctx
+            .state
+            .load_all()
+            .map_err(|error| EndpointError::Internal(crate::chain(&error)))?;
+        collect(&ctx.runner.images, &records)
+            .map_err(|error| EndpointError::Internal(crate::chain(&error)))
+    })
+    .await
+    .map_err(|error| EndpointError::Internal(error.to_string()))??;
+    tracing::info!(removed = ?collected.removed_images, "images collected on request");
+    Ok(Json(ImagePruneReport {
+        removed_images: collected.removed_images,
+        removed_blobs: collected.removed_blobs,
+        removed_layers: collected.removed_layers,
+    }))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub mod logs;
 pub mod manager;
 pub mod network;
 pub mod node;
+pub mod node_identity;
 pub mod plan;
 pub mod plugin_volumes;
 pub mod plugins;

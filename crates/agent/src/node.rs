@@ -78,13 +78,7 @@ pub fn detect_status(address: Option<String>) -> NodeStatus {
     }
 }
 
-/// The first executable called `name` on `PATH`.
-pub fn find_binary(name: &str) -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-}
+pub use corral_runtime::find_binary;
 
 /// Creates the Node object if needed and writes its status.
 pub async fn register(

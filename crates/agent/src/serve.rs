@@ -25,6 +25,9 @@
 //!   attaches to its serial console over the same upgrade and frames
 //!   ([`crate::vms::io`]).
 //!
+//! - `POST /v1/images/prune` collects unused images now (see
+//!   [`crate::images`]) and answers what it removed.
+//!
 //! Errors before the upgrade are JSON `{"code", "message"}` bodies, the
 //! API's error shape, so the API server can pass them on unchanged.
 
@@ -123,6 +126,7 @@ pub fn app(ctx: Arc<AgentContext>, secret: &str, shutdown: CancellationToken) ->
             "/v1/vms/{namespace}/{name}/console",
             post(crate::vms::io::console),
         )
+        .route("/v1/images/prune", post(crate::images::prune))
         .with_state(endpoint)
 }
 

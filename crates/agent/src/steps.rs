@@ -7,16 +7,22 @@
 //! Nothing else in the agent parses `status.workflow`: the rest sees a
 //! [`NodeWork`] (one instance, through these questions) and builds
 //! requests with [`StepBatch`].
+//!
+//! Objects store each workflow instance as per-step state naming its
+//! definition (a `WorkflowDefinition` object); [`NodeWork::for_revision`]
+//! joins the two, fetching each definition once through the [`StepApi`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use corral_api::workflow::{
-    StepActionKind, StepActionRequest, StepBatchRequest, StepExecutor, StepState, WorkflowInstance,
-    WorkflowOutcome, WorkflowStatus,
+    StepActionKind, StepActionRequest, StepBatchRequest, StepExecutor, StepState, StoredWorkflows,
+    WorkflowInstance, WorkflowOutcome,
 };
-use corral_api::{Object, ObjectKey};
+use corral_api::{Kind, Object, ObjectKey};
 use corral_client::{Client, ClientError};
+use corral_workflow::WorkflowDefinition;
 use serde_json::{Map, Value};
 
 #[cfg(test)]
@@ -47,10 +53,14 @@ impl From<ClientError> for StepApiError {
     }
 }
 
-/// The API's step endpoint and the node-owned status fields, behind a
-/// trait so the executor is tested against a fake.
+/// The API's step endpoint, the node-owned status fields and the stored
+/// workflow definitions, behind a trait so the executor is tested against
+/// a fake.
 #[async_trait]
 pub trait StepApi: Send + Sync {
+    /// The stored workflow definition called `name`.
+    async fn definition(&self, name: &str) -> Result<Arc<WorkflowDefinition>, StepApiError>;
+
     /// Applies the batch's actions in order, all or none, with its status
     /// fields, in one write; returns the instance the actions moved.
     async fn batch(&self, key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError>;
@@ -64,10 +74,50 @@ pub trait StepApi: Send + Sync {
     ) -> Result<(), StepApiError>;
 }
 
+/// The step API of a client, remembering the definitions it fetched (they
+/// never change).
+#[derive(Debug)]
+pub struct ClientSteps {
+    client: Client,
+    definitions: Mutex<HashMap<String, Arc<WorkflowDefinition>>>,
+}
+
+impl ClientSteps {
+    pub fn new(client: Client) -> Self {
+        ClientSteps {
+            client,
+            definitions: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
 #[async_trait]
-impl StepApi for Client {
+impl StepApi for ClientSteps {
+    async fn definition(&self, name: &str) -> Result<Arc<WorkflowDefinition>, StepApiError> {
+        let known = self
+            .definitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned();
+        if let Some(definition) = known {
+            return Ok(definition);
+        }
+        let key = ObjectKey::new(Kind::WorkflowDefinition, None, name);
+        let object = self.client.get(&key).await?;
+        let spec = object.typed_spec().map_err(|error| {
+            StepApiError::Refused(format!("{key}: unreadable definition: {error}"))
+        })?;
+        let definition = Arc::new(corral_workflow::definition_from_spec(spec));
+        self.definitions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_string(), definition.clone());
+        Ok(definition)
+    }
+
     async fn batch(&self, key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError> {
-        let instance = self.step_batch(key, &batch.request()).await?;
+        let instance = self.client.step_batch(key, &batch.request()).await?;
         Ok(NodeWork { instance })
     }
 
@@ -80,11 +130,11 @@ impl StepApi for Client {
         // made again at once.
         let mut attempt = 1;
         loop {
-            let mut current = self.get(key).await?;
+            let mut current = self.client.get(key).await?;
             let mut merged = current.status.as_object().cloned().unwrap_or_default();
             merge_fields(&mut merged, fields);
             current.status = Value::Object(merged);
-            match self.put_status(&current).await {
+            match self.client.put_status(&current).await {
                 Ok(_) => return Ok(()),
                 Err(error)
                     if error.status() == Some(409)
@@ -133,16 +183,35 @@ pub struct NodeWork {
 }
 
 impl NodeWork {
-    /// The instance serving `revision` of `object` (the newest if several).
-    pub fn for_revision(object: &Object, revision: u64) -> Option<NodeWork> {
-        let status: WorkflowStatus =
-            serde_json::from_value(object.status.get("workflow")?.clone()).ok()?;
-        status
-            .instances
-            .into_iter()
-            .rev()
-            .find(|instance| instance.revision == revision)
-            .map(|instance| NodeWork { instance })
+    /// The instance serving `revision` of `object` (the newest if several),
+    /// joined with its definition; `None` when there is none, or its
+    /// definition cannot be fetched now (the API is away: nothing to do
+    /// until it is back).
+    pub async fn for_revision(
+        api: &dyn StepApi,
+        object: &Object,
+        revision: u64,
+    ) -> Option<NodeWork> {
+        let status = StoredWorkflows::of(&object.status).ok()?;
+        let stored = status.for_revision(revision)?;
+        let definition = match api.definition(&stored.definition).await {
+            Ok(definition) => definition,
+            Err(error) => {
+                tracing::debug!(object = %object.key(), definition = %stored.definition, %error,
+                    "workflow definition not at hand");
+                return None;
+            }
+        };
+        let instance = corral_workflow::hydrate(&definition, stored, &object.metadata.uid, &[]);
+        Some(NodeWork { instance })
+    }
+
+    /// Whether `object` has a workflow instance serving `revision` (without
+    /// its definition: no request).
+    pub fn exists_for(object: &Object, revision: u64) -> bool {
+        StoredWorkflows::of(&object.status)
+            .ok()
+            .is_some_and(|status| status.for_revision(revision).is_some())
     }
 
     /// The instance's id (`start-1`).
@@ -251,20 +320,25 @@ impl NodeWork {
             .unwrap_or(self.instance.started_at)
     }
 
-    /// Puts this instance into `object`'s `status.workflow` in place of the
-    /// instance with its id, so the next look does not act on an older view.
+    /// Puts this instance into `object`'s stored `status.workflow` in place
+    /// of the instance with its id, so the next look does not act on an
+    /// older view.
     pub fn remember_in(&self, object: &mut Object) {
-        let Some(instances) = object
-            .status
-            .pointer_mut("/workflow/instances")
-            .and_then(Value::as_array_mut)
+        let Ok(mut status) = StoredWorkflows::of(&object.status) else {
+            return;
+        };
+        let Some(slot) = status
+            .instances
+            .iter_mut()
+            .find(|stored| stored.id == self.instance.id)
         else {
             return;
         };
-        for slot in instances.iter_mut() {
-            if slot.get("id").and_then(Value::as_str) == Some(self.instance.id.as_str()) {
-                *slot = serde_json::to_value(&self.instance).unwrap_or_default();
-            }
+        *slot = corral_workflow::dehydrate(&self.instance, &slot.definition);
+        if let Some(fields) = object.status.as_object_mut()
+            && let Ok(value) = serde_json::to_value(&status)
+        {
+            fields.insert("workflow".to_string(), value);
         }
     }
 
@@ -384,37 +458,94 @@ impl StepBatch {
     }
 }
 
+/// The node protocol for other speakers of it (the benchmark's hollow
+/// nodes): the newest instance serving `revision`, whole.
+pub async fn instance_for(
+    api: &dyn StepApi,
+    object: &Object,
+    revision: u64,
+) -> Option<WorkflowInstance> {
+    NodeWork::for_revision(api, object, revision)
+        .await
+        .map(|work| work.instance)
+}
+
+/// Whether the instance still runs.
+pub fn is_running(instance: &WorkflowInstance) -> bool {
+    instance.outcome == WorkflowOutcome::Running
+}
+
+/// The node's steps of the instance in `phase` (`ready`, `running`, …), in
+/// graph order.
+pub fn node_steps(instance: &WorkflowInstance, phase: &str) -> Vec<String> {
+    instance
+        .steps
+        .iter()
+        .filter(|step| {
+            (step.definition.owner == NODE_OWNER
+                || step.definition.executor == Some(StepExecutor::Node))
+                && step.state.phase() == phase
+        })
+        .map(|step| step.definition.name.clone())
+        .collect()
+}
+
+/// A step action on one instance.
+pub fn request(action: StepActionKind, step: &str, workflow: &str) -> StepActionRequest {
+    let mut request = StepActionRequest::new(action, step);
+    request.workflow = Some(workflow.to_string());
+    request
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use corral_api::workflow::StepDefinition;
+    use futures::executor::block_on;
 
     fn pod() -> Object {
         fake::pod("start", &["scheduler/place"])
     }
 
+    fn work_of(api: &fake::FakeApi, object: &Object) -> NodeWork {
+        block_on(NodeWork::for_revision(api, object, 1)).expect("an instance for revision 1")
+    }
+
     #[test]
     fn the_node_sees_its_ready_steps_of_the_revision() {
         let object = pod();
-        let work = NodeWork::for_revision(&object, 1).expect("an instance for revision 1");
+        let api = fake::FakeApi::new(object.clone());
+        let work = work_of(&api, &object);
         assert_eq!(work.id(), "start-1");
         assert!(work.is_running());
         assert_eq!(work.ready(), ["node/pull-image", "node/prepare-volumes"]);
         assert!(work.running().is_empty());
         assert_eq!(work.next_attempt("node/pull-image").attempt, 1);
-        assert!(NodeWork::for_revision(&object, 2).is_none());
+        assert!(NodeWork::exists_for(&object, 1));
+        assert!(!NodeWork::exists_for(&object, 2));
+        assert!(block_on(NodeWork::for_revision(&api, &object, 2)).is_none());
+    }
+
+    #[test]
+    fn an_instance_whose_definition_is_not_at_hand_is_not_acted_on() {
+        let mut definition = corral_workflow::builtin(Kind::Pod, "start").expect("pod start");
+        definition.steps[0].description = Some("another definition".into());
+        let object = fake::object_with(&definition, &[]);
+        let api = fake::FakeApi::new(pod());
+        assert!(NodeWork::exists_for(&object, 1));
+        assert!(block_on(NodeWork::for_revision(&api, &object, 1)).is_none());
     }
 
     #[test]
     fn a_fresh_instance_replaces_the_one_with_its_id() {
         let mut object = pod();
         let api = fake::FakeApi::new(object.clone());
-        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let work = work_of(&api, &object);
         let mut batch = StepBatch::default();
         batch.claim(&work, "node/pull-image");
-        let fresh = futures::executor::block_on(api.batch(&object.key(), &batch)).expect("claimed");
+        let fresh = block_on(api.batch(&object.key(), &batch)).expect("claimed");
         fresh.remember_in(&mut object);
-        let seen = NodeWork::for_revision(&object, 1).expect("an instance");
+        let seen = work_of(&api, &object);
         assert_eq!(
             seen.running(),
             [RunningStep {
@@ -427,9 +558,8 @@ mod tests {
 
     #[test]
     fn only_the_owner_can_delegate_a_step_to_the_node() {
-        let mut object = pod();
-        let mut definition = corral_workflow::builtin(corral_api::Kind::Pod, "start")
-            .expect("the pod start workflow");
+        let mut definition =
+            corral_workflow::builtin(Kind::Pod, "start").expect("the pod start workflow");
         let delegated = |name: &str, owner: &str, executor| StepDefinition {
             name: name.into(),
             owner: owner.into(),
@@ -441,12 +571,9 @@ mod tests {
             delegated("dirvol/mount", "dirvol", None),
         ];
         definition.steps.extend(extra);
-        let (instance, _) =
-            corral_workflow::instantiate(&definition, "start-1", "uid-1", 1, chrono::Utc::now());
-        object.status["workflow"] = serde_json::json!(WorkflowStatus {
-            instances: vec![instance]
-        });
-        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let object = fake::object_with(&definition, &[]);
+        let api = fake::FakeApi::with_definitions(object.clone(), &[definition]);
+        let work = work_of(&api, &object);
         assert!(work.delegated_to_node("dirvol/prepare", "dirvol"));
         assert!(!work.delegated_to_node("dirvol/prepare", "other"));
         assert!(!work.delegated_to_node("dirvol/mount", "dirvol"));
@@ -457,7 +584,7 @@ mod tests {
     fn what_a_completion_makes_ready_can_be_claimed_with_it() {
         let object = fake::pod("start", &["scheduler/place", "ipam/assign-address"]);
         let api = fake::FakeApi::new(object.clone());
-        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let work = work_of(&api, &object);
         let mut batch = StepBatch::default();
         for step in [
             "node/create-sandbox",
@@ -466,7 +593,7 @@ mod tests {
         ] {
             batch.claim(&work, step);
         }
-        let work = futures::executor::block_on(api.batch(&object.key(), &batch)).expect("claimed");
+        let work = block_on(api.batch(&object.key(), &batch)).expect("claimed");
         assert!(
             work.ready_after(&["node/create-sandbox", "node/pull-image"])
                 .is_empty(),
@@ -487,15 +614,15 @@ mod tests {
             batch.complete(&work, step, None);
         }
         batch.claim(&work, &next[0]);
-        let work = futures::executor::block_on(api.batch(&object.key(), &batch))
-            .expect("the server agrees");
+        let work = block_on(api.batch(&object.key(), &batch)).expect("the server agrees");
         assert_eq!(work.running()[0].name, "node/start-containers");
     }
 
     #[test]
     fn reports_go_before_claims_and_can_be_sent_without_them() {
         let object = pod();
-        let work = NodeWork::for_revision(&object, 1).expect("an instance");
+        let api = fake::FakeApi::new(object.clone());
+        let work = work_of(&api, &object);
         let mut batch = StepBatch::default();
         batch.claim(&work, "node/prepare-volumes");
         batch.log(&work, "node/pull-image", "pulled".into());

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use corral_api::kinds::{Container, PodSpec, Volume};
 use corral_runtime::bundle::BindMount;
+use corral_runtime::mounts::{is_mount_point, mounts_below};
 
 /// Why a volume could not be prepared or released.
 #[derive(Debug, thiserror::Error)]
@@ -217,48 +218,10 @@ pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) -> bool {
         }
     }
     let pod_dir = crate::containers::pod_dir(pods_dir, uid);
-    for mounted in mounts_under(&pod_dir) {
+    for mounted in mounts_below(&pod_dir) {
         let _ = nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH);
     }
-    mounts_under(&pod_dir).is_empty()
-}
-
-/// Mount points strictly below `dir`, deepest first.
-fn mounts_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut found: Vec<std::path::PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .map(|escaped| std::path::PathBuf::from(unescape_mountinfo(escaped)))
-        .filter(|mounted| mounted != dir && mounted.starts_with(dir))
-        .collect();
-    found.sort_by_key(|path| std::cmp::Reverse(path.components().count()));
-    found.dedup();
-    found
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        let octal = bytes.get(index + 1..index + 4).and_then(|digits| {
-            let digits = std::str::from_utf8(digits).ok()?;
-            u8::from_str_radix(digits, 8).ok()
-        });
-        match (bytes[index], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                index += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    mounts_below(&pod_dir).is_empty()
 }
 
 /// The bind mounts of `container`'s `mounts`.
@@ -320,25 +283,9 @@ pub fn recorded_plugin_path(pods_dir: &Path, uid: &str, volume: &str) -> Option<
     Some(PathBuf::from(text)).filter(|p| p.is_absolute())
 }
 
-pub(crate) fn is_mount_point(path: &Path) -> bool {
-    let target = path.to_string_lossy();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .any(|mounted| mounted == target)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo("/a\\040b\\011c"), "/a b\tc");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo("/end\\"), "/end\\");
-    }
 
     fn spec() -> PodSpec {
         serde_json::from_value(serde_json::json!({

@@ -23,19 +23,20 @@ pub enum Kind {
     Controller,
     VirtualMachine,
     LoadBalancer,
+    WorkflowDefinition,
 }
 
 /// A kind name that matches no kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb)"
+    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd)"
 )]
 pub struct UnknownKind {
     pub given: String,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Pod,
         Kind::Node,
         Kind::PinnedDeployment,
@@ -43,6 +44,7 @@ impl Kind {
         Kind::Controller,
         Kind::VirtualMachine,
         Kind::LoadBalancer,
+        Kind::WorkflowDefinition,
     ];
 
     /// The canonical name, as written in manifests (`Pod`).
@@ -55,6 +57,7 @@ impl Kind {
             Kind::Controller => "Controller",
             Kind::VirtualMachine => "VirtualMachine",
             Kind::LoadBalancer => "LoadBalancer",
+            Kind::WorkflowDefinition => "WorkflowDefinition",
         }
     }
 
@@ -68,6 +71,7 @@ impl Kind {
             Kind::Controller => "controllers",
             Kind::VirtualMachine => "virtualmachines",
             Kind::LoadBalancer => "loadbalancers",
+            Kind::WorkflowDefinition => "workflowdefinitions",
         }
     }
 
@@ -81,6 +85,7 @@ impl Kind {
             Kind::Controller => "controller",
             Kind::VirtualMachine => "vm",
             Kind::LoadBalancer => "lb",
+            Kind::WorkflowDefinition => "wfd",
         }
     }
 
@@ -114,6 +119,7 @@ impl FromStr for Kind {
             "controller" | "controllers" | "ctrl" => Kind::Controller,
             "virtualmachine" | "virtualmachines" | "vm" | "vms" => Kind::VirtualMachine,
             "loadbalancer" | "loadbalancers" | "lb" | "lbs" => Kind::LoadBalancer,
+            "workflowdefinition" | "workflowdefinitions" | "wfd" => Kind::WorkflowDefinition,
             _ => {
                 return Err(UnknownKind {
                     given: given.to_string(),

@@ -112,6 +112,25 @@ pub struct StepDefinition {
     pub retry: RetryPolicy,
 }
 
+/// The spec of a `WorkflowDefinition` object: one version of a kind's
+/// workflow — the built-in steps merged with those `Controller`s
+/// registered — stored once and named by its content
+/// (`pod-start-3f2a9c1d4e5f`). Workflow instances in objects' status refer
+/// to it by name and keep only each step's state. The server writes it
+/// when an instance first needs it and never changes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkflowDefinitionSpec {
+    /// The kind whose objects run it (`Pod`).
+    pub kind: crate::Kind,
+    /// `start`, `update`, `move`, `stop`, `join`.
+    pub workflow: String,
+    /// The target whose completion completes the workflow.
+    pub goal: String,
+    /// Steps and targets, in a topological order.
+    pub steps: Vec<StepDefinition>,
+}
+
 /// Where a step stands in one workflow instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(
@@ -275,6 +294,101 @@ impl WorkflowStatus {
     pub fn find(&self, id: &str) -> Option<&WorkflowInstance> {
         self.instances.iter().find(|instance| instance.id == id)
     }
+}
+
+/// `status.workflow` as stored in an object: its latest instances, oldest
+/// first, each naming its definition (a `WorkflowDefinition` object) and
+/// keeping only what happened to its steps. `corral_workflow::hydrate`
+/// joins an instance with its definition into a [`WorkflowInstance`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredWorkflows {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<StoredInstance>,
+}
+
+impl StoredWorkflows {
+    /// The object's `status.workflow`; empty when it has none.
+    pub fn of(status: &Value) -> Result<Self, serde_json::Error> {
+        match status.get("workflow") {
+            None | Some(Value::Null) => Ok(StoredWorkflows::default()),
+            Some(value) => serde_json::from_value(value.clone()),
+        }
+    }
+
+    /// The newest instance, the one `why` explains.
+    pub fn latest(&self) -> Option<&StoredInstance> {
+        self.instances.last()
+    }
+
+    /// The newest instance serving `revision`.
+    pub fn for_revision(&self, revision: u64) -> Option<&StoredInstance> {
+        self.instances.iter().rev().find(|i| i.revision == revision)
+    }
+}
+
+/// One workflow instance as stored: which definition it runs and where each
+/// step that left `waiting` stands. Steps still waiting and targets are not
+/// stored: they follow from the definition's graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredInstance {
+    /// `start-1`, `update-3`.
+    pub id: String,
+    /// `start`, `update`, `move`, `stop`, `join`.
+    pub workflow: String,
+    /// The `WorkflowDefinition` object it runs.
+    pub definition: String,
+    /// The spec revision this operation serves.
+    pub revision: u64,
+    pub started_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub outcome: WorkflowOutcome,
+    /// Each step past `waiting`, by name. Empty once the instance succeeded
+    /// or was cancelled: what its steps did is in the step log, which
+    /// `why` and `analyze` replay.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub steps: BTreeMap<String, StoredStep>,
+}
+
+impl StoredInstance {
+    /// Whether `step` is ready in this running instance.
+    pub fn is_ready(&self, step: &str) -> bool {
+        self.outcome == WorkflowOutcome::Running
+            && self
+                .steps
+                .get(step)
+                .is_some_and(|s| matches!(s.state, StepState::Ready { .. }))
+    }
+
+    /// The steps in `phase` (`ready`, `running`, …), by name.
+    pub fn steps_in(&self, phase: &str) -> impl Iterator<Item = &str> {
+        self.steps
+            .iter()
+            .filter(move |(_, step)| step.state.phase() == phase)
+            .map(|(name, _)| name.as_str())
+    }
+}
+
+/// A stored step's state and its attempts so far.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredStep {
+    #[serde(flatten)]
+    pub state: StepState,
+    /// Attempts started so far (claims).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// When the first attempt started, when a retry made it earlier than
+    /// the current attempt's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_started_at: Option<DateTime<Utc>>,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 #[derive(

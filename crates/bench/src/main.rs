@@ -3,16 +3,18 @@
 //! peer (etcd, runc, podman …), printing medians, p99 and ratios with the
 //! machine noted. Results are recorded in `docs/BENCHMARKS.md`.
 //!
-//! One module per benchmark (`apply`, `pod_start`, `volume_start`) over shared helpers:
+//! One module per benchmark (`apply`, `pod_start`, `volume_start`, `scale`) over shared helpers:
 //! `processes` starts and always stops the systems under test, `node`
 //! removes the containers, mounts and cgroups they leave, `load` drives
 //! concurrent clients, `stats` summarises latencies, `report` prints tables.
 //! `pod_start` uses `corral_pods` (a corral node and its pod watch,
-//! `pod_watch`), `runc_floor` and `podman_peer`. It asserts nothing about
+//! `pod_watch`), `runc_floor` and `podman_peer`; `scale` runs `hollow`
+//! nodes (simulated agents, like kubemark) against a real server. It asserts nothing about
 //! speed: performance is measured, not asserted in tests.
 
 mod apply;
 mod corral_pods;
+mod hollow;
 mod load;
 mod machine;
 mod node;
@@ -22,6 +24,7 @@ mod podman_peer;
 mod processes;
 mod report;
 mod runc_floor;
+mod scale;
 mod stats;
 mod volume_start;
 
@@ -51,6 +54,12 @@ enum Command {
     /// Pod start latency with an `emptyDir` volume next to a volume of the
     /// example plugin dirvol (examples/volume-plugins). Root and jq.
     VolumeStart(volume_start::VolumeStartArgs),
+    /// The control plane at scale: a real `corral server` (SQLite and/or
+    /// etcd) with N hollow nodes (simulated agents speaking the real node
+    /// protocol, no containers) in this process; at each running pod
+    /// count, pods started per second, idle server CPU, RSS, CPU and
+    /// latency per apply, `corral get pods -o json` and the store's size.
+    Scale(scale::ScaleArgs),
 }
 
 #[tokio::main]
@@ -61,6 +70,7 @@ async fn main() -> ExitCode {
             Command::Apply(args) => apply::run(args).await,
             Command::PodStart(args) => pod_start::run(args).await,
             Command::VolumeStart(args) => volume_start::run(args).await,
+            Command::Scale(args) => scale::run(args).await,
         }
     };
     // On SIGINT/SIGTERM the benchmark future is dropped, which drops the

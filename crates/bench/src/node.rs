@@ -19,7 +19,7 @@ pub fn cleanup(data_dir: &Path, extra_uids: &[String]) {
         }
     }
     kill_runsc_below(data_dir);
-    unmount_below(data_dir);
+    corral_runtime::mounts::unmount_all_under(data_dir);
     let mut uids: Vec<String> = std::fs::read_dir(data_dir.join("pods"))
         .into_iter()
         .flatten()
@@ -67,25 +67,6 @@ pub fn delete_all_containers(binary: &str, root: &Path) {
         let _ = Command::new(binary)
             .arg(format!("--root={}", root.display()))
             .args(["delete", "--force", id.trim()])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// Lazily unmounts every mount point below `dir`, deepest first.
-pub fn unmount_below(dir: &Path) {
-    let prefix = dir.to_string_lossy().into_owned();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut targets: Vec<&str> = mounts
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .filter(|target| *target == prefix || target.starts_with(&format!("{prefix}/")))
-        .collect();
-    targets.sort_by_key(|target| std::cmp::Reverse(target.len()));
-    targets.dedup();
-    for target in targets {
-        let _ = Command::new("umount")
-            .args(["-l", target])
             .stderr(Stdio::null())
             .status();
     }

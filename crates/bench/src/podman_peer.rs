@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tempfile::TempDir;
 
-use crate::node;
-
 /// Flags of every `podman run` in this benchmark, after `run -d --name N`.
 pub const RUN_FLAGS: &[&str] = &[
     "--network",
@@ -182,6 +180,6 @@ impl Drop for Podman {
                 .stderr(Stdio::null())
                 .status();
         }
-        node::unmount_below(self.dir.path());
+        corral_runtime::mounts::unmount_all_under(self.dir.path());
     }
 }

@@ -114,6 +114,8 @@ pub struct CorralProcess {
     // Declared before the dir so the process dies before its dir is removed.
     guard: ProcessGuard,
     pub config: ClientConfig,
+    /// Where `config` is on disk (the admin config corral wrote).
+    config_path: PathBuf,
     /// UIDs of pods the benchmark created, whose cgroups are removed at the
     /// end even if the agent already forgot the pod.
     pod_uids: std::sync::Mutex<Vec<String>>,
@@ -164,7 +166,8 @@ impl CorralProcess {
             .trim()
             .strip_prefix("export CORRAL_CONFIG=")
             .with_context(|| format!("unexpected first line from corral up: {line:?}"))?;
-        let config = ClientConfig::load(Path::new(config_path))?;
+        let config_path = PathBuf::from(config_path);
+        let config = ClientConfig::load(&config_path)?;
         wait_healthy(
             &mut guard,
             &format!("{}/healthz", config.server),
@@ -174,6 +177,7 @@ impl CorralProcess {
         Ok(CorralProcess {
             guard,
             config,
+            config_path,
             pod_uids: std::sync::Mutex::default(),
             temp_dir: data_dir,
         })
@@ -192,6 +196,11 @@ impl CorralProcess {
     /// The process id of `corral up`.
     pub fn pid(&self) -> u32 {
         self.guard.child.id()
+    }
+
+    /// The admin client config `corral` wrote (for `corral --config`).
+    pub fn config_path(&self) -> PathBuf {
+        self.config_path.clone()
     }
 
     /// Notes a pod the benchmark created, for the cleanup of its cgroups.
@@ -237,7 +246,7 @@ pub struct EtcdProcess {
     guard: ProcessGuard,
     /// `http://127.0.0.1:PORT`, the client URL (gRPC and the HTTP/JSON gateway).
     pub client_url: String,
-    _data_dir: TempDir,
+    data_dir: TempDir,
 }
 
 impl EtcdProcess {
@@ -266,11 +275,21 @@ impl EtcdProcess {
         Ok(EtcdProcess {
             guard,
             client_url,
-            _data_dir: data_dir,
+            data_dir,
         })
     }
 
     pub fn ensure_running(&mut self) -> anyhow::Result<()> {
         self.guard.ensure_running()
+    }
+
+    /// The process id of `etcd`.
+    pub fn pid(&self) -> u32 {
+        self.guard.child.id()
+    }
+
+    /// etcd's `--data-dir` (its database is `member/snap/db` below it).
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.path().join("etcd")
     }
 }

@@ -110,7 +110,7 @@ impl RuncFloor {
 impl Drop for RuncFloor {
     fn drop(&mut self) {
         node::delete_all_containers("runc", &self.root());
-        node::unmount_below(self.dir.path());
+        corral_runtime::mounts::unmount_all_under(self.dir.path());
         node::remove_cgroup(Path::new(&self.cgroup_parent));
     }
 }

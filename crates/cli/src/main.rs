@@ -149,7 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Up(args) => up::up(args).await,
         Command::Server(args) => up::server(args).await,
         Command::Agent(args) => up::agent(args).await,
-        Command::Image(args) => image::run(args).await,
+        Command::Image(args) => image::run(config, args).await,
         Command::LbProxy(args) => lb::lb_proxy(config, args).await,
         Command::Lab(args) => lab::run(args).await,
         Command::Migrate(args) => datastore::migrate(args).await,

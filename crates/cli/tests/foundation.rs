@@ -181,7 +181,8 @@ fn history_filters_by_author_and_class() {
         vec!["admin:by-admin"]
     );
     // The system changes are the built-in controllers registering
-    // themselves, each under its own name, and the node registering itself.
+    // themselves, each under its own name, the node registering itself, and
+    // the workflow engine storing each workflow definition it runs.
     let system = names(&["history", "--since", "1h", "--system", "-o", "json"]);
     assert_eq!(
         system[..5],
@@ -196,7 +197,7 @@ fn history_filters_by_author_and_class() {
     assert!(
         system[5..].iter().all(|entry| entry
             .split_once(':')
-            .is_some_and(|(author, name)| author == name)),
+            .is_some_and(|(author, name)| author == name || author == "workflow")),
         "{system:?}"
     );
     assert_eq!(names(&["history", "--external", "-o", "json"]).len(), 2);
@@ -421,4 +422,80 @@ fn stdin_manifests_namespaces_and_delete() {
             .fails(&["get", "pod/web", "-n", "team-a"])
             .contains("not found")
     );
+}
+
+/// Group commit shares one fsync among concurrent writes: every write
+/// acknowledged to any of four concurrent writers is there after the server
+/// is killed in the middle of their stream.
+#[test]
+fn concurrent_acknowledged_writes_survive_kill_9() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let mut cluster = Cluster::start_with(&["server"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    // (writer, image version) of every acknowledged apply.
+    let acknowledged = Arc::new(Mutex::new(Vec::<(usize, usize)>::new()));
+    std::thread::scope(|scope| {
+        for writer in 0..4 {
+            let (cluster, stop, acknowledged) = (&cluster, stop.clone(), acknowledged.clone());
+            scope.spawn(move || {
+                for version in 1.. {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let manifest =
+                        pod_manifest(&format!("w{writer}"), &format!("busybox:{version}"));
+                    let output = cluster.corral_with_stdin(&["apply", "-f", "-"], Some(&manifest));
+                    if !output.status.success() {
+                        break; // the server is gone
+                    }
+                    acknowledged.lock().expect("acks").push((writer, version));
+                }
+            });
+        }
+        // Kill the server while all four still write.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while acknowledged.lock().expect("acks").len() < 40 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writers never got going"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = cluster.pid().expect("the server runs").to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .expect("run kill");
+        assert!(killed.success());
+        stop.store(true, Ordering::SeqCst);
+    });
+    cluster.kill9(); // reaps the killed process
+    cluster.restart();
+    let acknowledged = acknowledged.lock().expect("acks").clone();
+    for writer in 0..4 {
+        let Some(last) = acknowledged
+            .iter()
+            .filter(|(w, _)| *w == writer)
+            .map(|(_, version)| *version)
+            .max()
+        else {
+            continue;
+        };
+        let pod = cluster.get_json(&format!("pod/w{writer}"));
+        let revision = pod["metadata"]["revision"].as_u64().expect("revision");
+        assert!(
+            revision >= last as u64,
+            "writer {writer}: {last} applies were acknowledged, the pod is at revision {revision}"
+        );
+        let history: Vec<Value> = serde_json::from_str(&cluster.ok(&[
+            "history",
+            &format!("pod/w{writer}"),
+            "-o",
+            "json",
+        ]))
+        .expect("history");
+        assert!(history.len() >= last, "writer {writer}: {history:?}");
+    }
 }

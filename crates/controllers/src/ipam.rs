@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
-use corral_net::ipam::{ClusterPrefix, allocate_pod_address};
+use corral_ipam::{ClusterPrefix, allocate_pod_address};
 use ipnet::Ipv6Net;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +23,10 @@ use crate::steps::{ReadyStep, ready_instance};
 
 pub const PREFIX_STEP: &str = "ipam/assign-prefix";
 pub const ADDRESS_STEP: &str = "ipam/assign-address";
+
+/// Objects answered at once: choices are made one at a time, the writes
+/// that carry them go out together (and share the store's commits).
+const WORKERS: usize = 16;
 
 /// How long an address or prefix handed out is held back from others
 /// before the caches show it.
@@ -63,6 +67,46 @@ fn project(object: &Object) -> Addressing {
     }
 }
 
+/// What IPAM handed out that its caches do not show yet: kept until the
+/// object's change arrives (or [`PENDING_FOR`] passed, if the write was
+/// lost), so two objects never get the same value in between.
+#[derive(Debug, Default)]
+struct Pending {
+    prefixes: HashMap<Ipv6Net, Instant>,
+    /// Per node.
+    addresses: HashMap<String, HashMap<Ipv6Addr, Instant>>,
+}
+
+impl Pending {
+    fn prefixes(&mut self) -> impl Iterator<Item = Ipv6Net> + '_ {
+        self.prefixes.retain(|_, at| at.elapsed() < PENDING_FOR);
+        self.prefixes.keys().copied()
+    }
+
+    fn addresses(&mut self, node: &str) -> Vec<Ipv6Addr> {
+        let Some(held) = self.addresses.get_mut(node) else {
+            return Vec::new();
+        };
+        held.retain(|_, at| at.elapsed() < PENDING_FOR);
+        held.keys().copied().collect()
+    }
+
+    /// The caches show `addressing`: what it holds is no longer pending.
+    fn seen(&mut self, addressing: &Addressing) {
+        if let Some(prefix) = addressing.prefix {
+            self.prefixes.remove(&prefix);
+        }
+        if let (Some(node), Some(address)) = (&addressing.node, addressing.address)
+            && let Some(held) = self.addresses.get_mut(node)
+        {
+            held.remove(&address);
+            if held.is_empty() {
+                self.addresses.remove(node);
+            }
+        }
+    }
+}
+
 fn by_node(addressing: &Addressing) -> Vec<String> {
     addressing.node.clone().into_iter().collect()
 }
@@ -75,8 +119,11 @@ struct Shared {
     nodes: Cache<Addressing>,
     pods: Cache<Addressing>,
     vms: Cache<Addressing>,
-    /// Blocks and addresses handed out that the caches may not show yet.
-    pending: Mutex<HashMap<String, Instant>>,
+    /// Blocks and addresses handed out that the caches do not show yet.
+    pending: Mutex<Pending>,
+    /// Held while a block or address is chosen: workers write at once, but
+    /// choose one after another.
+    choosing: Mutex<()>,
 }
 
 impl Shared {
@@ -88,18 +135,8 @@ impl Shared {
         }
     }
 
-    /// The pending values handed out less than [`PENDING_FOR`] ago.
-    fn pending(&self) -> BTreeSet<String> {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.retain(|_, at| at.elapsed() < PENDING_FOR);
-        pending.keys().cloned().collect()
-    }
-
-    fn hold(&self, value: String) {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(value, Instant::now());
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -131,11 +168,12 @@ pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationT
         nodes: nodes.cache().clone(),
         pods: pods.cache().clone(),
         vms: vms.cache().clone(),
-        pending: Mutex::new(HashMap::new()),
+        pending: Mutex::new(Pending::default()),
+        choosing: Mutex::new(()),
     });
     let queue = WorkQueue::new();
     for informer in [&nodes, &pods, &vms] {
-        let (existing, changed) = (queue.clone(), queue.clone());
+        let (existing, changed, shared) = (queue.clone(), queue.clone(), shared.clone());
         informer.on_change(
             move |key, addressing| {
                 if addressing.ready.is_some() {
@@ -143,15 +181,16 @@ pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationT
                 }
             },
             move |change| {
-                if let Change::Applied { key, new, .. } = change
-                    && new.ready.is_some()
-                {
-                    changed.add((*key).clone());
+                if let Change::Applied { key, new, .. } = change {
+                    shared.pending().seen(new);
+                    if new.ready.is_some() {
+                        changed.add((*key).clone());
+                    }
                 }
             },
         );
     }
-    runtime::run("ipam", queue, 1, shutdown, move |key: ObjectKey| {
+    runtime::run("ipam", queue, WORKERS, shutdown, move |key: ObjectKey| {
         let shared = shared.clone();
         async move { reconcile(&shared, &key).await }
     })
@@ -171,7 +210,13 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
             step: PREFIX_STEP,
             workflow,
         };
-        let (outcome, status) = node_prefix(shared, &addressing);
+        let (outcome, status) = {
+            let _choosing = shared
+                .choosing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            node_prefix(shared, &addressing)
+        };
         step.finish(&shared.client, outcome, status).await?;
     } else {
         let step = ReadyStep {
@@ -179,7 +224,13 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
             step: ADDRESS_STEP,
             workflow,
         };
-        let (outcome, status) = workload_address(shared, &addressing);
+        let (outcome, status) = {
+            let _choosing = shared
+                .choosing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            workload_address(shared, &addressing)
+        };
         step.finish(&shared.client, outcome, status).await?;
     }
     Ok(Action::Done)
@@ -198,19 +249,15 @@ fn node_prefix(shared: &Shared, node: &Addressing) -> Decided {
         .into_iter()
         .filter_map(|(_, node)| node.prefix)
         .collect();
-    taken.extend(
-        shared
-            .pending()
-            .iter()
-            .filter_map(|p| p.parse::<Ipv6Net>().ok()),
-    );
+    let mut pending = shared.pending();
+    taken.extend(pending.prefixes());
     match shared
         .cluster
         .allocate_node_subnet(&taken, &mut rand::rng())
     {
         Ok(subnet) => {
+            pending.prefixes.insert(subnet, Instant::now());
             let subnet = subnet.to_string();
-            shared.hold(subnet.clone());
             let status = BTreeMap::from([("prefix".to_string(), subnet.clone().into())]);
             (Ok(subnet), status)
         }
@@ -243,16 +290,16 @@ fn workload_address(shared: &Shared, workload: &Addressing) -> Decided {
         .chain(shared.vms.by_index(BY_NODE, node))
         .filter_map(|(_, workload)| workload.address)
         .collect();
-    taken.extend(
-        shared
-            .pending()
-            .iter()
-            .filter_map(|a| a.parse::<Ipv6Addr>().ok()),
-    );
+    let mut pending = shared.pending();
+    taken.extend(pending.addresses(node));
     match allocate_pod_address(subnet, &taken, &mut rand::rng()) {
         Ok(address) => {
+            pending
+                .addresses
+                .entry(node.to_string())
+                .or_default()
+                .insert(address, Instant::now());
             let address = address.to_string();
-            shared.hold(address.clone());
             let status = BTreeMap::from([("address".to_string(), address.clone().into())]);
             (Ok(address), status)
         }

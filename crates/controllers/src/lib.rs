@@ -9,7 +9,7 @@
 //! They have no back door: each holds its own controller token and reads
 //! and writes through the API, claiming and completing its workflow steps
 //! exactly as an external controller would. Decisions are made by the pure
-//! engines (`corral-scheduler`, `corral-net`'s IPAM); this crate only
+//! engines (`corral-scheduler`, `corral-ipam`); this crate only
 //! moves data between them and the API.
 //!
 //! Each follows what it needs through `corral_client::runtime` informers
@@ -34,7 +34,7 @@ pub fn spawn_all(
     scheduler: Client,
     ipam: Client,
     lifecycle: Client,
-    cluster_prefix: corral_net::ipam::ClusterPrefix,
+    cluster_prefix: corral_ipam::ClusterPrefix,
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     spawn_all_timed(
@@ -52,7 +52,7 @@ pub fn spawn_all_timed(
     scheduler: Client,
     ipam: Client,
     lifecycle: Client,
-    cluster_prefix: corral_net::ipam::ClusterPrefix,
+    cluster_prefix: corral_ipam::ClusterPrefix,
     timing: lifecycle::Timing,
     shutdown: CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<()>> {

@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 use corral_api::kinds::{NodePhase, NodeSpec, NodeStatus};
-use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
+use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::{self, Action, Change, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
@@ -92,15 +92,11 @@ pub fn phase(
     let mut status: NodeStatus = node.typed_status().unwrap_or_default();
     status.heartbeat = status.heartbeat.max(last_seen);
     let spec: NodeSpec = node.typed_spec().unwrap_or_default();
-    let joined = node
-        .status
-        .get("workflow")
-        .and_then(|w| serde_json::from_value::<WorkflowStatus>(w.clone()).ok())
-        .is_some_and(|w| {
-            w.instances
-                .iter()
-                .any(|i| i.workflow == "join" && i.outcome == WorkflowOutcome::Succeeded)
-        });
+    let joined = StoredWorkflows::of(&node.status).is_ok_and(|w| {
+        w.instances
+            .iter()
+            .any(|i| i.workflow == "join" && i.outcome == WorkflowOutcome::Succeeded)
+    });
     let fresh = status
         .heartbeat
         .is_some_and(|beat| now - beat < timing.silent_after);
@@ -207,8 +203,8 @@ mod tests {
             "phase": phase,
             "heartbeat": at(heartbeat),
             "workflow": {"instances": [{
-                "id": "join-1", "workflow": "join", "revision": 1, "objectUid": "u", "goal": "ready",
-                "outcome": "succeeded", "startedAt": at(0), "steps": []
+                "id": "join-1", "workflow": "join", "revision": 1, "definition": "node-join-x",
+                "outcome": "succeeded", "startedAt": at(0)
             }]}
         });
         node

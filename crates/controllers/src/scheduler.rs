@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use corral_api::kinds::{Availability, NodeStatus, PodSpec};
-use corral_api::workflow::{WorkflowOutcome, WorkflowStatus};
+use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
@@ -30,6 +30,11 @@ use crate::lifecycle::Timing;
 use crate::steps::{ReadyStep, ready_instance};
 
 pub const STEP: &str = "scheduler/place";
+
+/// Workloads answered at once: placements are decided one at a time on the
+/// shared reservations, the writes that record them go out together (and
+/// share the store's commits).
+const WORKERS: usize = 16;
 
 /// What the scheduler keeps of a pod or VM.
 #[derive(Debug, Clone)]
@@ -248,10 +253,16 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
             },
         );
     }
-    runtime::run("scheduler", queue, 1, shutdown, move |key: ObjectKey| {
-        let shared = shared.clone();
-        async move { reconcile(&shared, &key).await }
-    })
+    runtime::run(
+        "scheduler",
+        queue,
+        WORKERS,
+        shutdown,
+        move |key: ObjectKey| {
+            let shared = shared.clone();
+            async move { reconcile(&shared, &key).await }
+        },
+    )
     .await;
 }
 
@@ -388,11 +399,7 @@ fn grace_left(
 /// Whether the pod's newest instance is an update of its current revision
 /// that failed (the node refuses an update that no longer fits it).
 fn update_refused(pod: &Object) -> bool {
-    let Some(Ok(status)) = pod
-        .status
-        .get("workflow")
-        .map(|w| serde_json::from_value::<WorkflowStatus>(w.clone()))
-    else {
+    let Ok(status) = StoredWorkflows::of(&pod.status) else {
         return false;
     };
     status.latest().is_some_and(|instance| {

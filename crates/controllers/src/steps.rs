@@ -2,23 +2,16 @@
 
 use std::collections::BTreeMap;
 
-use corral_api::workflow::{
-    StepActionKind, StepActionRequest, StepBatchRequest, WorkflowOutcome, WorkflowStatus,
-};
+use corral_api::workflow::{StepActionKind, StepActionRequest, StepBatchRequest, StoredWorkflows};
 use corral_api::{Object, ObjectKey};
 use corral_client::{Client, ClientError};
 use serde_json::Value;
 
-/// The id of the newest running instance in which `step` is ready.
+/// The id of the newest instance, if `step` is ready in it.
 pub fn ready_instance(object: &Object, step: &str) -> Option<String> {
-    let status: WorkflowStatus =
-        serde_json::from_value(object.status.get("workflow")?.clone()).ok()?;
+    let status = StoredWorkflows::of(&object.status).ok()?;
     let instance = status.latest()?;
-    (instance.outcome == WorkflowOutcome::Running
-        && instance
-            .step(step)
-            .is_some_and(|s| s.state.phase() == "ready"))
-    .then(|| instance.id.clone())
+    instance.is_ready(step).then(|| instance.id.clone())
 }
 
 /// A ready step to move: which object, which step, which instance.

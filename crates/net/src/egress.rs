@@ -6,9 +6,8 @@
 //! recreates the table in one nft transaction, so it is idempotent and never
 //! leaves a half-written table; nothing outside the `corral` table is touched.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::ipam::EgressRange;
 use crate::netns::{self, NetnsError};
@@ -55,12 +54,7 @@ pub struct EgressConfig {
 }
 
 fn validate_uplink(name: &str) -> Result<(), EgressError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
+    if crate::datapath::is_interface_name(name) {
         Ok(())
     } else {
         Err(EgressError::InterfaceName {
@@ -93,24 +87,13 @@ pub fn ruleset(config: &EgressConfig) -> Result<String, EgressError> {
 
 fn nft(netns: Option<&Path>, args: &[&str], stdin: Option<&str>) -> Result<String, EgressError> {
     let mut command = Command::new("nft");
-    command
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let spawn_error = |source| EgressError::Spawn {
-        netns: netns.map(Path::to_path_buf),
-        source,
-    };
-    let mut child = netns::spawn(netns, &mut command)?.map_err(spawn_error)?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes()).map_err(spawn_error)?;
-    }
-    let output = child.wait_with_output().map_err(spawn_error)?;
+    command.args(args);
+    let output = netns::output_with_input(netns, &mut command, stdin.map(str::as_bytes))?.map_err(
+        |source| EgressError::Spawn {
+            netns: netns.map(Path::to_path_buf),
+            source,
+        },
+    )?;
     if !output.status.success() {
         return Err(EgressError::Refused {
             netns: netns.map(Path::to_path_buf),

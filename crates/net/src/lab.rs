@@ -206,10 +206,7 @@ impl Lab {
             .map_err(netlink_error(format!("attach {port} to {BRIDGE}")))?;
         set_up(&self.hub, port_index, &port).await?;
         let peer_index = link_index(&self.hub, &peer, Some(&hub_path)).await?;
-        let target = std::fs::File::open(&host.netns).map_err(|source| NetnsError::Open {
-            path: host.netns.clone(),
-            source,
-        })?;
+        let target = netns::open(&host.netns)?;
         self.hub
             .link()
             .set(

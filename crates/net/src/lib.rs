@@ -2,15 +2,17 @@
 //! no Services.
 //!
 //! Owns:
-//! - [`ipam`]: pure allocation — the cluster's ULA /48 (or a given prefix),
-//!   a /64 per node, a random address per pod, the node-local IPv4 egress range;
+//! - [`ipam`]: the pure allocation rules, re-exported from `corral-ipam`
+//!   (the cluster's prefix, a /64 per node, a random address per pod, the
+//!   node-local IPv4 egress range);
 //! - [`datapath`]: a veth per pod and plain routes between nodes, over
 //!   rtnetlink, behind the [`datapath::NetworkOps`] trait;
 //! - [`dns`]: answers pods' queries for `corral.` names, forwards the rest;
 //! - [`egress`]: the nftables masquerade that gives pods IPv4 egress;
 //! - [`wireguard`]: optional encrypted node-to-node links (kernel module or
 //!   `wireguard-go`);
-//! - [`netns`]: persistent network namespaces named by path;
+//! - [`netns`]: persistent network namespaces named by path, re-exported
+//!   from `corral-runtime`, which owns them (pods' sandboxes need them too);
 //! - [`lab`]: N "nodes" as namespaces on one bridge, for tests and `corral lab`.
 //!
 //! Must not: talk to the API server, keep state on disk (the agent persists
@@ -20,7 +22,8 @@
 pub mod datapath;
 pub mod dns;
 pub mod egress;
-pub mod ipam;
 pub mod lab;
-pub mod netns;
 pub mod wireguard;
+
+pub use corral_ipam as ipam;
+pub use corral_runtime::oci::netns;

@@ -13,7 +13,6 @@
 //! node /64.
 
 use std::fmt;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -214,12 +213,7 @@ pub fn parse_transfer(output: &str) -> Result<Vec<PeerTransfer>, WireguardError>
 }
 
 fn validate_name(name: &str) -> Result<(), WireguardError> {
-    let ok = !name.is_empty()
-        && name.len() <= 15
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
+    if crate::datapath::is_interface_name(name) {
         Ok(())
     } else {
         Err(WireguardError::InterfaceName {
@@ -260,24 +254,13 @@ fn run_wg(
     stdin: Option<&str>,
 ) -> Result<String, WireguardError> {
     let mut command = Command::new("wg");
-    command
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let spawn_error = |source| WireguardError::Spawn {
-        program: "wg",
-        source,
-    };
-    let mut child = netns::spawn(netns, &mut command)?.map_err(spawn_error)?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes()).map_err(spawn_error)?;
-    }
-    let output = child.wait_with_output().map_err(spawn_error)?;
+    command.args(args);
+    let output = netns::output_with_input(netns, &mut command, stdin.map(str::as_bytes))?.map_err(
+        |source| WireguardError::Spawn {
+            program: "wg",
+            source,
+        },
+    )?;
     if !output.status.success() {
         return Err(WireguardError::Wg {
             args: args.join(" "),

@@ -37,7 +37,7 @@ pub use check::{
     check_delete_object,
 };
 pub use convergence::{Convergence, Cycle, Edge, MAX_CYCLES};
-pub use mask::{overlay, segment_count, strip};
+pub use mask::{overlay, segment_count, strip, strip_owned};
 pub use owner::{
     BadFieldRef, DefaultOwner, FieldRef, IPAM, NODE_LIFECYCLE, Owner, PINNED_DEPLOYMENT, SCHEDULER,
     Subject, WORKFLOW, Writer, carvable, default_owners, managers, ownable,

@@ -87,6 +87,46 @@ pub fn strip(object: &Object, patterns: &[String]) -> Object {
     stripped
 }
 
+/// [`strip`] of an object the caller gives away: what is kept is moved,
+/// not copied.
+pub fn strip_owned(mut object: Object, patterns: &[String]) -> Object {
+    let spec = std::mem::take(&mut object.spec);
+    object.spec = strip_owned_value(spec, &under("spec", patterns)).unwrap_or(Value::Null);
+    let status = std::mem::take(&mut object.status);
+    object.status = strip_owned_value(status, &under("status", patterns)).unwrap_or(Value::Null);
+    object
+}
+
+fn strip_owned_value(value: Value, patterns: &[Vec<Segment>]) -> Option<Value> {
+    if patterns.is_empty() {
+        return None;
+    }
+    if patterns.iter().any(Vec::is_empty) {
+        return Some(value);
+    }
+    match value {
+        Value::Object(map) => Some(Value::Object(
+            map.into_iter()
+                .filter_map(|(key, child)| {
+                    let deeper = descend(patterns, &Segment::Key(key.clone()));
+                    strip_owned_value(child, &deeper).map(|kept| (key, kept))
+                })
+                .collect(),
+        )),
+        Value::Array(items) => Some(Value::Array(
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(index, child)| {
+                    strip_owned_value(child, &descend(patterns, &Segment::Index(index)))
+                        .unwrap_or(Value::Null)
+                })
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
 fn strip_value(value: &Value, patterns: &[Vec<Segment>]) -> Option<Value> {
     if patterns.is_empty() {
         return None;

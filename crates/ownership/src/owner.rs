@@ -246,6 +246,9 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
         Kind::LoadBalancer => people_meta(Owner::People),
         Kind::Policy => people_meta(Owner::Operators),
         Kind::Controller => people_meta(Owner::Registrant),
+        // Written once by the server when an instance first needs it, and
+        // never changed: an instance refers to it by name.
+        Kind::WorkflowDefinition => people_meta(controller(WORKFLOW)),
     }
 }
 

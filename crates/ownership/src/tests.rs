@@ -498,6 +498,11 @@ fn a_controller_sees_what_it_reads_and_owns() {
         json!({"containers": [{"name": "web", "image": "busybox"}]})
     );
     assert_eq!(served.status, Value::Null);
+    assert_eq!(
+        crate::strip_owned(stored.clone(), &paths),
+        served,
+        "the owned form serves the same"
+    );
     let scheduler = builtins()
         .visible_paths("scheduler", Kind::Pod, "web")
         .expect("a mask");

@@ -9,9 +9,16 @@
 //!
 //! [`app`] builds the router without a socket so tests drive it directly;
 //! [`serve`] runs it on a listener until cancelled.
+//!
+//! [`control_plane`] assembles a whole control plane around it (the store
+//! named by [`datastore`], TLS, the built-in controllers with their own
+//! tokens and clients, the workflow driver, history compaction, leadership
+//! on etcd): `corral up` and `corral server` only call it.
 
 pub mod auth;
 pub mod clock;
+pub mod control_plane;
+pub mod datastore;
 pub mod error;
 mod handlers;
 pub mod metrics;
@@ -19,6 +26,8 @@ pub mod openapi;
 pub mod ownership;
 mod query;
 pub mod render;
+pub mod retention;
+pub mod routes;
 pub mod scope;
 pub mod security;
 pub mod tls;
@@ -29,7 +38,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware;
-use axum::routing::{get, post, put};
 use corral_store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +63,8 @@ pub struct Server {
     /// Every object in memory, fed by the store's watch: lists and watches
     /// are served from it.
     pub cache: Arc<watchcache::WatchCache>,
+    /// Workflow definitions: stored ones by name, and the current ones.
+    pub definitions: workflows::definitions::Definitions,
 }
 
 impl std::fmt::Debug for Server {
@@ -92,82 +102,16 @@ impl Server {
             ownership: ownership::Ownership::default(),
             agent_secret: std::sync::OnceLock::new(),
             cache,
+            definitions: workflows::definitions::Definitions::default(),
         })
     }
 }
 
-/// The whole HTTP API. Object routes exist in two shapes: namespaced kinds
-/// under `/v1/namespaces/{namespace}/{plural}`, cluster-wide kinds (and
-/// lists across all namespaces) under `/v1/{plural}`.
+/// The whole HTTP API, built from [`routes::table`]: object routes exist
+/// in two shapes, namespaced kinds under `/v1/namespaces/{namespace}/{plural}`,
+/// cluster-wide kinds (and lists across all namespaces) under `/v1/{plural}`.
 pub fn app(server: SharedServer) -> Router {
-    use handlers::{history, lease, objects, pods_io, steps, system, watch};
-
-    let object_routes = |prefix: &str| {
-        Router::new()
-            .route(
-                &format!("{prefix}/{{plural}}"),
-                get(watch::list_or_watch).post(objects::create),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}"),
-                get(objects::get_one)
-                    .put(objects::apply)
-                    .delete(objects::delete),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/status"),
-                put(objects::put_status),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/history"),
-                get(history::object_history),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/history/{{revision}}"),
-                get(history::one_revision),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/diff"),
-                get(history::diff),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/rollback"),
-                post(history::rollback),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/steps"),
-                post(steps::act),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/steplogs"),
-                get(steps::logs),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/logs"),
-                get(pods_io::logs),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/exec"),
-                post(pods_io::exec),
-            )
-            .route(
-                &format!("{prefix}/{{plural}}/{{name}}/console"),
-                post(pods_io::console),
-            )
-    };
-
-    Router::new()
-        .route("/healthz", get(system::healthz))
-        .route("/metrics", get(system::metrics))
-        .route("/v1/openapi.json", get(system::openapi))
-        .route("/v1/whoami", get(system::whoami))
-        .route("/v1/tokens", post(system::create_token))
-        .route("/v1/join", post(system::join))
-        .route("/v1/history", get(history::cluster_history))
-        .route("/v1/controllers/{name}/transfer", post(ownership::transfer))
-        .route("/v1/nodes/{name}/lease", get(lease::read).put(lease::renew))
-        .merge(object_routes("/v1/namespaces/{namespace}"))
-        .merge(object_routes("/v1"))
+    routes::router(routes::table())
         .layer(middleware::from_fn_with_state(
             server.clone(),
             metrics::record_request,

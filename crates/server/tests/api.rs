@@ -137,6 +137,9 @@ async fn compare_and_swap_and_status_writes() {
     );
 
     let mut stale = created.clone();
+    let created_version = created["metadata"]["resourceVersion"]
+        .as_u64()
+        .expect("resourceVersion");
     call(&server, "PUT", WEB, Some(&token), Some(pod("b"))).await;
     stale["spec"]["containers"][0]["image"] = json!("c");
     let (status, body) = call(&server, "PUT", WEB, Some(&token), Some(stale)).await;
@@ -145,7 +148,7 @@ async fn compare_and_swap_and_status_writes() {
         body["message"]
             .as_str()
             .unwrap()
-            .contains("resourceVersion 1 is stale"),
+            .contains(&format!("resourceVersion {created_version} is stale")),
         "{body}"
     );
 
@@ -369,7 +372,8 @@ async fn metrics_count_requests() {
         text.contains("corral_http_requests_total{method=\"PUT\",route=\"/v1/namespaces/{namespace}/{plural}/{name}\",status=\"200\"} 1"),
         "{text}"
     );
-    assert!(text.contains("corral_history_revisions 1"), "{text}");
+    // The pod's revision, and the workflow definition its start runs.
+    assert!(text.contains("corral_history_revisions 2"), "{text}");
 }
 
 #[test]

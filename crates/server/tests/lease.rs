@@ -5,28 +5,15 @@
 mod common;
 
 use axum::http::StatusCode;
-use corral_api::{Identity, Role};
-use corral_server::TokenIssuer;
+use corral_api::Role;
 use serde_json::json;
 
 #[tokio::test]
 async fn a_lease_renewal_is_no_object_write_and_only_the_node_renews_it() {
     let server = common::new_server();
     let admin = common::token(&server, "admin", Role::Operator).await;
-    let node = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("node-1", Role::Node),
-    )
-    .await
-    .expect("a node token");
-    let other = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("node-2", Role::Node),
-    )
-    .await
-    .expect("another node token");
+    let node = common::token(&server, "node-1", Role::Node).await;
+    let other = common::token(&server, "node-2", Role::Node).await;
 
     let (status, body) =
         common::call(&server, "PUT", "/v1/nodes/node-1/lease", Some(&node), None).await;
@@ -76,20 +63,8 @@ async fn a_lease_renewal_is_no_object_write_and_only_the_node_renews_it() {
 async fn a_returning_node_writes_its_heartbeat_once() {
     let server = common::new_server();
     let admin = common::token(&server, "admin", Role::Operator).await;
-    let lifecycle = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("node-lifecycle", Role::Controller),
-    )
-    .await
-    .expect("a controller token");
-    let node = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("node-1", Role::Node),
-    )
-    .await
-    .expect("a node token");
+    let lifecycle = common::token(&server, "node-lifecycle", Role::Controller).await;
+    let node = common::token(&server, "node-1", Role::Node).await;
     let registered = json!({"kind": "Node", "metadata": {"name": "node-1"}, "spec": {}});
     common::call(
         &server,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use axum::body::{Body, BodyDataStream};
 use axum::http::{Request, StatusCode};
-use corral_api::{Identity, Role};
-use corral_server::{SharedServer, TokenIssuer, app};
+use corral_api::Role;
+use corral_server::{SharedServer, app};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -22,13 +22,7 @@ fn pod(name: &str) -> Value {
 async fn setup() -> (SharedServer, String, String) {
     let server = common::new_server();
     let admin = common::token(&server, "admin", Role::Operator).await;
-    let scheduler = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("scheduler", Role::Controller),
-    )
-    .await
-    .expect("issue a token");
+    let scheduler = common::token(&server, "scheduler", Role::Controller).await;
     (server, admin, scheduler)
 }
 
@@ -263,13 +257,7 @@ async fn the_driver_times_out_a_step_at_its_deadline_without_ticking_everything(
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     create(&server, &admin, "web").await;
-    let owner = TokenIssuer::issue(
-        &*server.store,
-        &*server.clock,
-        Identity::new("acme-storage", Role::Controller),
-    )
-    .await
-    .expect("issue a token");
+    let owner = common::token(&server, "acme-storage", Role::Controller).await;
     let (status, body) = common::call(
         &server,
         "POST",
@@ -295,15 +283,9 @@ async fn the_driver_times_out_a_step_at_its_deadline_without_ticking_everything(
             None,
         )
         .await;
-        let steps = pod["status"]["workflow"]["instances"][0]["steps"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let phase = steps
-            .iter()
-            .find(|step| step["name"] == "acme/slow-mount")
-            .map(|step| step["state"]["phase"].clone())
-            .unwrap_or_default();
+        // Stored per step, by name: only the state.
+        let phase =
+            pod["status"]["workflow"]["instances"][0]["steps"]["acme/slow-mount"]["phase"].clone();
         if phase == "timedOut" || tokio::time::Instant::now() > deadline {
             break phase;
         }

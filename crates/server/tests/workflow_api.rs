@@ -7,7 +7,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
-use corral_api::workflow::{StepLogEntry, WorkflowInstance, WorkflowStatus};
+use corral_api::workflow::{StepLogEntry, StoredWorkflows, WorkflowInstance, WorkflowStatus};
 use corral_api::{Identity, Object, Role};
 use corral_server::clock::SequentialIds;
 use corral_server::{Clock, Server, SharedServer, TokenIssuer};
@@ -131,10 +131,10 @@ impl Harness {
     }
 
     async fn workflows(&self, name: &str) -> WorkflowStatus {
-        let object: Object =
-            serde_json::from_value(self.ok("GET", &format!("{PODS}/{name}"), None).await)
-                .expect("an object");
-        serde_json::from_value(object.status["workflow"].clone()).expect("status.workflow")
+        let value = self
+            .ok("GET", &format!("{PODS}/{name}/workflows"), None)
+            .await;
+        serde_json::from_value(value).expect("the instances")
     }
 
     async fn step(&self, name: &str, token: &str, body: Value) -> (StatusCode, Value) {
@@ -177,8 +177,24 @@ fn phase(instance: &WorkflowInstance, step: &str) -> String {
 async fn creating_a_pod_creates_its_start_instance_in_the_same_write() {
     let h = Harness::new().await;
     let created = h.create_pod("web", "img:1").await;
-    let status: WorkflowStatus =
-        serde_json::from_value(created.status["workflow"].clone()).expect("status.workflow");
+    // Stored: the definition's name and the steps past waiting, by name.
+    let stored = StoredWorkflows::of(&created.status).expect("status.workflow");
+    let [kept] = stored.instances.as_slice() else {
+        panic!("one instance expected: {stored:?}");
+    };
+    assert!(kept.definition.starts_with("pod-start-"), "{kept:?}");
+    let kept: Vec<&str> = kept.steps.keys().map(String::as_str).collect();
+    assert_eq!(kept, ["scheduler/place"], "only the ready step is stored");
+    let definition = h
+        .ok(
+            "GET",
+            &format!("/v1/workflowdefinitions/{}", stored.instances[0].definition),
+            None,
+        )
+        .await;
+    assert_eq!(definition["spec"]["goal"], "running");
+    // Whole, through the API.
+    let status = h.workflows("web").await;
     let [instance] = status.instances.as_slice() else {
         panic!("one instance expected: {status:?}");
     };

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use corral_api::history::{CompactionPolicy, KeptRevision};
 use corral_api::{HistoryQuery, ObjectKey, RevisionRecord};
 use corral_store::codec;
-use corral_store::{ChangeMeta, CompactionReport, HistorySize, StoreError};
+use corral_store::{ChangeMeta, CompactionReport, HistorySize, StoreError, describe_kept};
 use etcd_client::{GetOptions, KeyValue, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
@@ -227,31 +227,6 @@ pub(crate) async fn revision(
     })
 }
 
-/// `1-3, 7, 9-12`, or `none`.
-fn describe_kept(revisions: impl IntoIterator<Item = u64>) -> String {
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for revision in revisions {
-        match ranges.last_mut() {
-            Some((_, end)) if *end + 1 == revision => *end = revision,
-            _ => ranges.push((revision, revision)),
-        }
-    }
-    if ranges.is_empty() {
-        return "none".to_string();
-    }
-    ranges
-        .iter()
-        .map(|&(start, end)| {
-            if start == end {
-                start.to_string()
-            } else {
-                format!("{start}-{end}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Every record, ordered by time, then the write that made it, then
 /// revision.
 async fn all_records(store: &EtcdStore) -> Result<Vec<ReadRecord>, StoreError> {
@@ -385,13 +360,7 @@ fn codec_error(uid: &str, revision: u64, error: &codec::CodecError) -> StoreErro
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_kept, revision_of_key};
-
-    #[test]
-    fn kept_revisions_read_as_ranges() {
-        assert_eq!(describe_kept([]), "none");
-        assert_eq!(describe_kept([1, 2, 3, 7, 9, 10, 11, 12]), "1-3, 7, 9-12");
-    }
+    use super::revision_of_key;
 
     #[test]
     fn history_keys_end_in_their_revision() {

@@ -275,6 +275,35 @@ pub trait Store: Send + Sync + 'static {
         change: &ChangeMeta,
     ) -> Result<Object, StoreError>;
 
+    /// [`Store::create`] and then [`Store::append_step_logs`] of `logs`
+    /// (the log of what the write did): in one transaction where the
+    /// backend can, so the object and its log land together, with one
+    /// commit. The default makes the two calls.
+    async fn create_logged(
+        &self,
+        object: Object,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
+        let created = self.create(object, change).await?;
+        self.append_step_logs(logs).await?;
+        Ok(created)
+    }
+
+    /// [`Store::update`] and then [`Store::append_step_logs`] of `logs`,
+    /// like [`Store::create_logged`].
+    async fn update_logged(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
+        let updated = self.update(object, expected, change).await?;
+        self.append_step_logs(logs).await?;
+        Ok(updated)
+    }
+
     /// Removes an object, if `expected` is given only at that
     /// `resourceVersion`. History keeps a record of the deletion.
     async fn delete(
@@ -330,4 +359,42 @@ pub trait Store: Send + Sync + 'static {
         uid: &str,
         filter: &StepLogFilter,
     ) -> Result<Vec<StepLogEntry>, StoreError>;
+}
+
+/// The revisions history kept, as [`StoreError::RevisionNotFound`] names
+/// them: `1-3, 7, 9-12`, or `none`.
+pub fn describe_kept(revisions: impl IntoIterator<Item = u64>) -> String {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for revision in revisions {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == revision => *end = revision,
+            _ => ranges.push((revision, revision)),
+        }
+    }
+    if ranges.is_empty() {
+        return "none".to_string();
+    }
+    ranges
+        .iter()
+        .map(|&(start, end)| {
+            if start == end {
+                start.to_string()
+            } else {
+                format!("{start}-{end}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_kept;
+
+    #[test]
+    fn kept_revisions_read_as_ranges() {
+        assert_eq!(describe_kept([]), "none");
+        assert_eq!(describe_kept([4]), "4");
+        assert_eq!(describe_kept([1, 2, 3, 7, 9, 10, 11, 12]), "1-3, 7, 9-12");
+    }
 }

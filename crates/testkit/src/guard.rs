@@ -22,15 +22,9 @@ pub fn require_tool(name: &str) -> PathBuf {
         );
         return candidate.to_path_buf();
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "this test needs `{name}` on PATH; install it (the setup script installs it for CI)"
-            )
-        })
+    corral_runtime::find_binary(name).unwrap_or_else(|| {
+        panic!("this test needs `{name}` on PATH; install it (the setup script installs it for CI)")
+    })
 }
 
 /// A name unique to this process and call: `<prefix>-<pid>-<n>`.

@@ -91,6 +91,26 @@ pub fn tick(instance: &mut WorkflowInstance, now: DateTime<Utc>) -> Vec<StepLogE
     logs
 }
 
+/// Derives what follows from the graph alone — waiting, ready and blocked
+/// steps, reached targets — without the clock (no timeout, no retry) and
+/// whatever the outcome: for an instance read back from storage, which
+/// keeps only what its steps' owners did.
+pub(crate) fn derive(instance: &mut WorkflowInstance) {
+    let graph = Graph::lenient(instance.steps.iter().map(|step| &step.definition));
+    let order = graph
+        .topological_order()
+        .unwrap_or_else(|| (0..instance.steps.len()).collect());
+    for index in order {
+        if matches!(
+            instance.steps[index].state,
+            StepState::Waiting { .. } | StepState::Ready { .. }
+        ) && let Some((state, _, _)) = evaluate_dependencies(instance, &graph, index)
+        {
+            instance.steps[index].state = state;
+        }
+    }
+}
+
 /// The earliest time [`tick`] would change `instance` on its own, with no
 /// owner acting: a running step's deadline or a failed step's retry. `None`
 /// for a finished instance or one that only waits on its owners.

@@ -26,6 +26,7 @@ mod node_step;
 mod owner;
 mod registration;
 mod render;
+mod stored;
 mod transition;
 mod verdict;
 
@@ -43,6 +44,9 @@ pub use registration::{
 pub use render::{
     blame_json, blame_text, critical_chain_json, critical_chain_text, dot, verdict_line, why_json,
     why_text,
+};
+pub use stored::{
+    definition_from_spec, definition_name, definition_spec, dehydrate, hydrate, stored_deadline,
 };
 pub use transition::{TransitionError, append_log, claim, complete, fail};
 pub use verdict::{DEFAULT_STUCK_AFTER_SECS, Verdict, VerdictState, verdict};

@@ -82,13 +82,10 @@ pub fn claim(
         deadline,
     };
     let message = format!("claimed by {} (attempt {})", actor.name, entry.attempts);
-    logs.push(transition_log(
-        instance,
-        index,
-        now,
-        LogLevel::Info,
-        message,
-    ));
+    let mut log = transition_log(instance, index, now, LogLevel::Info, message);
+    log.fields
+        .insert("claimedBy".to_string(), Value::from(actor.name.clone()));
+    logs.push(log);
     Ok(logs)
 }
 
@@ -113,15 +110,13 @@ pub fn complete(
         started: since,
         finished: now,
         attempt,
-        note,
+        note: note.clone(),
     };
-    logs.push(transition_log(
-        instance,
-        index,
-        now,
-        LogLevel::Info,
-        message,
-    ));
+    let mut log = transition_log(instance, index, now, LogLevel::Info, message);
+    if let Some(note) = note {
+        log.fields.insert("note".to_string(), Value::from(note));
+    }
+    logs.push(log);
     logs.extend(tick(instance, now));
     Ok(logs)
 }
@@ -156,13 +151,10 @@ pub fn fail(
         attempt,
         next_retry_at,
     };
-    logs.push(transition_log(
-        instance,
-        index,
-        now,
-        LogLevel::Error,
-        message,
-    ));
+    let mut log = transition_log(instance, index, now, LogLevel::Error, message);
+    log.fields
+        .insert("error".to_string(), Value::from(error.to_string()));
+    logs.push(log);
     logs.extend(tick(instance, now));
     Ok(logs)
 }

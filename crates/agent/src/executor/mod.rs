@@ -238,8 +238,14 @@ impl<W: Workload> Executor<W> {
     /// steps running on their own go on after it returns.
     pub async fn admit(&mut self) {
         let desired = self.workload.desired();
-        let Some(mut work) = NodeWork::for_revision(desired, desired.metadata.revision) else {
+        let revision = desired.metadata.revision;
+        if !NodeWork::exists_for(desired, revision) {
             self.workload.admit_without_workflow().await;
+            return;
+        }
+        // Without its definition (the API away) there is nothing to do yet.
+        let Some(mut work) = NodeWork::for_revision(self.api.as_ref(), desired, revision).await
+        else {
             return;
         };
         // Steps started in this pass (each runs at most once per pass).

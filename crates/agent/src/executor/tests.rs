@@ -254,7 +254,6 @@ async fn a_refused_claim_costs_a_request_not_a_report() {
 async fn a_third_partys_step_before_the_containers_is_waited_for() {
     // Ready only after the node's volumes: the executor's guess does not
     // claim the containers with the volumes' report.
-    let mut object = fake::pod("start", &[PLACE, ADDRESS]);
     let mut definition = corral_workflow::builtin(corral_api::Kind::Pod, "start").unwrap();
     let mut sidecar = definition.steps[0].clone();
     sidecar.name = "acme/inject".into();
@@ -263,19 +262,8 @@ async fn a_third_partys_step_before_the_containers_is_waited_for() {
     sidecar.wanted_by = None;
     sidecar.before = vec!["containers".into()];
     definition.steps.push(sidecar);
-    let now = chrono::Utc::now();
-    let (mut instance, _) = corral_workflow::instantiate(&definition, "start-1", "uid-1", 1, now);
-    for step in [PLACE, ADDRESS] {
-        let actor = corral_api::Identity::new(
-            step.split('/').next().unwrap(),
-            corral_api::Role::Controller,
-        );
-        corral_workflow::claim(&mut instance, step, &actor, Some(fake::NODE), now).unwrap();
-        corral_workflow::complete(&mut instance, step, &actor, Some(fake::NODE), now, None)
-            .unwrap();
-    }
-    object.status["workflow"] = json!({"instances": [instance]});
-    let api = Arc::new(FakeApi::new(object));
+    let object = fake::object_with(&definition, &[PLACE, ADDRESS]);
+    let api = Arc::new(FakeApi::with_definitions(object, &[definition]));
     let mut executor = executor(&api, FakeWorkload::new(&api));
     executor.admit().await;
     assert_eq!(api.step(VOLUMES), ("done", 1));
@@ -400,7 +388,8 @@ async fn a_stale_view_never_runs_a_finished_step_again() {
 /// `api`'s object as it would look with `step` claimed by the node.
 fn view_with_claimed(api: &Arc<FakeApi>, step: &str) -> Object {
     let other = FakeApi::new(api.object());
-    let work = NodeWork::for_revision(&other.object(), 1).expect("an instance");
+    let work = futures::executor::block_on(NodeWork::for_revision(&other, &other.object(), 1))
+        .expect("an instance");
     let mut batch = crate::steps::StepBatch::default();
     batch.claim(&work, step);
     let key = other.object().key();

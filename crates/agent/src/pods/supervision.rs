@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use corral_runtime::oci::reap;
+use corral_runtime::oci::reap::{Liveness, liveness};
 
 use super::{PodWorkload, pod_sandbox, typed_spec};
 use crate::plan::restart_at;
@@ -208,33 +208,5 @@ impl PodWorkload {
             self.save();
         }
         changed
-    }
-}
-
-enum Liveness {
-    Alive,
-    /// Gone; the exit code when this process could collect it.
-    Exited(Option<i32>),
-}
-
-/// Whether a container's init process still runs. Its own children (the
-/// agent is their subreaper) are waited for, which yields the exit code;
-/// processes adopted after an agent restart are looked up in `/proc`.
-fn liveness(pid: u32) -> Liveness {
-    match reap::try_wait(pid) {
-        Ok(None) => Liveness::Alive,
-        Ok(Some(status)) => Liveness::Exited(Some(status.code())),
-        Err(_) => {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The state is the field after the parenthesised command name.
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().next());
-            match state {
-                Some("Z") | Some("X") | None => Liveness::Exited(None),
-                Some(_) => Liveness::Alive,
-            }
-        }
     }
 }

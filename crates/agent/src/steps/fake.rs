@@ -1,14 +1,17 @@
 //! A step API in memory for tests: one object whose workflow instance moves
 //! by the engine's own transitions (so the owner rule and the states are
-//! the server's), with every request recorded and the API's absence or a
-//! stale view simulated on demand.
+//! the server's) and is stored as the server stores it (per-step state
+//! naming its definition), with every request recorded and the API's
+//! absence or a refused claim simulated on demand.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
-use corral_api::workflow::{StepActionKind, StepBatchRequest, WorkflowInstance, WorkflowStatus};
+use corral_api::workflow::{StepActionKind, StepBatchRequest, StoredWorkflows, WorkflowInstance};
 use corral_api::{Identity, Kind, Object, ObjectKey, Role};
+use corral_workflow::WorkflowDefinition;
 use serde_json::{Map, Value, json};
 
 use super::{NodeWork, StepApi, StepApiError, StepBatch, merge_fields};
@@ -19,6 +22,11 @@ pub const NODE: &str = "node-1";
 #[derive(Debug)]
 struct State {
     object: Object,
+    /// The newest instance, whole: the fake's truth (a finished instance
+    /// stores no steps, so the object alone would not say how they ended).
+    instance: WorkflowInstance,
+    /// The name of its definition.
+    definition: String,
     requests: Vec<StepBatchRequest>,
     status_writes: Vec<Map<String, Value>>,
     unavailable: bool,
@@ -33,6 +41,7 @@ struct State {
 #[derive(Debug)]
 pub struct FakeApi {
     state: Mutex<State>,
+    definitions: Mutex<HashMap<String, Arc<WorkflowDefinition>>>,
 }
 
 /// A pod bound to [`NODE`] with a fresh instance of its built-in
@@ -44,18 +53,28 @@ pub fn pod(workflow: &str, steps_done: &[&str]) -> Object {
 
 /// Like [`pod`] for any kind with a built-in workflow.
 pub fn object(kind: Kind, workflow: &str, steps_done: &[&str]) -> Object {
+    let definition = corral_workflow::builtin(kind, workflow).expect("a built-in workflow");
+    object_with(&definition, steps_done)
+}
+
+/// An object of `definition`'s kind bound to [`NODE`] with a fresh
+/// instance of `definition` (give it to [`FakeApi::with_definitions`]
+/// unless it is a built-in one) serving revision 1, `steps_done` already done.
+pub fn object_with(definition: &WorkflowDefinition, steps_done: &[&str]) -> Object {
+    let kind = definition.kind;
     let namespace = (kind != Kind::Node).then_some("default");
     let mut object = Object::new(kind, namespace, "web", json!({"containers": []}));
     object.metadata.uid = "uid-1".into();
     object.metadata.revision = 1;
-    let definition = corral_workflow::builtin(kind, workflow).expect("a built-in workflow");
     let now = start_time();
-    let id = format!("{workflow}-1");
-    let (mut instance, _) = corral_workflow::instantiate(&definition, &id, "uid-1", 1, now);
+    let id = format!("{}-1", definition.workflow);
+    let (mut instance, _) = corral_workflow::instantiate(definition, &id, "uid-1", 1, now);
     for step in steps_done {
         finish_as_owner(&mut instance, step, now);
     }
-    object.status = json!({"node": NODE, "workflow": WorkflowStatus { instances: vec![instance] }});
+    let stored =
+        corral_workflow::dehydrate(&instance, &corral_workflow::definition_name(definition));
+    object.status = json!({"node": NODE, "workflow": StoredWorkflows { instances: vec![stored] }});
     object
 }
 
@@ -80,23 +99,35 @@ fn finish_as_owner(instance: &mut WorkflowInstance, step: &str, now: DateTime<Ut
     corral_workflow::complete(instance, step, &actor, Some(NODE), now, None).expect("completes");
 }
 
-fn instance_of(object: &Object) -> WorkflowInstance {
-    let status: WorkflowStatus =
-        serde_json::from_value(object.status["workflow"].clone()).expect("a workflow status");
-    status.instances.into_iter().last().expect("an instance")
-}
-
-fn put_instance(object: &mut Object, instance: &WorkflowInstance) {
-    object.status["workflow"] = json!(WorkflowStatus {
-        instances: vec![instance.clone()]
-    });
-}
-
 impl FakeApi {
+    /// A fake serving `object`, knowing every built-in definition.
     pub fn new(object: Object) -> Self {
+        Self::with_definitions(object, &[])
+    }
+
+    /// A fake serving `object`, knowing every built-in definition and
+    /// `extra` (register custom ones here, before the object is read).
+    pub fn with_definitions(object: Object, extra: &[WorkflowDefinition]) -> Self {
+        let mut definitions = HashMap::new();
+        let builtins = corral_workflow::BUILTIN_WORKFLOWS
+            .iter()
+            .filter_map(|(kind, workflow)| corral_workflow::builtin(*kind, workflow));
+        for definition in builtins.chain(extra.iter().cloned()) {
+            let name = corral_workflow::definition_name(&definition);
+            definitions.insert(name, Arc::new(definition));
+        }
+        let status = StoredWorkflows::of(&object.status).expect("a stored workflow status");
+        let stored = status.instances.last().expect("an instance").clone();
+        let definition = definitions
+            .get(&stored.definition)
+            .expect("a known definition")
+            .clone();
+        let instance = corral_workflow::hydrate(&definition, &stored, &object.metadata.uid, &[]);
         FakeApi {
             state: Mutex::new(State {
                 object,
+                instance,
+                definition: stored.definition,
                 requests: Vec::new(),
                 status_writes: Vec::new(),
                 unavailable: false,
@@ -104,6 +135,7 @@ impl FakeApi {
                 refused: Vec::new(),
                 now: start_time(),
             }),
+            definitions: Mutex::new(definitions),
         }
     }
 
@@ -172,21 +204,39 @@ impl FakeApi {
         let mut state = self.state();
         state.now += TimeDelta::milliseconds(10);
         let now = state.now;
-        let mut instance = instance_of(&state.object);
+        let mut instance = state.instance.clone();
         finish_as_owner(&mut instance, step, now);
-        put_instance(&mut state.object, &instance);
+        store(&mut state, instance);
     }
 
     /// The state of `step` (`ready`, `running`, `done`, …) and its attempts.
     pub fn step(&self, step: &str) -> (&'static str, u32) {
-        let instance = instance_of(&self.state().object);
-        let found = instance.step(step).expect("a step of the instance");
+        let state = self.state();
+        let found = state.instance.step(step).expect("a step of the instance");
         (found.state.phase(), found.attempts)
     }
 }
 
+/// Makes `instance` the newest, in the fake and in its object.
+fn store(state: &mut State, instance: WorkflowInstance) {
+    let stored = corral_workflow::dehydrate(&instance, &state.definition);
+    state.object.status["workflow"] = json!(StoredWorkflows {
+        instances: vec![stored]
+    });
+    state.instance = instance;
+}
+
 #[async_trait]
 impl StepApi for FakeApi {
+    async fn definition(&self, name: &str) -> Result<Arc<WorkflowDefinition>, StepApiError> {
+        self.definitions
+            .lock()
+            .expect("the fake's lock is not poisoned")
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StepApiError::Refused(format!("no workflow definition {name}")))
+    }
+
     async fn batch(&self, _key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError> {
         let mut state = self.state();
         let request = batch.request();
@@ -197,7 +247,7 @@ impl StepApi for FakeApi {
         state.now += TimeDelta::milliseconds(10);
         let now = state.now;
         let node = Identity::new(NODE, Role::Node);
-        let mut instance = instance_of(&state.object);
+        let mut instance = state.instance.clone();
         for action in &request.actions {
             let step = action.step.as_str();
             let applied = match action.action {
@@ -231,7 +281,7 @@ impl StepApi for FakeApi {
                 return Err(StepApiError::Refused(error.to_string()));
             }
         }
-        put_instance(&mut state.object, &instance);
+        store(&mut state, instance.clone());
         let mut status = state.object.status.as_object().cloned().unwrap_or_default();
         let fields: Map<String, Value> = request.status.clone().into_iter().collect();
         merge_fields(&mut status, &fields);

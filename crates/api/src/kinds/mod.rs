@@ -16,7 +16,7 @@ pub use controller::{ControllerSpec, StepRegistration};
 pub use loadbalancer::{
     DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
 };
-pub use node::{NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
+pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
 pub use pinned::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
     Templates, VersionStatus,
@@ -41,5 +41,8 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         Kind::Controller => generator.subschema_for::<ControllerSpec>(),
         Kind::VirtualMachine => generator.subschema_for::<VirtualMachineSpec>(),
         Kind::LoadBalancer => generator.subschema_for::<LoadBalancerSpec>(),
+        Kind::WorkflowDefinition => {
+            generator.subschema_for::<crate::workflow::WorkflowDefinitionSpec>()
+        }
     }
 }

@@ -87,3 +87,16 @@ pub enum NodePhase {
     /// Declared gone by an operator or after `lost_after`.
     Lost,
 }
+
+/// What a node's image collection removed (`POST /v1/nodes/{name}/images/prune`,
+/// done by the node's agent, which owns its image store).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePruneReport {
+    /// The images deleted, by name.
+    pub removed_images: Vec<String>,
+    /// How many blobs (manifests, configs, compressed layers) went with them.
+    pub removed_blobs: usize,
+    /// How many unpacked layers went with them.
+    pub removed_layers: usize,
+}

@@ -1,25 +1,21 @@
 //! `corral controllers list|check|transfer` and `corral explain`: who owns
-//! which field, who reads it, and whether the controllers converge.
+//! which field, who reads it, and whether the controllers' declared reads
+//! and writes form a cycle.
 //!
 //! The registry is the cluster's `Controller` objects; the rules applied to
 //! them are `corral_ownership`'s, the same the API server enforces.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use corral_api::{Kind, Object};
 use corral_client::Client;
 use corral_ownership::{FieldRef, Owner, Registry, Rule, Source};
-use corral_server::SharedServer;
-use corral_server::ownership::BuiltinTokens;
 use serde::Serialize;
 
 use super::connect;
 use crate::output::{Format, Table, print_structured};
-
-/// The file in the data dir that keeps the built-in controllers' tokens.
-pub const BUILTIN_TOKENS: &str = "controller-tokens.json";
 
 #[derive(Debug, Args)]
 pub struct ControllersArgs {
@@ -36,9 +32,11 @@ enum ControllersCommand {
         #[arg(short = 'o', long, value_enum, default_value_t)]
         output: Format,
     },
-    /// Prove the controllers converge: build the graph "A writes a field B
-    /// reads" and print `converges`, or name every cycle
-    /// (`A writes X read by B; B writes Y read by A`) and exit non-zero.
+    /// Look for feedback cycles between the controllers: build the graph
+    /// "A writes a field B reads" from their registrations (what they
+    /// declare, not what they do) and print `converges` when it has no
+    /// cycle, or name every cycle (`A writes X read by B; B writes Y read
+    /// by A`) and exit non-zero.
     ///
     /// A controller reading its own fields is not a cycle; step hand-offs
     /// through workflows are not field writes (a step only moves forward).
@@ -271,40 +269,4 @@ pub async fn explain(config: Option<PathBuf>, args: ExplainArgs) -> anyhow::Resu
     };
     println!("  readers: {readers}");
     Ok(())
-}
-
-/// Registers the built-in controllers of `corral up` through the API's own
-/// handler, keeping their tokens in the data dir (mode 0600) across
-/// restarts.
-/// Registers the built-in controllers through the API's own handlers and
-/// returns their tokens (kept in `DATA_DIR/controller-tokens.json`).
-pub async fn register_builtins(
-    server: &SharedServer,
-    data_dir: &Path,
-) -> anyhow::Result<corral_server::ownership::BuiltinTokens> {
-    let path = data_dir.join(BUILTIN_TOKENS);
-    let known: BuiltinTokens = std::fs::read(&path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .unwrap_or_default();
-    let tokens = corral_server::ownership::register_builtins(server, &known)
-        .await
-        .context("cannot register the built-in controllers")?;
-    if tokens != known {
-        write_private(&path, &serde_json::to_vec_pretty(&tokens)?)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(tokens)
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(bytes)
 }

@@ -1,21 +1,25 @@
-//! `corral image import|ls`: the node's local image store. These act on
-//! this machine's data dir directly, like `k3s ctr images import`: images
-//! live on nodes, not in the API.
+//! `corral image import|ls|prune`: a node's image store. Images live on
+//! nodes, not in the API. `import` and `ls` act on this machine's data dir
+//! directly, like `k3s ctr images import`; `prune` asks the node's agent,
+//! through the API server, to collect: only the agent deletes images, so
+//! nothing races its own collection or the pulls it is making.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use corral_api::Kind;
 use corral_runtime::image::ImageStore;
 
-use super::default_data_dir;
+use super::{connect, default_data_dir};
 use crate::output::{Format, Table, print_structured};
 
 #[derive(Debug, Args)]
 pub struct ImageArgs {
     #[command(subcommand)]
     command: ImageCommand,
-    /// The node's data dir (the one `corral up` or `corral agent` uses).
+    /// `import` and `ls`: the node's data dir (the one `corral up` or
+    /// `corral agent` uses).
     #[arg(long, global = true, value_name = "DIR")]
     data_dir: Option<PathBuf>,
 }
@@ -33,10 +37,15 @@ enum ImageCommand {
         #[arg(long, value_name = "NAME:TAG")]
         name: Option<String>,
     },
-    /// Delete pulled images no pod on this node uses or used in its last
-    /// revisions (the agent does this every 10 minutes; history is the GC
-    /// root, hand-imported images are never deleted).
-    Prune,
+    /// Have a node's agent delete the pulled images no pod on the node
+    /// uses or used in its last revisions, now (it does so every 10
+    /// minutes anyway; history is the GC root, hand-imported images are
+    /// never deleted). Goes through the API: operators only.
+    Prune {
+        /// The node. Default: the cluster's only node.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
+    },
     /// List the images on this node.
     Ls {
         #[arg(short = 'o', long, value_enum, default_value_t)]
@@ -50,11 +59,10 @@ fn open(data_dir: Option<PathBuf>) -> anyhow::Result<ImageStore> {
         .with_context(|| format!("cannot open the image store in {}", dir.display()))
 }
 
-pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
-    let store = open(args.data_dir)?;
+pub async fn run(config: Option<PathBuf>, args: ImageArgs) -> anyhow::Result<()> {
     match args.command {
         ImageCommand::Import { file, name } => {
+            let store = open(args.data_dir)?;
             let images = tokio::task::spawn_blocking(move || store.import(&file, name.as_deref()))
                 .await?
                 .context("import failed; nothing was added")?;
@@ -62,25 +70,28 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
                 println!("imported {} ({})", image.reference, image.manifest_digest);
             }
         }
-        ImageCommand::Prune => {
-            let state = corral_agent::state::LocalState::open(data_dir.join("agent").join("pods"))?;
-            let report = tokio::task::spawn_blocking(move || {
-                let records = state.load_all()?;
-                anyhow::Ok(corral_agent::images::collect(&store, &records)?)
-            })
-            .await??;
+        ImageCommand::Prune { node } => {
+            let client = connect(config)?;
+            let node = match node {
+                Some(node) => node,
+                None => only_node(&client).await?,
+            };
+            let report = client
+                .prune_images(&node)
+                .await
+                .with_context(|| format!("collecting the images of node {node}"))?;
             for image in &report.removed_images {
                 println!("deleted {image}");
             }
             println!(
-                "{} images, {} blobs, {} layers deleted",
+                "{} images, {} blobs, {} layers deleted on node {node}",
                 report.removed_images.len(),
                 report.removed_blobs,
                 report.removed_layers
             );
         }
         ImageCommand::Ls { output } => {
-            let images = store.list()?;
+            let images = open(args.data_dir)?.list()?;
             let rows: Vec<serde_json::Value> = images
                 .iter()
                 .map(|i| serde_json::json!({"name": i.reference, "digest": i.manifest_digest.to_string()}))
@@ -98,4 +109,21 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cluster's node when it has exactly one.
+async fn only_node(client: &corral_client::Client) -> anyhow::Result<String> {
+    let nodes = client.list(Kind::Node, None, None).await?.items;
+    match nodes.as_slice() {
+        [node] => Ok(node.metadata.name.clone()),
+        [] => anyhow::bail!("the cluster has no nodes"),
+        _ => {
+            let names: Vec<&str> = nodes.iter().map(|n| n.metadata.name.as_str()).collect();
+            anyhow::bail!(
+                "the cluster has {} nodes ({}): name one with --node",
+                names.len(),
+                names.join(", ")
+            )
+        }
+    }
 }

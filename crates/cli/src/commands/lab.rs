@@ -453,7 +453,7 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
             corral_net::wireguard::remove_stale_socket(name.trim(), Duration::from_secs(3));
         }
     }
-    unmount_below(dir);
+    corral_runtime::mounts::unmount_all_under(dir);
     for node_dir in &node_dirs {
         remove_pod_cgroups(node_dir);
     }
@@ -461,21 +461,6 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
     match first_error {
         Some(error) => Err(error).context("removing the lab's namespaces"),
         None => Ok(()),
-    }
-}
-
-fn unmount_below(dir: &Path) {
-    let prefix = dir.to_string_lossy().into_owned();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut targets: Vec<String> = mounts
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .filter(|target| target.starts_with(&prefix))
-        .map(str::to_string)
-        .collect();
-    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
-    for target in targets {
-        let _ = nix::mount::umount2(target.as_str(), nix::mount::MntFlags::MNT_DETACH);
     }
 }
 

@@ -23,7 +23,7 @@ use anyhow::Context;
 use corral_client::{Client, ClientConfig};
 
 /// The file name of the admin config `corral up` writes in its data dir.
-pub const ADMIN_CONFIG: &str = "admin.json";
+pub use corral_server::control_plane::ADMIN_CONFIG;
 
 /// Where `corral up` keeps its data when not told: `/var/lib/corral` for
 /// root, `$XDG_DATA_HOME/corral` (or `~/.local/share/corral`) otherwise.

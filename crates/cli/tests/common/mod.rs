@@ -85,6 +85,11 @@ impl Cluster {
         assert_eq!(Path::new(path), self.config);
     }
 
+    /// The process id of the running `corral`.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the process with SIGKILL, as a crash would.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -238,16 +243,7 @@ pub fn cleanup_node(data_dir: &Path) {
                 .status();
         }
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut targets: Vec<&str> = mounts
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .filter(|target| target.starts_with(&prefix))
-        .collect();
-    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
-    for target in targets {
-        let _ = Command::new("umount").args(["-l", target]).status();
-    }
+    corral_runtime::mounts::unmount_all_under(data_dir);
     // The pods' cgroups, `/corral/<uid>` in every hierarchy.
     let pods = std::fs::read_dir(data_dir.join("pods"))
         .into_iter()

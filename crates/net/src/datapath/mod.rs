@@ -62,6 +62,16 @@ pub const VM_BRIDGE: &str = "br0";
 /// Longest Linux interface name.
 pub const MAX_INTERFACE_NAME: usize = 15;
 
+/// Whether `name` can name an interface corral configures: 1 to
+/// [`MAX_INTERFACE_NAME`] characters of ASCII letters, digits, `.`, `_`, `-`.
+pub fn is_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_INTERFACE_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// Why a data-path operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {

@@ -192,10 +192,7 @@ impl Netlink {
             .await
             .map_err(netlink_error(format!("add veth {host} with peer {peer}")))?;
         let peer_index = link_index(&self.handle, &peer, self.netns()).await?;
-        let pod_ns = std::fs::File::open(&pod.netns).map_err(|source| netns::NetnsError::Open {
-            path: pod.netns.clone(),
-            source,
-        })?;
+        let pod_ns = netns::open(&pod.netns)?;
         self.handle
             .link()
             .set(

@@ -29,11 +29,8 @@ pub fn require_root_and_tools(tools: &[&str]) {
         "this test needs root (network namespaces, veths, nftables); run it as root"
     );
     for tool in tools {
-        let found = std::env::var_os("PATH")
-            .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
-            .unwrap_or(false);
         assert!(
-            found,
+            corral_runtime::find_binary(tool).is_some(),
             "this test needs `{tool}` on PATH; install it (see .ci)"
         );
     }

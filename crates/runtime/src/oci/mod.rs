@@ -1,5 +1,6 @@
 //! Running containers through an OCI runtime binary (`runc` or `runsc`),
-//! the persistent network namespace a pod's containers share, and
+//! network namespaces (the one module that makes them, for pods, VMs and
+//! the lab) and a pod's user namespace, and
 //! collecting container exit statuses.
 
 pub mod netns;

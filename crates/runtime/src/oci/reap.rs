@@ -19,6 +19,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use nix::errno::Errno;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
+use procfs::process::ProcState;
 
 /// How a container's init process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,27 +74,48 @@ pub fn untrack(pid: u32) {
     tracked().remove(&pid);
 }
 
-/// Zombie children of this process, from `/proc`.
+/// Zombie children of this process, from the process table.
 fn zombie_children() -> Vec<u32> {
-    let me = std::process::id();
-    let Ok(entries) = fs::read_dir("/proc") else {
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    let Ok(processes) = procfs::process::all_processes() else {
         return Vec::new();
     };
-    entries
+    processes
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            // Fields after the `(comm)`: state, ppid, …
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                return false;
-            };
-            let mut fields = rest.split_whitespace();
-            fields.next() == Some("Z") && fields.next() == Some(me.to_string().as_str())
-        })
+        .filter_map(|process| process.stat().ok())
+        .filter(|stat| stat.ppid == me && stat.state().ok() == Some(ProcState::Zombie))
+        .filter_map(|stat| u32::try_from(stat.pid).ok())
         .collect()
+}
+
+/// Whether a process still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    /// Gone; its exit code when this process could collect it.
+    Exited(Option<i32>),
+}
+
+/// Whether `pid` still runs. A child of this process is waited for, which
+/// yields its exit code; any other (one adopted after a restart, or reaped
+/// already) is looked up in the process table, where a zombie or no entry
+/// means it exited, code unknown.
+pub fn liveness(pid: u32) -> Liveness {
+    match try_wait(pid) {
+        Ok(None) => Liveness::Alive,
+        Ok(Some(status)) => Liveness::Exited(Some(status.code())),
+        Err(_) => {
+            let state = i32::try_from(pid)
+                .ok()
+                .and_then(|pid| procfs::process::Process::new(pid).ok())
+                .and_then(|process| process.stat().ok())
+                .and_then(|stat| stat.state().ok());
+            match state {
+                Some(ProcState::Zombie | ProcState::Dead) | None => Liveness::Exited(None),
+                Some(_) => Liveness::Alive,
+            }
+        }
+    }
 }
 
 /// Reaps zombie children that are not tracked (orphans a subreaper
@@ -198,6 +220,12 @@ mod tests {
     #[test]
     #[allow(clippy::zombie_processes)]
     fn try_wait_reports_running_then_exit() {
+        let me = std::process::id();
+        assert_eq!(
+            liveness(me),
+            Liveness::Alive,
+            "not a child, found in the table"
+        );
         let child = std::process::Command::new("sleep")
             .arg("0.2")
             .spawn()

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
 
-use super::netns::{LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls};
+use super::netns::{self, LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls, failed as syscall};
 use super::reap;
 
 /// One id mapping of the pod's user namespace: ids `0..size` inside are
@@ -44,14 +44,6 @@ pub fn user_namespace_path(net: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-fn syscall<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> NetnsError + 'a {
-    move |source| NetnsError::Syscall {
-        step,
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn mount_point(path: &Path) -> Result<(), NetnsError> {
     match OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(_) => Ok(()),
@@ -71,22 +63,9 @@ fn bind(source: &Path, target: &Path) -> Result<(), NetnsError> {
     .map_err(|e| syscall("bind-mount", target)(e.into()))
 }
 
-/// Brings `lo` up inside the network namespace pinned at `net`, from a
-/// thread that enters it and ends.
+/// Brings `lo` up inside the network namespace pinned at `net`.
 fn loopback_up(net: &Path) -> Result<(), NetnsError> {
-    let file = fs::File::open(net).map_err(syscall("open", net))?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> Result<(), NetnsError> {
-                nix::sched::setns(&file, CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| syscall("enter", net)(e.into()))?;
-                LinuxNetns
-                    .loopback_up()
-                    .map_err(syscall("bring up lo", net))
-            })
-            .join()
-            .unwrap_or(Err(NetnsError::ThreadPanicked))
-    })
+    netns::run_in(net, || LinuxNetns.loopback_up())?.map_err(syscall("bring up lo", net))
 }
 
 impl NetnsManager<LinuxNetns> {

@@ -169,20 +169,9 @@ pub fn start(
 /// process could collect it (`Some(None)` otherwise: a QEMU adopted after
 /// an agent restart, or reaped already).
 pub fn exit_status(pid: u32) -> Option<Option<i32>> {
-    match reap::try_wait(pid) {
-        Ok(None) => None,
-        Ok(Some(status)) => Some(Some(status.code())),
-        Err(_) => {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().next());
-            match state {
-                Some("Z") | Some("X") | None => Some(None),
-                Some(_) => None,
-            }
-        }
+    match reap::liveness(pid) {
+        reap::Liveness::Alive => None,
+        reap::Liveness::Exited(code) => Some(code),
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod history;
 pub mod lease;
+pub mod node_images;
 pub mod objects;
 pub mod pods_io;
 pub mod steps;

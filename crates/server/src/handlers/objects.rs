@@ -158,6 +158,7 @@ pub async fn put_status(
         };
         let mut next = current.clone();
         next.status = status.clone();
+        keep_workflows(&current, &mut next);
         match ownership::update(&server, &caller, &current, next, expected, &change).await {
             Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,
             other => return Ok(Json(other?)),
@@ -166,6 +167,22 @@ pub async fn put_status(
     Err(ApiError::Conflict(format!(
         "{key} kept changing under this status write; try again"
     )))
+}
+
+/// A status write keeps the stored `status.workflow`: steps move only
+/// through the step API, so a writer's copy of it (perhaps older) is
+/// ignored.
+fn keep_workflows(current: &Object, next: &mut Object) {
+    let Some(workflows) = current.status.get("workflow") else {
+        if let Some(status) = next.status.as_object_mut() {
+            status.remove("workflow");
+        }
+        return;
+    };
+    if !next.status.is_object() {
+        next.status = Value::Object(serde_json::Map::new());
+    }
+    next.status["workflow"] = workflows.clone();
 }
 
 pub async fn delete(

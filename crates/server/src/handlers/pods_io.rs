@@ -37,10 +37,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where to reach the container: the agent's URL for this pod and the
 /// query to send it (with the container filled in).
 #[derive(Debug)]
-struct Route {
-    agent_url: String,
-    node: String,
-    query: String,
+pub(super) struct Route {
+    pub(super) agent_url: String,
+    pub(super) node: String,
+    pub(super) query: String,
 }
 
 fn object_name(key: &ObjectKey) -> String {
@@ -115,19 +115,12 @@ async fn route(
             object_name(&key)
         ))
     })?;
-    let node_key = ObjectKey::new(Kind::Node, None, &node);
-    let node_status: NodeStatus = server
-        .store
-        .get(&node_key)
-        .await?
-        .ok_or_else(|| {
-            ApiError::Unavailable(format!(
-                "{} is bound to node {node}, which does not exist",
-                object_name(&key)
-            ))
-        })?
-        .typed_status()
-        .unwrap_or_default();
+    let node_status = node_status(server, &node).await?.ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "{} is bound to node {node}, which does not exist",
+            object_name(&key)
+        ))
+    })?;
     let endpoint = node_status.agent_endpoint.ok_or_else(|| {
         ApiError::Unavailable(format!(
             "node {node} reports no agent endpoint, so its {what}s cannot be reached \
@@ -148,6 +141,19 @@ async fn route(
         node,
         query,
     })
+}
+
+/// The status of node `node`; `None` when there is no such node.
+pub(super) async fn node_status(
+    server: &SharedServer,
+    node: &str,
+) -> Result<Option<NodeStatus>, ApiError> {
+    let key = ObjectKey::new(Kind::Node, None, node);
+    Ok(server
+        .store
+        .get(&key)
+        .await?
+        .map(|object| object.typed_status().unwrap_or_default()))
 }
 
 /// The query for a pod's agent, with the container filled in when the pod
@@ -192,7 +198,7 @@ fn container_query(
     Ok(pairs)
 }
 
-fn agent_request(
+pub(super) fn agent_request(
     server: &SharedServer,
     route: &Route,
     method: reqwest::Method,
@@ -211,7 +217,7 @@ fn agent_request(
         .bearer_auth(secret))
 }
 
-fn unreachable(route: &Route, error: &reqwest::Error) -> ApiError {
+pub(super) fn unreachable(route: &Route, error: &reqwest::Error) -> ApiError {
     ApiError::Unavailable(format!(
         "cannot reach the agent of node {} at {}: {}",
         route.node,
@@ -221,7 +227,7 @@ fn unreachable(route: &Route, error: &reqwest::Error) -> ApiError {
 }
 
 /// The agent's refusal, passed on with its status and JSON body.
-async fn passed_on(response: reqwest::Response) -> Response {
+pub(super) async fn passed_on(response: reqwest::Response) -> Response {
     let status = StatusCode::from_u16(response.status().as_u16())
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = response.bytes().await.unwrap_or_default();

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use bytes::Bytes;
-use corral_api::workflow::{StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance};
+use corral_api::workflow::{
+    StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance, WorkflowStatus,
+};
 use corral_store::StepLogFilter;
 
 use super::Target;
@@ -53,6 +55,23 @@ pub async fn act(
     })?;
     let action = StepAction::try_from(request)?;
     Ok(Json(workflows::act(&server, &caller, &key, action).await?))
+}
+
+/// `GET …/{name}/workflows`: the object's kept workflow instances whole —
+/// each joined with its definition, finished ones replayed from the step
+/// log — as `why` and `analyze` render them.
+pub async fn instances(
+    State(server): State<SharedServer>,
+    Caller(_caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+) -> Result<Json<WorkflowStatus>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let object = server
+        .store
+        .get(&key)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
+    Ok(Json(workflows::instances(&server, &object).await?))
 }
 
 /// `GET …/{name}/steplogs`: everything recorded about the object's steps,

@@ -64,11 +64,13 @@ async fn load(server: &Server) -> Result<Registry, ApiError> {
     Ok(Registry::from_objects(&listed.objects))
 }
 
-/// Forgets the cached registry; the next use reloads it.
+/// Forgets the cached registry (and the current workflow definitions,
+/// which registrations add steps to); the next use reloads them.
 fn invalidate(server: &Server) {
     if let Ok(mut cache) = server.ownership.cache.write() {
         *cache = None;
     }
+    server.definitions.invalidate();
 }
 
 /// Creates `object` if `caller` may set every field it sets.

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use corral_api::{Identity, Kind, Object, Role};
-use corral_ownership::{Registry, strip};
+use corral_ownership::{Registry, strip_owned};
 
 use crate::Server;
 use crate::error::ApiError;
@@ -56,7 +56,7 @@ impl ReadView {
             .get(&object.kind)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        strip(&object, paths)
+        strip_owned(object, paths)
     }
 }
 

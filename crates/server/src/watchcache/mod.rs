@@ -47,6 +47,8 @@ pub const WINDOW: usize = 10_000;
 const LIVE_CAPACITY: usize = 4_096;
 /// How long a list waits for the cache to catch up with the store.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Objects read from the store per request while loading.
+const LOAD_PAGE: usize = 1_000;
 /// The wait before loading again after the store failed.
 const RELOAD_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -117,6 +119,10 @@ struct State {
     resource_version: u64,
     /// Bumped at every load; a watch of an older one has missed changes.
     generation: u64,
+    /// Changes applied per kind since the server started (for caches of
+    /// things derived from a kind, like workflow definitions from
+    /// `Controller`s).
+    changes: HashMap<Kind, u64>,
 }
 
 /// A live change or the news that the cache loaded everything again.
@@ -199,21 +205,29 @@ impl WatchCache {
         // (a change older than a cached object is skipped).
         let mut listed_through = start;
         for kind in Kind::ALL {
-            let listed = match store.list(kind, None).await {
-                Ok(listed) => listed,
-                Err(error) => return error,
-            };
-            listed_through = listed_through.max(listed.resource_version);
             let mut objects = Objects::new();
-            for object in &listed.objects {
-                match CachedObject::from_object(object) {
-                    Ok(cached) => {
-                        objects.insert(
-                            (cached.namespace.clone(), cached.name.clone()),
-                            Arc::new(cached),
-                        );
+            let mut after = None;
+            // In pages: etcd refuses a single answer of more than 4 MiB.
+            loop {
+                let page = match store.list_page(kind, None, LOAD_PAGE, after.as_ref()).await {
+                    Ok(page) => page,
+                    Err(error) => return error,
+                };
+                listed_through = listed_through.max(page.resource_version);
+                for object in &page.objects {
+                    match CachedObject::from_object(object) {
+                        Ok(cached) => {
+                            let slot = (cached.namespace.clone(), cached.name.clone());
+                            objects.insert(slot, Arc::new(cached));
+                        }
+                        Err(error) => {
+                            return StoreError::Corrupt(format!("{}: {error}", object.key()));
+                        }
                     }
-                    Err(error) => return StoreError::Corrupt(format!("{}: {error}", object.key())),
+                }
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => break,
                 }
             }
             kinds.insert(kind, objects);
@@ -229,6 +243,9 @@ impl WatchCache {
             state.window_start = listed_through;
             state.resource_version = start;
             state.generation += 1;
+            for count in state.changes.values_mut() {
+                *count += 1;
+            }
         }
         let mut ready = false;
         if start >= listed_through {
@@ -265,6 +282,7 @@ impl WatchCache {
         let cached = Arc::new(cached);
         let mut state = self.write();
         state.resource_version = state.resource_version.max(revision);
+        *state.changes.entry(kind).or_default() += 1;
         let objects = state.kinds.entry(kind).or_default();
         let current = objects.get(&slot).cloned();
         // A replayed change older than the listed object changes nothing.
@@ -321,6 +339,12 @@ impl WatchCache {
     async fn has_own_writes(&self) -> Result<(), ApiWait> {
         let written = self.written.load(Ordering::SeqCst);
         self.caught_up(written, CATCH_UP_TIMEOUT).await
+    }
+
+    /// How many changes of `kind` the cache has applied: a different
+    /// answer means something of that kind changed.
+    pub fn changes_of(&self, kind: Kind) -> u64 {
+        self.read().changes.get(&kind).copied().unwrap_or_default()
     }
 
     /// The number of cached objects of `kind` (for metrics).

@@ -85,6 +85,29 @@ impl Store for Tracked {
         self.note(self.inner.update(object, expected, change).await)
     }
 
+    async fn create_logged(
+        &self,
+        object: Object,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
+        self.note(self.inner.create_logged(object, change, logs).await)
+    }
+
+    async fn update_logged(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
+        self.note(
+            self.inner
+                .update_logged(object, expected, change, logs)
+                .await,
+        )
+    }
+
     async fn delete(
         &self,
         key: &ObjectKey,

@@ -22,7 +22,7 @@ use futures::StreamExt;
 use futures::stream::SelectAll;
 use tokio_util::sync::CancellationToken;
 
-use super::{read_status, store_logs, write_status};
+use super::{hydrate, put_stored, stored_status};
 use crate::watchcache::{CachedObject, ListRequest, Scope};
 use crate::{Server, SharedServer};
 
@@ -181,12 +181,11 @@ async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &C
 
 /// The nearest deadline of the object's running instances.
 fn object_deadline(object: &Object) -> Option<DateTime<Utc>> {
-    let status = read_status(object).ok()?;
+    let status = stored_status(object).ok()?;
     status
         .instances
         .iter()
-        .filter(|instance| instance.outcome == WorkflowOutcome::Running)
-        .filter_map(corral_workflow::next_deadline)
+        .filter_map(corral_workflow::stored_deadline)
         .min()
 }
 
@@ -224,7 +223,7 @@ async fn tick_object(
     mut object: Object,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let mut status = match read_status(&object) {
+    let mut status = match stored_status(&object) {
         Ok(status) => status,
         Err(error) => {
             tracing::warn!(object = %object.key(), %error, "unreadable status.workflow not ticked");
@@ -233,19 +232,31 @@ async fn tick_object(
     };
     let mut logs = Vec::new();
     let mut changed = false;
-    for instance in &mut status.instances {
-        if instance.outcome != WorkflowOutcome::Running {
+    let uid = object.metadata.uid.clone();
+    for stored in &mut status.instances {
+        if stored.outcome != WorkflowOutcome::Running {
             continue;
         }
+        let mut instance = match hydrate(server, stored, &uid).await {
+            Ok(instance) => instance,
+            Err(error) => {
+                tracing::warn!(object = %object.key(), instance = %stored.id, %error,
+                    "instance without its definition not ticked");
+                continue;
+            }
+        };
         let before = instance.clone();
-        logs.extend(corral_workflow::tick(instance, now));
-        changed |= *instance != before;
+        logs.extend(corral_workflow::tick(&mut instance, now));
+        if instance != before {
+            *stored = corral_workflow::dehydrate(&instance, &stored.definition);
+            changed = true;
+        }
     }
     if !changed {
         return Ok(false);
     }
     let key = object.key();
-    write_status(&mut object, &status);
+    put_stored(&mut object, &status);
     let expected = object.metadata.resource_version;
     let change = ChangeMeta {
         author: corral_workflow::ENGINE_OWNER.to_string(),
@@ -254,16 +265,18 @@ async fn tick_object(
         time: now,
         always_record: false,
     };
-    match server.store.update(object, expected, &change).await {
-        Ok(_) => {}
+    match server
+        .store
+        .update_logged(object, expected, &change, &logs)
+        .await
+    {
+        Ok(_) => Ok(true),
         Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {
             tracing::debug!(object = %key, "changed meanwhile; ticked again at its next deadline");
-            return Ok(false);
+            Ok(false)
         }
-        Err(error) => return Err(error),
+        Err(error) => Err(error),
     }
-    store_logs(server, &logs).await;
-    Ok(true)
 }
 
 #[cfg(test)]

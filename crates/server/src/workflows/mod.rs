@@ -23,15 +23,19 @@
 //! machine and owner rule are `corral_workflow`'s; the module persists what
 //! the engine returns, with compare-and-swap on `resourceVersion`.
 
+pub mod definitions;
 mod driver;
 pub mod rollback;
 mod steps;
 
 use corral_api::kinds::ControllerSpec;
-use corral_api::workflow::{KEPT_INSTANCES, StepLogEntry, WorkflowStatus};
+use corral_api::workflow::{
+    KEPT_INSTANCES, StepLogEntry, StoredInstance, StoredWorkflows, WorkflowInstance,
+    WorkflowOutcome, WorkflowStatus,
+};
 use corral_api::{FieldError, Kind, Object};
 use corral_store::{ChangeMeta, StoreError};
-use corral_workflow::{RegisteredController, WorkflowDefinition};
+use corral_workflow::RegisteredController;
 use serde_json::{Map, Value};
 
 pub use driver::{drive, tick_all};
@@ -74,8 +78,7 @@ pub async fn create(
         "start"
     };
     let logs = begin(server, &mut object, workflow, 1).await?;
-    let created = server.store.create(object, change).await?;
-    store_logs(server, &logs).await;
+    let created = server.store.create_logged(object, change, &logs).await?;
     Ok(created)
 }
 
@@ -109,82 +112,105 @@ pub async fn update(
         let revision = current.metadata.revision + 1;
         begin(server, &mut next, "update", revision).await?
     };
-    let updated = server.store.update(next, expected, &change).await?;
-    store_logs(server, &logs).await;
+    let updated = server
+        .store
+        .update_logged(next, expected, &change, &logs)
+        .await?;
     Ok(updated)
 }
 
 /// Adds a new instance of `workflow` serving `revision` to `object`'s
-/// status, if its kind has that workflow. Returns the log entries to store
-/// once the object is written.
+/// status, if its kind has that workflow; a running older one is
+/// cancelled. Returns the log entries to store once the object is written.
 async fn begin(
     server: &Server,
     object: &mut Object,
     workflow: &str,
     revision: u64,
 ) -> Result<Vec<StepLogEntry>, StoreError> {
-    let Some(definition) = definition(server, object.kind, workflow).await? else {
+    let Some((name, definition)) = definitions::current(server, object.kind, workflow).await?
+    else {
         return Ok(Vec::new());
     };
     let now = server.clock.now();
-    let mut status = read_status(object).unwrap_or_else(|error| {
+    let uid = object.metadata.uid.clone();
+    let mut stored = stored_status(object).unwrap_or_else(|error| {
         tracing::warn!(object = %object.key(), %error, "unreadable status.workflow replaced");
-        WorkflowStatus::default()
+        StoredWorkflows::default()
     });
     let id = format!("{workflow}-{revision}");
-    let (instance, created) =
-        corral_workflow::instantiate(&definition, &id, &object.metadata.uid, revision, now);
-    let mut logs = corral_workflow::record(&mut status, instance, KEPT_INSTANCES, now);
+    let (instance, created) = corral_workflow::instantiate(&definition, &id, &uid, revision, now);
+    let mut logs = Vec::new();
+    let reason = format!("superseded by {id}");
+    for older in &mut stored.instances {
+        if older.outcome != WorkflowOutcome::Running {
+            continue;
+        }
+        match hydrate(server, older, &uid).await {
+            Ok(mut full) => {
+                logs.extend(corral_workflow::cancel(&mut full, now, &reason));
+                *older = corral_workflow::dehydrate(&full, &older.definition);
+            }
+            Err(error) => {
+                tracing::warn!(object = %object.key(), instance = %older.id, %error,
+                    "cancelled without its definition");
+                older.outcome = WorkflowOutcome::Cancelled;
+                older.finished_at = Some(now);
+                older.steps.clear();
+            }
+        }
+    }
+    stored
+        .instances
+        .push(corral_workflow::dehydrate(&instance, &name));
+    let excess = stored.instances.len().saturating_sub(KEPT_INSTANCES);
+    stored.instances.drain(..excess);
     logs.extend(created);
-    write_status(object, &status);
+    put_stored(object, &stored);
     Ok(logs)
 }
 
-/// The definition new instances of `kind`'s `workflow` snapshot: the
-/// built-in steps and those of every `Controller` in the store. A
-/// controller whose steps do not fit (it slipped past admission, or two
-/// were registered at once) is left out with a warning, never the object.
-async fn definition(
+/// A stored instance of the object with uid `uid`, joined with its
+/// definition (its steps past waiting as stored, the rest derived; a
+/// finished instance's steps are not replayed here).
+pub(crate) async fn hydrate(
     server: &Server,
-    kind: Kind,
-    workflow: &str,
-) -> Result<Option<WorkflowDefinition>, StoreError> {
-    if corral_workflow::builtin(kind, workflow).is_none() {
-        return Ok(None);
-    }
-    let controllers = registered_controllers(server, None).await?;
-    let mut accepted: Vec<RegisteredController<'_>> = Vec::new();
-    for (name, spec) in &controllers {
-        accepted.push(RegisteredController { name, spec });
-        if let Err(error) = corral_workflow::definition_for(kind, workflow, &accepted) {
-            accepted.pop();
-            tracing::warn!(controller = %name, %kind, workflow, %error,
-                "registered steps left out of new workflow instances");
-        }
-    }
-    Ok(corral_workflow::definition_for(kind, workflow, &accepted)
-        .ok()
-        .flatten())
+    stored: &StoredInstance,
+    uid: &str,
+) -> Result<WorkflowInstance, StoreError> {
+    let definition = definitions::named(server, &stored.definition).await?;
+    Ok(corral_workflow::hydrate(&definition, stored, uid, &[]))
 }
 
-/// Every registered controller's name and spec except `except`, by name.
-async fn registered_controllers(
-    server: &Server,
-    except: Option<&str>,
-) -> Result<Vec<(String, ControllerSpec)>, StoreError> {
-    let listed = server.store.list(Kind::Controller, None).await?;
-    Ok(listed
-        .objects
-        .into_iter()
-        .filter(|object| Some(object.metadata.name.as_str()) != except)
-        .filter_map(|object| match object.typed_spec::<ControllerSpec>() {
-            Ok(spec) => Some((object.metadata.name, spec)),
-            Err(error) => {
-                tracing::warn!(controller = %object.metadata.name, %error, "unreadable controller spec ignored");
-                None
-            }
-        })
-        .collect())
+/// Every kept instance of `object` as `why` shows them: joined with their
+/// definitions, and those that finished without keeping their steps
+/// replayed from the object's step log.
+pub async fn instances(server: &Server, object: &Object) -> Result<WorkflowStatus, ApiError> {
+    let key = object.key();
+    let stored = stored_status(object).map_err(|error| {
+        ApiError::Internal(format!("{key}: status.workflow is unreadable: {error}"))
+    })?;
+    let replays = stored.instances.iter().any(|i| i.steps.is_empty());
+    let logs = if replays {
+        let filter = corral_store::StepLogFilter::default();
+        server
+            .store
+            .step_logs(&object.metadata.uid, &filter)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let mut instances = Vec::with_capacity(stored.instances.len());
+    for instance in &stored.instances {
+        let definition = definitions::named(server, &instance.definition).await?;
+        instances.push(corral_workflow::hydrate(
+            &definition,
+            instance,
+            &object.metadata.uid,
+            &logs,
+        ));
+    }
+    Ok(WorkflowStatus { instances })
 }
 
 /// Refuses a `Controller` whose steps land in no workflow or break one
@@ -200,7 +226,7 @@ async fn admit_controller(server: &Server, object: &Object) -> Result<(), WriteE
             vec![FieldError::new("spec", error.to_string())],
         ))
     })?;
-    let others = registered_controllers(server, Some(&key.name)).await?;
+    let others = definitions::registered_controllers(server, Some(&key.name)).await?;
     let others: Vec<RegisteredController<'_>> = others
         .iter()
         .map(|(name, spec)| RegisteredController { name, spec })
@@ -217,22 +243,19 @@ async fn admit_controller(server: &Server, object: &Object) -> Result<(), WriteE
     })
 }
 
-/// The object's `status.workflow`; empty when it has none.
-pub(crate) fn read_status(object: &Object) -> Result<WorkflowStatus, serde_json::Error> {
-    match object.status.get("workflow") {
-        None | Some(Value::Null) => Ok(WorkflowStatus::default()),
-        Some(value) => serde_json::from_value(value.clone()),
-    }
+/// The object's `status.workflow` as stored; empty when it has none.
+pub(crate) fn stored_status(object: &Object) -> Result<StoredWorkflows, serde_json::Error> {
+    StoredWorkflows::of(&object.status)
 }
 
 /// Sets the object's `status.workflow`, keeping the rest of its status.
-pub(crate) fn write_status(object: &mut Object, status: &WorkflowStatus) {
+pub(crate) fn put_stored(object: &mut Object, stored: &StoredWorkflows) {
     if !object.status.is_object() {
         object.status = Value::Object(Map::new());
     }
-    // INVARIANT: WorkflowStatus is plain data with string keys, which
+    // INVARIANT: StoredWorkflows is plain data with string keys, which
     // always serializes.
-    let value = serde_json::to_value(status).expect("workflow status serializes");
+    let value = serde_json::to_value(stored).expect("workflow status serializes");
     object.status["workflow"] = value;
 }
 
@@ -246,13 +269,5 @@ pub(crate) fn bound_node(object: &Object) -> Option<String> {
             .get("node")
             .and_then(Value::as_str)
             .map(str::to_string),
-    }
-}
-
-/// Stores log entries of a write that already happened. A failure cannot
-/// undo the write, so it is reported in the server log.
-async fn store_logs(server: &Server, logs: &[StepLogEntry]) {
-    if let Err(error) = server.store.append_step_logs(logs).await {
-        tracing::error!(%error, entries = logs.len(), "workflow step log entries were lost");
     }
 }

@@ -14,7 +14,7 @@ use corral_api::workflow::WorkflowOutcome;
 use corral_api::{AuthorClass, Object};
 use corral_store::{ChangeMeta, StoreError};
 
-use super::read_status;
+use super::stored_status;
 use crate::Server;
 
 /// The message prefix of every automatic rollback in history.
@@ -29,7 +29,7 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
     if spec.rollback != Some(RollbackPolicy::Auto) || pod.metadata.revision < 2 {
         return Ok(false);
     }
-    let Ok(status) = read_status(pod) else {
+    let Ok(status) = stored_status(pod) else {
         return Ok(false);
     };
     let revision = pod.metadata.revision;
@@ -59,13 +59,11 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
     let reason = failed
         .steps
         .iter()
-        .find_map(|step| match &step.state {
+        .find_map(|(name, step)| match &step.state {
             corral_api::workflow::StepState::Failed { error, .. } => {
-                Some(format!("{}: {error}", step.definition.name))
+                Some(format!("{name}: {error}"))
             }
-            corral_api::workflow::StepState::TimedOut { .. } => {
-                Some(format!("{} timed out", step.definition.name))
-            }
+            corral_api::workflow::StepState::TimedOut { .. } => Some(format!("{name} timed out")),
             _ => None,
         })
         .unwrap_or_else(|| "its update workflow failed".to_string());

@@ -5,15 +5,15 @@
 use std::collections::BTreeMap;
 
 use corral_api::workflow::{
-    LogLevel, StepActionKind, StepActionRequest, StepLogEntry, WorkflowInstance, WorkflowOutcome,
-    WorkflowStatus,
+    LogLevel, StepActionKind, StepActionRequest, StepLogEntry, StoredWorkflows, WorkflowInstance,
+    WorkflowOutcome,
 };
 use corral_api::{Identity, ObjectKey};
 use corral_store::{StepLogFilter, StoreError};
 use corral_workflow::TransitionError;
 use serde_json::{Map, Value};
 
-use super::{bound_node, read_status, store_logs, write_status};
+use super::{bound_node, hydrate, put_stored, stored_status};
 use crate::Server;
 use crate::error::ApiError;
 
@@ -181,18 +181,26 @@ pub async fn act_batch(
                 .check_write(caller, Some(&object), &next)
                 .map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
         }
-        let mut workflows = read_status(&object).map_err(|error| {
+        let mut workflows = stored_status(&object).map_err(|error| {
             ApiError::Internal(format!("{key}: status.workflow is unreadable: {error}"))
         })?;
         let bound = bound_node(&next);
         let now = server.clock.now();
         let mut logs = Vec::new();
         let mut lines = Vec::new();
+        // The instances the actions touch, joined with their definitions.
+        let mut touched: BTreeMap<usize, WorkflowInstance> = BTreeMap::new();
         let mut moved = None;
         let mut changed = !status.is_empty();
         for action in &actions {
             let index = choose(&workflows, key, action.workflow())?;
-            let instance = &mut workflows.instances[index];
+            if let std::collections::btree_map::Entry::Vacant(slot) = touched.entry(index) {
+                let full =
+                    hydrate(server, &workflows.instances[index], &object.metadata.uid).await?;
+                slot.insert(full);
+            }
+            // INVARIANT: inserted just above if it was missing.
+            let instance = touched.get_mut(&index).expect("a touched instance");
             moved = Some(index);
             match apply(instance, action, caller, bound.as_deref(), now)? {
                 Applied::Moved(entries) => {
@@ -203,23 +211,29 @@ pub async fn act_batch(
             }
         }
         // INVARIANT: `actions` is not empty, so some instance was chosen.
-        let result = workflows.instances[moved.expect("an action chose an instance")].clone();
+        let moved = moved.expect("an action chose an instance");
+        let result = touched[&moved].clone();
         if !changed {
             // Only log lines: they change no state, so nothing is written.
             server.store.append_step_logs(&lines).await?;
             return Ok(result);
         }
+        for (index, instance) in &touched {
+            let definition = workflows.instances[*index].definition.clone();
+            workflows.instances[*index] = corral_workflow::dehydrate(instance, &definition);
+        }
         let expected = object.metadata.resource_version;
-        write_status(&mut next, &workflows);
+        put_stored(&mut next, &workflows);
         let change = crate::handlers::change(server, caller, None);
-        match server.store.update(next, expected, &change).await {
+        logs.extend(lines);
+        match server
+            .store
+            .update_logged(next, expected, &change, &logs)
+            .await
+        {
             Err(StoreError::Conflict { .. }) => continue,
             Err(error) => return Err(error.into()),
-            Ok(_) => {
-                logs.extend(lines);
-                store_logs(server, &logs).await;
-                return Ok(result);
-            }
+            Ok(_) => return Ok(result),
         }
     }
     Err(ApiError::Conflict(format!(
@@ -278,7 +292,7 @@ fn apply(
 
 /// The instance a request is about: the one named, else the newest running
 /// one, else the newest.
-fn choose(status: &WorkflowStatus, key: &ObjectKey, id: Option<&str>) -> Result<usize, ApiError> {
+fn choose(status: &StoredWorkflows, key: &ObjectKey, id: Option<&str>) -> Result<usize, ApiError> {
     if status.instances.is_empty() {
         return Err(ApiError::NotFound(format!(
             "{key} has no workflow instances"

@@ -13,7 +13,7 @@ use super::schema::{
     class_from_text, corrupt_json, kind_from_text, time_from_text, time_to_text, to_i64, to_u64,
 };
 use crate::codec;
-use crate::{ChangeMeta, HistorySize, StoreError};
+use crate::{ChangeMeta, HistorySize, StoreError, describe_kept};
 
 /// The columns every record query selects, in [`record_from_row`]'s order.
 pub(super) const RECORD_COLUMNS: &str =
@@ -166,31 +166,6 @@ pub(super) fn revision(
         spec: Some(spec),
         ..record.clone()
     })
-}
-
-/// `1-3, 7, 9-12`, or `none`.
-fn describe_kept(revisions: impl IntoIterator<Item = u64>) -> String {
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for revision in revisions {
-        match ranges.last_mut() {
-            Some((_, end)) if *end + 1 == revision => *end = revision,
-            _ => ranges.push((revision, revision)),
-        }
-    }
-    if ranges.is_empty() {
-        return "none".to_string();
-    }
-    ranges
-        .iter()
-        .map(|&(start, end)| {
-            if start == end {
-                start.to_string()
-            } else {
-                format!("{start}-{end}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 pub(super) fn query(
@@ -390,16 +365,4 @@ pub(super) fn record_from_row(row: &Row<'_>) -> Result<RevisionRecord, StoreErro
 
 fn codec_error(uid: &str, revision: u64, error: &codec::CodecError) -> StoreError {
     StoreError::Corrupt(format!("revision {revision} of uid {uid}: {error}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::describe_kept;
-
-    #[test]
-    fn kept_revisions_read_as_ranges() {
-        assert_eq!(describe_kept([]), "none");
-        assert_eq!(describe_kept([4]), "4");
-        assert_eq!(describe_kept([1, 2, 3, 7, 9, 10, 11, 12]), "1-3, 7, 9-12");
-    }
 }

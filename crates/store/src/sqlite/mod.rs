@@ -297,9 +297,19 @@ impl Store for SqliteStore {
     }
 
     async fn create(&self, object: Object, change: &ChangeMeta) -> Result<Object, StoreError> {
+        self.create_logged(object, change, &[]).await
+    }
+
+    async fn create_logged(
+        &self,
+        object: Object,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
         self.write_object(writer::Write::Create {
             object,
             change: change.clone(),
+            logs: logs.to_vec(),
         })
         .await
     }
@@ -310,10 +320,21 @@ impl Store for SqliteStore {
         expected: u64,
         change: &ChangeMeta,
     ) -> Result<Object, StoreError> {
+        self.update_logged(object, expected, change, &[]).await
+    }
+
+    async fn update_logged(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Object, StoreError> {
         self.write_object(writer::Write::Update {
             object,
             expected,
             change: change.clone(),
+            logs: logs.to_vec(),
         })
         .await
     }

@@ -372,3 +372,61 @@ async fn compaction_covers_objects_across_batches() {
         );
     }
 }
+
+fn entry(uid: &str, message: &str) -> corral_api::workflow::StepLogEntry {
+    corral_api::workflow::StepLogEntry {
+        time: chrono::DateTime::UNIX_EPOCH,
+        object_uid: uid.to_string(),
+        workflow_id: "start-1".into(),
+        workflow: "start".into(),
+        step: "x/a".into(),
+        owner: "x".into(),
+        level: corral_api::workflow::LogLevel::Info,
+        message: message.to_string(),
+        fields: Default::default(),
+    }
+}
+
+#[tokio::test]
+async fn a_logged_write_and_its_log_land_together_or_not_at_all() {
+    let store = store_with_capacity(16);
+    let mut object = Object::new(Kind::Pod, None, "p", json!({"n": 1}));
+    object.metadata.uid = "uid-p".into();
+    let created = store
+        .create_logged(object, &change(), &[entry("uid-p", "created")])
+        .await
+        .expect("create");
+    let mut next = created.clone();
+    next.status = json!({"phase": "Running"});
+    store
+        .update_logged(
+            next.clone(),
+            created.metadata.resource_version,
+            &change(),
+            &[entry("uid-p", "ran")],
+        )
+        .await
+        .expect("update");
+    let stale = store
+        .update_logged(
+            next,
+            created.metadata.resource_version,
+            &change(),
+            &[entry("uid-p", "never")],
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    let logs = store
+        .step_logs("uid-p", &crate::StepLogFilter::default())
+        .await
+        .expect("logs");
+    let messages: Vec<&str> = logs.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(
+        messages,
+        ["created", "ran"],
+        "the refused write logged nothing"
+    );
+}

@@ -37,11 +37,14 @@ pub(super) enum Write {
     Create {
         object: Object,
         change: ChangeMeta,
+        /// Step log entries written with the object, in its savepoint.
+        logs: Vec<StepLogEntry>,
     },
     Update {
         object: Object,
         expected: u64,
         change: ChangeMeta,
+        logs: Vec<StepLogEntry>,
     },
     Delete {
         key: ObjectKey,
@@ -218,12 +221,25 @@ fn apply(
 ) -> Result<Applied, StoreError> {
     let mut specs = objects::Specs { cache, staged };
     match write {
-        Write::Create { object, change } => objects::create(conn, &mut specs, object, &change),
+        Write::Create {
+            object,
+            change,
+            logs,
+        } => {
+            let applied = objects::create(conn, &mut specs, object, &change)?;
+            steplogs::append(conn, &logs)?;
+            Ok(applied)
+        }
         Write::Update {
             object,
             expected,
             change,
-        } => objects::update(conn, &mut specs, object, expected, &change),
+            logs,
+        } => {
+            let applied = objects::update(conn, &mut specs, object, expected, &change)?;
+            steplogs::append(conn, &logs)?;
+            Ok(applied)
+        }
         Write::Delete {
             key,
             expected,

@@ -4,6 +4,7 @@
 mod engine;
 mod ownership;
 mod render;
+mod stored;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use corral_api::kinds::{ControllerSpec, StepRegistration};

@@ -11,22 +11,73 @@ pub use logs::{LogsArgs, logs};
 pub use wait::follow;
 pub use why::{AnalyzeArgs, WhyArgs, analyze, why};
 
+use std::collections::HashMap;
+
 use anyhow::{Context, bail};
-use corral_api::workflow::{WorkflowInstance, WorkflowStatus};
+use corral_api::workflow::{StoredWorkflows, WorkflowInstance, WorkflowOutcome};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::Client;
+use corral_workflow::WorkflowDefinition;
 
 /// How `why` and friends name an object: `pod/web`, `vm/builder`.
 pub fn display_name(key: &ObjectKey) -> String {
     format!("{}/{}", key.kind.short(), key.name)
 }
 
-/// The object's `status.workflow`; empty when it has none.
-pub fn workflow_status(object: &Object) -> anyhow::Result<WorkflowStatus> {
-    match object.status.get("workflow") {
-        None | Some(serde_json::Value::Null) => Ok(WorkflowStatus::default()),
-        Some(value) => serde_json::from_value(value.clone())
-            .with_context(|| format!("{}: status.workflow is unreadable", object.key())),
+/// Joins the instances objects store with their definitions, fetching
+/// each definition once.
+pub struct Hydrator<'a> {
+    client: &'a Client,
+    definitions: HashMap<String, WorkflowDefinition>,
+}
+
+impl<'a> Hydrator<'a> {
+    pub fn new(client: &'a Client) -> Self {
+        Hydrator {
+            client,
+            definitions: HashMap::new(),
+        }
+    }
+
+    /// The instance `id` of `object` (the newest without one), whole. A
+    /// finished instance, whose steps the object no longer keeps, comes from
+    /// the server, which replays its step log.
+    pub async fn instance(
+        &mut self,
+        object: &Object,
+        id: Option<&str>,
+    ) -> anyhow::Result<Option<WorkflowInstance>> {
+        let stored = StoredWorkflows::of(&object.status)
+            .with_context(|| format!("{}: status.workflow is unreadable", object.key()))?;
+        let found = match id {
+            Some(id) => stored.instances.iter().find(|i| i.id == id),
+            None => stored.latest(),
+        };
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        if found.steps.is_empty() && found.outcome != WorkflowOutcome::Running {
+            let whole = self.client.workflows(&object.key()).await?;
+            return Ok(whole.find(&found.id).cloned());
+        }
+        if !self.definitions.contains_key(&found.definition) {
+            let key = ObjectKey::new(Kind::WorkflowDefinition, None, &found.definition);
+            let spec =
+                self.client.get(&key).await?.typed_spec().with_context(|| {
+                    format!("{}: the definition is unreadable", found.definition)
+                })?;
+            self.definitions.insert(
+                found.definition.clone(),
+                corral_workflow::definition_from_spec(spec),
+            );
+        }
+        let definition = &self.definitions[&found.definition];
+        Ok(Some(corral_workflow::hydrate(
+            definition,
+            found,
+            &object.metadata.uid,
+            &[],
+        )))
     }
 }
 
@@ -37,11 +88,14 @@ pub async fn load_instance(
     id: Option<&str>,
 ) -> anyhow::Result<(Object, WorkflowInstance)> {
     let object = client.get(key).await?;
-    let status = workflow_status(&object)?;
-    let instance = match id {
-        Some(id) => status.find(id).cloned().with_context(|| {
-            let kept: Vec<&str> = status.instances.iter().map(|i| i.id.as_str()).collect();
-            format!(
+    if let Some(instance) = Hydrator::new(client).instance(&object, id).await? {
+        return Ok((object, instance));
+    }
+    let stored = StoredWorkflows::of(&object.status).unwrap_or_default();
+    match id {
+        Some(id) => {
+            let kept: Vec<&str> = stored.instances.iter().map(|i| i.id.as_str()).collect();
+            bail!(
                 "{} has no workflow instance {id} (kept: {})",
                 display_name(key),
                 if kept.is_empty() {
@@ -50,18 +104,14 @@ pub async fn load_instance(
                     kept.join(", ")
                 }
             )
-        })?,
-        None => match status.latest() {
-            Some(instance) => instance.clone(),
-            None if !matches!(key.kind, Kind::Pod | Kind::VirtualMachine | Kind::Node) => bail!(
-                "{} has no workflow: only pods, VMs and nodes have lifecycles to explain",
-                display_name(key)
-            ),
-            None => bail!(
-                "{} has no workflow instance yet (it was created before workflows were recorded)",
-                display_name(key)
-            ),
-        },
-    };
-    Ok((object, instance))
+        }
+        None if !matches!(key.kind, Kind::Pod | Kind::VirtualMachine | Kind::Node) => bail!(
+            "{} has no workflow: only pods, VMs and nodes have lifecycles to explain",
+            display_name(key)
+        ),
+        None => bail!(
+            "{} has no workflow instance yet (it was created before workflows were recorded)",
+            display_name(key)
+        ),
+    }
 }

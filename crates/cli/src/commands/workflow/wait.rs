@@ -16,7 +16,7 @@ use corral_client::Client;
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use super::{display_name, workflow_status};
+use super::{Hydrator, display_name};
 
 /// How often the view is refreshed (and the object re-read when the watch
 /// is gone).
@@ -33,7 +33,8 @@ pub async fn follow(
 ) -> anyhow::Result<()> {
     let key = stored.key();
     let name = display_name(&key);
-    let Some(mut instance) = workflow_status(stored)?.latest().cloned() else {
+    let mut hydrator = Hydrator::new(client);
+    let Some(mut instance) = hydrator.instance(stored, None).await? else {
         return Ok(()); // a kind without a lifecycle: nothing to wait for
     };
     let mut view = View::new(&name, live);
@@ -57,7 +58,7 @@ pub async fn follow(
             _ = refresh.tick() => {
                 if watch.is_none() {
                     let object = client.get(&key).await?;
-                    instance = find(&object, &instance.id, &name)?;
+                    instance = find(&mut hydrator, &object, &instance.id, &name).await?;
                 }
             }
             event = next_event(&mut watch) => {
@@ -65,7 +66,9 @@ pub async fn follow(
                     Some(Ok(event)) if event.event_type == EventType::Deleted => {
                         bail!("{name} was deleted while waiting for it");
                     }
-                    Some(Ok(event)) => instance = find(&event.object, &instance.id, &name)?,
+                    Some(Ok(event)) => {
+                        instance = find(&mut hydrator, &event.object, &instance.id, &name).await?;
+                    }
                     // The watch ended: poll on the refresh tick instead.
                     Some(Err(_)) | None => watch = None,
                 }
@@ -102,8 +105,13 @@ async fn next_event(
 }
 
 /// The followed instance in a newer copy of the object.
-fn find(object: &Object, id: &str, name: &str) -> anyhow::Result<WorkflowInstance> {
-    workflow_status(object)?.find(id).cloned().with_context(|| {
+async fn find(
+    hydrator: &mut Hydrator<'_>,
+    object: &Object,
+    id: &str,
+    name: &str,
+) -> anyhow::Result<WorkflowInstance> {
+    hydrator.instance(object, Some(id)).await?.with_context(|| {
         format!("{name}: workflow instance {id} is gone (a newer operation replaced it)")
     })
 }

@@ -1,11 +1,15 @@
-//! Pure address allocation: the cluster's IPv6 prefix, each node's /64, each
-//! pod's address, and the node-local IPv4 egress range.
+//! corral's address allocation, pure: the cluster's IPv6 prefix, each
+//! node's /64, each pod's address, and the node-local IPv4 egress range.
 //!
-//! Nothing here does I/O. Randomness comes in as `&mut impl RngCore`, so a
-//! test (or a replayed workflow step) passes a seeded or scripted generator
-//! and gets the same answer every time.
+//! Owns the allocation rules and nothing else: it does no I/O and knows no
+//! API objects, so the IPAM controller (`corral-controllers`) and the node
+//! data path (`corral-net`, which re-exports this crate as
+//! `corral_net::ipam`) share it without pulling netlink into the control
+//! plane. Randomness comes in as `&mut impl RngCore`, so a test (or a
+//! replayed workflow step) passes a seeded or scripted generator and gets
+//! the same answer every time.
 //!
-//! Rules chosen here (see `docs/design` when it lands):
+//! Rules chosen here (decision record `docs/design/0012-ipv6-networking.md`):
 //! - A cluster prefix is a unicast prefix from the ULA (`fc00::/7`) or global
 //!   unicast (`2000::/3`) space, between /32 and /64 long, with no host bits
 //!   set. /48 is the default (a random RFC 4193 ULA); a /64 is allowed and

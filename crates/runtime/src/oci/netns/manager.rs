@@ -1,7 +1,6 @@
-//! Persistent network namespaces for pods: created by a thread that
-//! unshares `CLONE_NEWNET`, brings up `lo` and bind-mounts its namespace
-//! onto `<run_dir>/<name>`, which outlives the thread; containers join it
-//! by that path. The syscalls sit behind [`NetnsSyscalls`].
+//! [`NetnsManager`]: named network namespaces under one run directory
+//! (a pod's is `<run_dir>/pod-<uid>`), created with `lo` up; the
+//! privileged operations behind [`NetnsSyscalls`].
 
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -13,23 +12,7 @@ use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;
 use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 
-/// Why a network namespace could not be created or removed.
-#[derive(Debug, thiserror::Error)]
-pub enum NetnsError {
-    #[error("network namespace name {0:?} must be 1-64 characters of [A-Za-z0-9_.-]")]
-    InvalidName(String),
-    #[error("network namespace {0:?} already exists")]
-    Exists(PathBuf),
-    #[error("failed to {step} for network namespace {path:?}")]
-    Syscall {
-        step: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("network namespace thread panicked")]
-    ThreadPanicked,
-}
+use super::{NetnsError, failed, pin_new, unpin};
 
 /// The privileged operations, so the bookkeeping is tested without root.
 pub trait NetnsSyscalls: Send + Sync {
@@ -125,7 +108,7 @@ fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-impl<S: NetnsSyscalls + Clone + 'static> NetnsManager<S> {
+impl<S: NetnsSyscalls> NetnsManager<S> {
     pub fn with_syscalls(run_dir: impl Into<PathBuf>, syscalls: S) -> Self {
         Self {
             run_dir: run_dir.into(),
@@ -145,36 +128,15 @@ impl<S: NetnsSyscalls + Clone + 'static> NetnsManager<S> {
     /// Creates namespace `name` with `lo` up and returns its path.
     pub fn create(&self, name: &str) -> Result<PathBuf, NetnsError> {
         let path = self.path(name)?;
-        let fail = |step: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| NetnsError::Syscall { step, path, source }
-        };
-        fs::create_dir_all(&self.run_dir).map_err(fail("create run dir", &self.run_dir))?;
+        fs::create_dir_all(&self.run_dir).map_err(failed("create run dir", &self.run_dir))?;
         match OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return Err(NetnsError::Exists(path));
             }
-            Err(e) => return Err(fail("create mount point", &path)(e)),
+            Err(e) => return Err(failed("create mount point", &path)(e)),
         }
-        let syscalls = self.syscalls.clone();
-        let target = path.clone();
-        // unshare(CLONE_NEWNET) moves only the calling thread: do it on a
-        // thread of its own that ends once the namespace is pinned.
-        let result = std::thread::spawn(move || -> Result<(), NetnsError> {
-            syscalls
-                .unshare_network()
-                .map_err(fail("unshare", &target))?;
-            syscalls
-                .loopback_up()
-                .map_err(fail("bring up lo", &target))?;
-            syscalls
-                .bind_current_netns(&target)
-                .map_err(fail("bind-mount", &target))
-        })
-        .join()
-        .unwrap_or(Err(NetnsError::ThreadPanicked));
-        if let Err(e) = result {
+        if let Err(e) = pin_new(&self.syscalls, &path, true) {
             let _ = fs::remove_file(&path);
             return Err(e);
         }
@@ -186,29 +148,14 @@ impl<S: NetnsSyscalls + Clone + 'static> NetnsManager<S> {
     pub fn remove(&self, name: &str) -> Result<(), NetnsError> {
         let path = self.path(name)?;
         self.remove_pinned(&path)?;
-        self.remove_pinned(&super::userns::user_namespace_path(&path))
+        self.remove_pinned(&crate::oci::userns::user_namespace_path(&path))
     }
 
     fn remove_pinned(&self, path: &Path) -> Result<(), NetnsError> {
         if !path.exists() {
             return Ok(());
         }
-        self.syscalls
-            .unmount(path)
-            .map_err(|source| NetnsError::Syscall {
-                step: "unmount",
-                path: path.to_path_buf(),
-                source,
-            })?;
-        match fs::remove_file(path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(NetnsError::Syscall {
-                step: "remove mount point",
-                path: path.to_path_buf(),
-                source,
-            }),
-        }
+        unpin(&self.syscalls, path)
     }
 }
 

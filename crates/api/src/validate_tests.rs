@@ -1,0 +1,199 @@
+use super::*;
+use serde_json::json;
+
+fn pod(spec: Value) -> Object {
+    Object::new(Kind::Pod, None, "web", spec)
+}
+
+fn messages(object: &Object) -> Vec<String> {
+    validate_object(object)
+        .err()
+        .unwrap_or_default()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn canonical_specs_spell_out_defaults() {
+    let spec = canonical_spec(
+        Kind::Pod,
+        &json!({"containers": [{"name": "c", "image": "i", "resources": {"memory": "65536Ki"}}]}),
+    );
+    assert_eq!(spec["availability"], "best-effort");
+    assert_eq!(spec["restartPolicy"], "Always");
+    assert_eq!(spec["containers"][0]["resources"]["memory"], "64Mi");
+}
+
+#[test]
+fn valid_pod_passes() {
+    let object = pod(json!({
+        "containers": [{"name": "web", "image": "busybox", "mounts": [{"volume": "data", "path": "/data"}],
+                        "readiness": {"http": {"port": 8080}}}],
+        "volumes": [{"name": "data", "emptyDir": {}}]
+    }));
+    assert_eq!(messages(&object), Vec::<String>::new());
+}
+
+#[test]
+fn pod_rules_name_their_paths() {
+    let object = pod(json!({
+        "containers": [
+            {"name": "Web", "image": "busybox", "mounts": [{"volume": "nope", "path": "data"}]},
+            {"name": "Web", "image": " ", "readiness": {}}
+        ],
+        "volumes": [{"name": "data"}]
+    }));
+    let errors = messages(&object);
+    for expected in [
+        "spec.containers[0].name: \"Web\" is not a valid name",
+        "spec.containers[1].name: duplicate container name",
+        "spec.containers[1].image: must not be empty",
+        "spec.containers[1].readiness: must set exactly one of exec, http or tcp",
+        "spec.containers[0].mounts[0].volume: no volume named \"nope\"",
+        "spec.containers[0].mounts[0].path: must be an absolute path",
+        "spec.volumes[0]: must set exactly one of emptyDir, local or plugin",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.starts_with(expected)),
+            "missing {expected:?} in {errors:#?}"
+        );
+    }
+}
+
+#[test]
+fn relaxation_names_are_checked_with_their_paths() {
+    let object = pod(json!({
+        "security": {"relax": ["run-as-root", "run-as-rot"]},
+        "containers": [{"name": "c", "image": "i"}]
+    }));
+    let errors = messages(&object);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with(
+            "spec.security.relax[1]: unknown relaxation \"run-as-rot\": expected one of run-as-root, "
+        ),
+        "{errors:?}"
+    );
+    let policy = Object::new(
+        Kind::Policy,
+        None,
+        "p",
+        json!({"namespaces": ["*"], "grant": ["capability:CAP_CHOWN", "host-path:etc"]}),
+    );
+    let errors = messages(&policy);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("spec.grant[1]: host path"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn load_balancers_need_a_selector_and_distinct_ports() {
+    let object = Object::new(
+        Kind::LoadBalancer,
+        None,
+        "front",
+        json!({
+            "selector": {},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080},
+                {"name": "http", "port": 80, "targetPort": 0}
+            ],
+            "class": "Bad_Class"
+        }),
+    );
+    let errors = messages(&object);
+    assert_eq!(errors.len(), 5, "{errors:?}");
+    assert_eq!(errors[0], "spec.selector: must hold at least one label");
+    assert_eq!(errors[1], "spec.ports[1].port: duplicate port 80");
+    assert_eq!(
+        errors[2],
+        "spec.ports[1].targetPort: must be between 1 and 65535"
+    );
+    assert_eq!(
+        errors[3],
+        "spec.ports[1].name: duplicate port name \"http\""
+    );
+    assert!(errors[4].starts_with("spec.class: "), "{errors:?}");
+    let good = Object::new(
+        Kind::LoadBalancer,
+        None,
+        "front",
+        json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}),
+    );
+    assert!(validate_object(&good).is_ok());
+    let unknown = Object::new(
+        Kind::LoadBalancer,
+        None,
+        "front",
+        json!({"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080, "protocol": "sctp"}]}),
+    );
+    assert!(
+        messages(&unknown)[0].starts_with("spec.ports[0].protocol"),
+        "{:?}",
+        messages(&unknown)
+    );
+}
+
+#[test]
+fn cluster_wide_kinds_refuse_namespaces() {
+    let mut node = Object::new(Kind::Node, None, "node-1", json!({}));
+    node.metadata.namespace = Some("default".into());
+    assert!(messages(&node)[0].starts_with("metadata.namespace: Node objects are cluster-wide"));
+}
+
+#[test]
+fn pinned_templates_must_carry_the_selector() {
+    let object = Object::new(
+        Kind::PinnedDeployment,
+        None,
+        "web",
+        json!({
+            "replicas": 4, "replicasPercentNext": 101, "selector": {"app": "web"},
+            "templates": {
+                "previous": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+                "next": {"metadata": {"labels": {}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+            }
+        }),
+    );
+    let errors = messages(&object);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("spec.replicasPercentNext")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.starts_with(
+            "spec.templates.next.metadata.labels: must include the selector's label app=web"
+        )),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn controller_paths_and_steps_are_checked() {
+    let object = Object::new(
+        Kind::Controller,
+        None,
+        "acme",
+        json!({"owns": ["status.node"], "steps": [{"name": "inject", "kind": "Pod", "workflow": "start", "timeout": "soon"}]}),
+    );
+    let errors = messages(&object);
+    assert!(
+        errors.iter().any(|e| e.starts_with("spec.owns[0]")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.starts_with("spec.steps[0].name")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("spec.steps[0].timeout")),
+        "{errors:?}"
+    );
+}

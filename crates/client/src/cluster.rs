@@ -1,0 +1,81 @@
+//! Calls about the cluster rather than one object: who the caller is,
+//! tokens and joins, node leases and images, field transfers.
+
+use corral_api::kinds::ImagePruneReport;
+use corral_api::{Identity, Role};
+use reqwest::Method;
+
+use crate::{Client, ClientError, Lease, TokenResponse};
+
+impl Client {
+    pub async fn whoami(&self) -> Result<Identity, ClientError> {
+        self.call(self.request(Method::GET, "/v1/whoami")).await
+    }
+
+    /// Mints a token for `name` as `role`; a user's names the namespaces
+    /// it may act in (`*` for all). It expires after `ttl_seconds` when
+    /// given (join tokens: after a day by default).
+    pub async fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        namespaces: &[String],
+        ttl_seconds: Option<u64>,
+    ) -> Result<TokenResponse, ClientError> {
+        let mut body = serde_json::json!({"name": name, "role": role, "namespaces": namespaces});
+        if let Some(ttl) = ttl_seconds {
+            body["ttlSeconds"] = ttl.into();
+        }
+        self.call(self.request(Method::POST, "/v1/tokens").json(&body))
+            .await
+    }
+
+    /// Renews node `node`'s lease: its heartbeat, as only the node itself
+    /// (or an operator) may send it. Returns when the server recorded it.
+    pub async fn renew_lease(&self, node: &str) -> Result<Lease, ClientError> {
+        let path = format!("/v1/nodes/{node}/lease");
+        self.call(self.request(Method::PUT, &path)).await
+    }
+
+    /// Node `node`'s lease; `None` if it renewed none since the server's
+    /// store started.
+    pub async fn lease(&self, node: &str) -> Result<Option<Lease>, ClientError> {
+        let path = format!("/v1/nodes/{node}/lease");
+        match self.call(self.request(Method::GET, &path)).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(error) if error.status() == Some(404) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Exchanges this client's join token for node `node`'s own token.
+    pub async fn join(&self, node: &str) -> Result<TokenResponse, ClientError> {
+        let body = serde_json::json!({"node": node});
+        self.call(self.request(Method::POST, "/v1/join").json(&body))
+            .await
+    }
+
+    /// Hands `field` (`Pod:status.node`) from controller `from` to
+    /// controller `to` (operators only). Returns the written `Controller`
+    /// objects as JSON (`from`, absent when it owned the field by default
+    /// only, and `to`).
+    pub async fn transfer_field(
+        &self,
+        from: &str,
+        field: &str,
+        to: &str,
+    ) -> Result<serde_json::Value, ClientError> {
+        let path = format!("/v1/controllers/{from}/transfer");
+        let body = serde_json::json!({"path": field, "to": to});
+        self.call(self.request(Method::POST, &path).json(&body))
+            .await
+    }
+
+    /// Asks node `node`'s agent, through the API server, to collect its
+    /// unused images now (operators only); the agent also does so every
+    /// 10 minutes.
+    pub async fn prune_images(&self, node: &str) -> Result<ImagePruneReport, ClientError> {
+        let path = format!("/v1/nodes/{node}/images/prune");
+        self.call(self.request(Method::POST, &path)).await
+    }
+}

@@ -1,0 +1,158 @@
+//! The OpenAPI operations of the object routes, the same under
+//! `/v1/namespaces/{namespace}/{plural}` and `/v1/{plural}`.
+
+use serde_json::{Value, json};
+
+use super::{ok, schema_ref};
+
+/// The path parameters of one shape of object routes.
+#[derive(Debug, Clone)]
+pub(crate) struct ObjectDocs {
+    /// `plural` (and `namespace` for namespaced routes).
+    params: Vec<Value>,
+    /// `params` and `name`.
+    named: Vec<Value>,
+}
+
+fn message() -> Value {
+    json!({"name": "message", "in": "query", "schema": {"type": "string"},
+        "description": "recorded in history with the new revision"})
+}
+
+fn body() -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": schema_ref("Object")}}})
+}
+
+fn query(name: &str, schema: Value, description: &str) -> Value {
+    json!({"name": name, "in": "query", "schema": schema, "description": description})
+}
+
+impl ObjectDocs {
+    /// `kind_names` lists the plurals these routes serve.
+    pub(crate) fn new(kind_names: &str, namespaced: bool) -> ObjectDocs {
+        let mut params = vec![json!({"name": "plural", "in": "path", "required": true,
+            "schema": {"type": "string"}, "description": kind_names})];
+        if namespaced {
+            params.push(json!({"name": "namespace", "in": "path", "required": true, "schema": {"type": "string"}}));
+        }
+        let mut named = params.clone();
+        named.push(
+            json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}),
+        );
+        ObjectDocs { params, named }
+    }
+
+    fn named_and(&self, more: Vec<Value>) -> Value {
+        Value::Array([self.named.clone(), more].concat())
+    }
+
+    pub(crate) fn list(&self) -> Value {
+        let parameters = [self.params.clone(), vec![
+            json!({"name": "selector", "in": "query", "schema": {"type": "string"}, "description": "label selector: a=b,c!=d,e,!f"}),
+            json!({"name": "node", "in": "query", "schema": {"type": "string"}, "description": "pods and virtualmachines bound to this node; a watch hears one that leaves the node as a deletion"}),
+            json!({"name": "limit", "in": "query", "schema": {"type": "integer"}, "description": "at most this many objects; the answer's continue token gets the next page"}),
+            json!({"name": "continue", "in": "query", "schema": {"type": "string"}, "description": "the continue token of the previous page"}),
+            json!({"name": "watch", "in": "query", "schema": {"type": "boolean"}}),
+            json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}, "description": "watch changes after this store revision (410 Gone: list again)"}),
+        ]].concat();
+        json!({"summary": "list objects, or watch them with watch=true (newline-delimited JSON events)",
+            "parameters": parameters,
+            "responses": ok(json!({"type": "object", "properties": {"items": {"type": "array", "items": schema_ref("Object")}, "resourceVersion": {"type": "integer"}, "continue": {"type": "string"}}}), "the objects")})
+    }
+
+    pub(crate) fn create(&self) -> Value {
+        json!({"summary": "create an object", "parameters": ([self.params.clone(), vec![message()]].concat()),
+            "requestBody": body(), "responses": ok(schema_ref("Object"), "the created object")})
+    }
+
+    pub(crate) fn get(&self) -> Value {
+        json!({"summary": "read an object", "parameters": self.named, "responses": ok(schema_ref("Object"), "the object")})
+    }
+
+    pub(crate) fn apply(&self) -> Value {
+        json!({"summary": "apply: create, or replace spec, labels and annotations (compare-and-swap when metadata.resourceVersion is set)",
+            "parameters": self.named_and(vec![message()]), "requestBody": body(), "responses": ok(schema_ref("Object"), "the stored object")})
+    }
+
+    pub(crate) fn delete(&self) -> Value {
+        json!({"summary": "delete an object",
+            "parameters": self.named_and(vec![message(), json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}})]),
+            "responses": ok(schema_ref("Object"), "the deleted object")})
+    }
+
+    pub(crate) fn put_status(&self) -> Value {
+        json!({"summary": "replace the status; never creates a revision", "parameters": self.named,
+            "requestBody": body(), "responses": ok(schema_ref("Object"), "the stored object")})
+    }
+
+    pub(crate) fn history(&self) -> Value {
+        json!({"summary": "the object's revisions, oldest first", "parameters": self.named,
+            "responses": ok(json!({"type": "array", "items": schema_ref("RevisionRecord")}), "revisions")})
+    }
+
+    pub(crate) fn revision(&self) -> Value {
+        let revision = json!({"name": "revision", "in": "path", "required": true, "schema": {"type": "integer"}});
+        json!({"summary": "one revision with its spec", "parameters": self.named_and(vec![revision]),
+            "responses": ok(schema_ref("RevisionRecord"), "the revision")})
+    }
+
+    pub(crate) fn diff(&self) -> Value {
+        json!({"summary": "changes between two revisions", "parameters": self.named_and(vec![
+                json!({"name": "from", "in": "query", "required": true, "schema": {"type": "integer"}}),
+                query("to", json!({"type": "integer"}), "default: the current revision")]),
+            "responses": ok(schema_ref("RevisionDiff"), "the diff")})
+    }
+
+    pub(crate) fn rollback(&self) -> Value {
+        json!({"summary": "create a new revision whose spec is revision `to`'s", "parameters": self.named,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["to"],
+                "properties": {"to": {"type": "integer"}, "message": {"type": "string"}}}}}},
+            "responses": ok(schema_ref("Object"), "the rolled-back object")})
+    }
+
+    pub(crate) fn steps(&self) -> Value {
+        json!({"summary": "a step owner claims, completes, fails or logs for a step of the object's workflow (403: not the owner; 409: the step's state does not allow it); a batch of actions and owned status fields is applied in one write, all or none",
+            "parameters": self.named,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [schema_ref("StepActionRequest"), schema_ref("StepBatchRequest")]}}}},
+            "responses": ok(schema_ref("WorkflowInstance"), "the workflow instance afterwards")})
+    }
+
+    pub(crate) fn workflows(&self) -> Value {
+        json!({"summary": "the object's kept workflow instances, each joined with its WorkflowDefinition; finished ones replayed from the step log (what why and analyze render)",
+            "parameters": self.named,
+            "responses": ok(schema_ref("WorkflowStatus"), "the instances, oldest first")})
+    }
+
+    pub(crate) fn steplogs(&self) -> Value {
+        json!({"summary": "the object's workflow step log: every transition and every line step owners appended, in time order",
+            "parameters": self.named_and(vec![
+                query("step", json!({"type": "string"}), "only this step"),
+                query("owner", json!({"type": "string"}), "only steps of this owner"),
+                query("workflow", json!({"type": "string"}), "only this workflow instance (start-1)")]),
+            "responses": ok(json!({"type": "array", "items": schema_ref("StepLogEntry")}), "log entries")})
+    }
+
+    pub(crate) fn logs(&self) -> Value {
+        json!({"summary": "pods and VMs, people only: a pod container's log or a VM's console log, streamed from the agent of its node (text/plain)",
+            "parameters": self.named_and(vec![
+                query("container", json!({"type": "string"}), "pods: default the pod's only container"),
+                query("follow", json!({"type": "boolean"}), "keep streaming appended output"),
+                query("tail", json!({"type": "integer"}), "start at the last N lines")]),
+            "responses": {"200": {"description": "the log bytes", "content": {"text/plain": {"schema": {"type": "string"}}}}}})
+    }
+
+    pub(crate) fn exec(&self) -> Value {
+        json!({"summary": "pods only, people only: run a command in a container. Send Connection: Upgrade and Upgrade: corral-exec; after 101 the connection carries framed stdin, stdout, stderr and the exit code (see corral_client::exec_protocol)",
+            "parameters": self.named_and(vec![
+                query("container", json!({"type": "string"}), "default: the pod's only container"),
+                json!({"name": "tty", "in": "query", "schema": {"type": "boolean"}}),
+                json!({"name": "cmd", "in": "query", "required": true, "schema": {"type": "array", "items": {"type": "string"}}, "style": "form", "explode": true, "description": "the command and its arguments, repeated"})]),
+            "responses": {"101": {"description": "switched to the corral-exec protocol"}}})
+    }
+
+    pub(crate) fn console(&self) -> Value {
+        json!({"summary": "VMs only, people only: attach to the serial console. Send Connection: Upgrade and Upgrade: corral-exec; after 101 stdin frames are typed on the console and stdout frames carry what it prints; stdin end of file detaches once the console is quiet (exit code 0)",
+            "parameters": self.named,
+            "responses": {"101": {"description": "switched to the corral-exec protocol"}}})
+    }
+}

@@ -1,0 +1,106 @@
+//! `POST /v1/nodes/{name}/images/prune`, in-process against a fake agent:
+//! operators only, the node and its endpoint explained when missing, the
+//! agent reached with the agent secret and its report passed back.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use chrono::Utc;
+use corral_api::{AuthorClass, Kind, Object, Role};
+use corral_server::SharedServer;
+use corral_store::ChangeMeta;
+use serde_json::{Value, json};
+
+const PRUNE: &str = "/v1/nodes/node-1/images/prune";
+
+async fn node(server: &SharedServer, status: Value) {
+    let mut object = Object::new(Kind::Node, None, "node-1", json!({}));
+    object.metadata.uid = "uid-node-1".into();
+    object.metadata.created_at = Some(Utc::now());
+    object.status = status;
+    let change = ChangeMeta {
+        author: "test".into(),
+        class: AuthorClass::External,
+        message: String::new(),
+        time: Utc::now(),
+        always_record: false,
+    };
+    server.store.create(object, &change).await.unwrap();
+}
+
+/// An agent endpoint that answers a prune with a fixed report and keeps
+/// the `Authorization` headers it was sent.
+async fn fake_agent() -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/images/prune",
+        post(move |headers: HeaderMap| {
+            let kept = kept.clone();
+            async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                kept.lock().unwrap().push(auth);
+                axum::Json(json!({"removedImages": ["reg.example/old:1"], "removedBlobs": 3, "removedLayers": 2}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn an_operator_has_the_nodes_agent_collect_its_images() {
+    let server = common::new_server();
+    server.agent_secret.set("s3cret".into()).unwrap();
+    let admin = common::token(&server, "admin", Role::Operator).await;
+    let (url, seen) = fake_agent().await;
+    node(&server, json!({"agentEndpoint": url})).await;
+
+    let (status, body) = common::call(&server, "POST", PRUNE, Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"removedImages": ["reg.example/old:1"], "removedBlobs": 3, "removedLayers": 2})
+    );
+    assert_eq!(*seen.lock().unwrap(), vec!["Bearer s3cret".to_string()]);
+}
+
+#[tokio::test]
+async fn refusals_name_the_reason_before_any_agent_is_asked() {
+    let server = common::new_server();
+    server.agent_secret.set("s3cret".into()).unwrap();
+    let admin = common::token(&server, "admin", Role::Operator).await;
+    let user = common::token(&server, "alice", Role::User).await;
+
+    let (status, body) = common::call(&server, "POST", PRUNE, Some(&admin), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("node-1"),
+        "{body}"
+    );
+
+    node(&server, json!({})).await;
+    let (status, body) = common::call(&server, "POST", PRUNE, Some(&admin), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("no agent endpoint"),
+        "{body}"
+    );
+
+    let (status, body) = common::call(&server, "POST", PRUNE, Some(&user), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+}
