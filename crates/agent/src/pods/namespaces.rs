@@ -20,6 +20,7 @@ impl PodWorkload {
 
     /// The pod's namespaces, made if missing, and wired; returns a note.
     pub(super) async fn ensure_sandbox(&mut self) -> Result<String, String> {
+        let began = std::time::Instant::now();
         let (path, created) = match &self.record.netns {
             Some(path) if path.exists() => (path.clone(), false),
             _ => {
@@ -28,9 +29,11 @@ impl PodWorkload {
                 (path, true)
             }
         };
+        let made = began.elapsed();
         // The new namespace is saved with the egress address it gets (one
         // write), or alone.
         let network = self.ensure_network(&path, created).await;
+        tracing::debug!(pod = %self.key(), ?made, wired = ?began.elapsed(), "sandbox ready");
         if created && !matches!(network, Ok((_, true))) {
             self.save();
         }
