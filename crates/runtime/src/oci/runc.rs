@@ -137,7 +137,7 @@ impl RuncCli {
 }
 
 /// How often a failed `list` is asked again (see [`RuncCli::list`]).
-const LIST_RETRIES: u32 = 3;
+const LIST_RETRIES: u32 = 5;
 
 /// Spawns `command` under the spawn lock and tracks the child before the
 /// lock is released, so no orphan sweep takes its status; the caller waits
@@ -269,11 +269,16 @@ impl OciRuntime for RuncCli {
     }
 
     fn kill(&self, id: &str, signal: Signal) -> Result<(), OciError> {
-        if self.state(id)?.is_none() {
-            return Err(OciError::NotFound(id.to_string()));
-        }
         let number = (signal as i32).to_string();
-        self.run(&["kill", id, &number]).map(drop)
+        // Asked at once; only a failure is looked into (one command, not
+        // two, and no `list` racing other containers' deletes).
+        match self.run(&["kill", id, &number]) {
+            Ok(_) => Ok(()),
+            Err(error) => match self.state(id) {
+                Ok(None) => Err(OciError::NotFound(id.to_string())),
+                _ => Err(error),
+            },
+        }
     }
 
     fn wait(&self, _id: &str, pid: u32) -> Result<ExitStatus, OciError> {
@@ -281,13 +286,18 @@ impl OciRuntime for RuncCli {
     }
 
     fn delete(&self, id: &str, force: bool) -> Result<(), OciError> {
-        if self.state(id)?.is_none() {
-            return Ok(());
-        }
-        if force {
-            self.run(&["delete", "--force", id]).map(drop)
+        let deleted = if force {
+            self.run(&["delete", "--force", id])
         } else {
-            self.run(&["delete", id]).map(drop)
+            self.run(&["delete", id])
+        };
+        // A failure for a container that is not there is no failure.
+        match deleted {
+            Ok(_) => Ok(()),
+            Err(error) => match self.state(id) {
+                Ok(None) => Ok(()),
+                _ => Err(error),
+            },
         }
     }
 
@@ -320,7 +330,10 @@ impl OciRuntime for RuncCli {
         loop {
             match self.run(&["list", "--format=json"]) {
                 Ok(stdout) => return parse_list(&stdout),
-                Err(OciError::Command { .. }) if retries > 0 => retries -= 1,
+                Err(OciError::Command { .. }) if retries > 0 => {
+                    retries -= 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
                 Err(error) => return Err(error),
             }
         }
