@@ -176,14 +176,27 @@ impl CorralNode {
         let deadline = Instant::now() + POD_TIMEOUT;
         loop {
             let left = self.containers().await?;
-            if left == 0 {
+            // The node is done with the pods once their directories (the
+            // last thing it removes) are gone too: the next phase does not
+            // measure this one's teardown.
+            let dirs = self.pod_dirs();
+            if left == 0 && dirs == 0 {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{left} containers still exist {POD_TIMEOUT:?} after deleting every pod");
+                bail!(
+                    "{left} containers and {dirs} pod directories still exist {POD_TIMEOUT:?} after deleting every pod"
+                );
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// How many pod directories the node keeps (`DATA/pods/UID`).
+    fn pod_dirs(&self) -> usize {
+        std::fs::read_dir(self.process.data_dir().join("pods"))
+            .map(|entries| entries.flatten().filter(|e| e.path().is_dir()).count())
+            .unwrap_or(0)
     }
 
     /// How many containers runc knows on this node.
