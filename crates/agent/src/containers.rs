@@ -13,7 +13,7 @@ use corral_runtime::bundle::{
     write_bundle,
 };
 use corral_runtime::image::{Image, ImageError, ImageStore, Registry, RegistryError};
-use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status};
+use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status, reap};
 
 use crate::plan::config_hash;
 use crate::sandbox::{self, PodSandbox};
@@ -149,12 +149,16 @@ impl ContainerRunner {
         generation: u64,
         sandbox: &PodSandbox,
     ) -> Result<ContainerRecord, ContainerError> {
+        let began = Instant::now();
         let runtime = self.runtimes.for_class(spec.runtime)?;
         let image = self.ensure_image(&container.image)?;
         let runtime_id = runtime_id(uid, &container.name, generation);
         let dir = pod_dir(&self.pods_dir, uid)
             .join("containers")
             .join(&runtime_id);
+        // The directory is made before the runtime hears of the id: without
+        // it no earlier start of this id can have left a container behind.
+        let started_before = dir.exists();
         std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
         let mounted =
             self.images
@@ -225,10 +229,16 @@ impl ContainerRunner {
             source,
         };
         // A container left over from a crashed start would block the id.
-        runtime.delete(&runtime_id, true).map_err(runtime_error)?;
+        if started_before {
+            runtime.delete(&runtime_id, true).map_err(runtime_error)?;
+        }
+        let prepared = began.elapsed();
         let started = runtime
             .create(&runtime_id, &bundle, &ContainerIo::combined(&log))
-            .and_then(|pid| runtime.start(&runtime_id).map(|()| pid));
+            .and_then(|pid| {
+                tracing::debug!(container = %runtime_id, ?prepared, created = ?began.elapsed(), "container created");
+                runtime.start(&runtime_id).map(|()| pid)
+            });
         let pid = match started {
             Ok(pid) => pid,
             Err(error) => {
@@ -265,8 +275,8 @@ impl ContainerRunner {
         )
     }
 
-    /// Stops a container: SIGTERM, up to `grace` to exit, then SIGKILL; then
-    /// deletes it and its rootfs. Safe to call for a container that is gone.
+    /// Stops a container ([`halt`](Self::halt)) and removes its files.
+    /// Safe to call for a container that is gone.
     pub fn stop(
         &self,
         uid: &str,
@@ -274,22 +284,69 @@ impl ContainerRunner {
         record: &ContainerRecord,
         grace: Duration,
     ) -> Result<(), ContainerError> {
+        let halted = self.halt(spec, record, grace);
+        let cleaned = self.cleanup(uid, record);
+        halted.and(cleaned)
+    }
+
+    /// Stops a container: SIGTERM, up to `grace` for its init process to
+    /// exit (watched by pid, so one that exits at once is not waited for),
+    /// then SIGKILL; then deletes it from the runtime. Its files stay for
+    /// [`cleanup`](Self::cleanup). Safe to call for a container that is gone.
+    pub fn halt(
+        &self,
+        spec: &PodSpec,
+        record: &ContainerRecord,
+        grace: Duration,
+    ) -> Result<(), ContainerError> {
+        let began = Instant::now();
         let runtime = self.runtimes.for_class(spec.runtime)?;
         let id = &record.runtime_id;
         let runtime_error = |source| ContainerError::Runtime {
             container: id.clone(),
             source,
         };
-        if self.is_running(spec, record) {
-            let _ = runtime.kill(id, Signal::SIGTERM);
-            let deadline = Instant::now() + grace;
-            while Instant::now() < deadline && self.is_running(spec, record) {
-                std::thread::sleep(Duration::from_millis(50));
+        match record.pid {
+            Some(pid) => {
+                if !grace.is_zero() && process_alive(pid) {
+                    let _ = runtime.kill(id, Signal::SIGTERM);
+                    wait_for_exit(pid, Instant::now() + grace);
+                }
+                // Killed and collected here, so the runtime's delete finds
+                // it stopped: `runc delete --force` of a running container
+                // polls every 100 ms until its init is gone, and a zombie
+                // of ours would keep it polling.
+                match reap::try_wait(pid) {
+                    Ok(None) => {
+                        // An unreaped child of ours: the pid cannot belong
+                        // to anyone else.
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    Ok(Some(_)) => {}
+                    Err(_) if process_alive(pid) => {
+                        let _ = runtime.kill(id, Signal::SIGKILL);
+                    }
+                    Err(_) => {}
+                }
+                wait_for_exit(pid, Instant::now() + KILL_WAIT);
             }
+            // Without a pid, ask the runtime.
+            None if !grace.is_zero() && self.is_running(spec, record) => {
+                let _ = runtime.kill(id, Signal::SIGTERM);
+                let deadline = Instant::now() + grace;
+                while Instant::now() < deadline && self.is_running(spec, record) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            None => {}
         }
+        let signalled = began.elapsed();
         let deleted = runtime.delete(id, true).map_err(runtime_error);
-        let cleaned = self.cleanup(uid, record);
-        deleted.and(cleaned)
+        tracing::debug!(container = %id, ?signalled, deleted = ?began.elapsed(), "container stopped");
+        deleted
     }
 
     /// Unmounts and removes a container's files after it stopped.
@@ -297,14 +354,62 @@ impl ContainerRunner {
         let dir = pod_dir(&self.pods_dir, uid)
             .join("containers")
             .join(&record.runtime_id);
-        let _ = corral_runtime::image::unmount_rootfs(&dir);
-        match std::fs::remove_dir_all(&dir) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(ContainerError::Io {
-                path: dir,
-                source: error,
-            }),
-            _ => Ok(()),
+        remove_container_dir(&dir)
+    }
+
+    /// Unmounts and removes what is left in the pod's container
+    /// directories (files of stopped containers not removed yet, say after
+    /// the agent stopped during an update).
+    pub fn cleanup_all(&self, uid: &str) {
+        let containers = pod_dir(&self.pods_dir, uid).join("containers");
+        let Ok(entries) = std::fs::read_dir(&containers) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if let Err(error) = remove_container_dir(&entry.path()) {
+                tracing::warn!(error = %crate::chain(&error), "cannot remove a container's files");
+            }
         }
+    }
+}
+
+/// Unmounts a container's rootfs and removes its directory.
+fn remove_container_dir(dir: &Path) -> Result<(), ContainerError> {
+    let _ = corral_runtime::image::unmount_rootfs(dir);
+    match std::fs::remove_dir_all(dir) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(ContainerError::Io {
+            path: dir.to_path_buf(),
+            source: error,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// How often a stopping container's init process is looked at.
+const EXIT_POLL: Duration = Duration::from_millis(5);
+
+/// How long a killed container's init process gets to be gone before the
+/// runtime is asked to delete it anyway.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether process `pid` still runs (a child of ours that exited is
+/// collected on the way).
+fn process_alive(pid: u32) -> bool {
+    reap::liveness(pid) == reap::Liveness::Alive
+}
+
+/// Waits until `pid` has exited or `deadline` passes; returns whether it
+/// exited.
+fn wait_for_exit(pid: u32, deadline: Instant) -> bool {
+    loop {
+        if !process_alive(pid) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(EXIT_POLL.min(deadline - now));
     }
 }
 
@@ -370,8 +475,38 @@ pub fn remove_pod_cgroups(uid: &str) {
 }
 
 #[cfg(test)]
-mod mount_point_tests {
-    use super::prepare_mount_point;
+mod tests {
+    use super::{prepare_mount_point, wait_for_exit};
+    use std::time::{Duration, Instant};
+
+    // The first child is collected by `waitpid` by pid, not `Child::wait`.
+    #[test]
+    #[allow(clippy::zombie_processes)]
+    fn a_stop_waits_for_the_process_not_the_grace_period() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.05")
+            .spawn()
+            .expect("sleep runs");
+        let began = Instant::now();
+        let exited = wait_for_exit(child.id(), began + Duration::from_secs(10));
+        assert!(exited);
+        assert!(
+            began.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            began.elapsed()
+        );
+        // The wait collected it (it was our child): nothing is left to wait for.
+        assert!(child.try_wait().is_err());
+        let mut long = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .expect("sleep runs");
+        let began = Instant::now();
+        assert!(!wait_for_exit(long.id(), began + Duration::from_millis(50)));
+        assert!(began.elapsed() < Duration::from_secs(1));
+        let _ = long.kill();
+        let _ = long.wait();
+    }
 
     #[test]
     fn missing_mount_points_are_made_and_symlinks_refused() {

@@ -4,7 +4,10 @@
 //! object and its heartbeat, running each bound pod's containers with
 //! `runc` (or `runsc`) through the pod's workflow steps, restarting exited
 //! containers per policy, updating pods in place (only changed containers
-//! restart), and reporting the status fields the node owns.
+//! restart), and reporting the status fields the node owns. Pods, VMs and
+//! the node's own join go through one node-step executor
+//! ([`executor`]); what differs is a [`executor::Workload`] ([`pods`],
+//! [`vms`], [`join`]).
 //!
 //! Everything it needs is in local state under its data dir, so pods keep
 //! running, crashed containers restart, and after the agent's own restart
@@ -15,8 +18,11 @@ pub mod bound;
 pub mod containers;
 pub mod dns;
 pub mod exec;
+pub mod executor;
+pub mod heartbeat;
 pub mod idranges;
 pub mod images;
+pub mod join;
 pub mod logs;
 pub mod manager;
 pub mod network;
@@ -25,7 +31,9 @@ pub mod node_identity;
 pub mod plan;
 pub mod plugin_volumes;
 pub mod plugins;
+pub mod pods;
 pub mod probes;
+pub mod routes;
 pub mod sandbox;
 pub mod serve;
 pub mod state;
@@ -33,14 +41,13 @@ pub mod steps;
 pub mod tunnel;
 pub mod vms;
 pub mod volumes;
-pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral_client::Client;
-use corral_client::runtime::{Cache, Informer, Scope};
+use corral_client::runtime::{Informer, Scope};
 use corral_runtime::image::{HttpRegistry, ImageStore};
 use corral_runtime::oci::netns::NetnsManager;
 use corral_runtime::oci::{OciRuntime, RuncCli, reap};
@@ -50,7 +57,7 @@ use crate::containers::{ContainerRunner, Runtimes};
 use crate::state::LocalState;
 use crate::steps::StepApi;
 
-/// Everything the workers share.
+/// Everything the executors share.
 pub struct AgentContext {
     pub node: String,
     /// The agent's data dir (VMs' records and directories are found there).
@@ -252,18 +259,35 @@ pub async fn run(
     ));
     tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
-        tokio::spawn(heartbeat_loop(
+        let (registered, joining) = join::channel();
+        tokio::spawn(heartbeat::heartbeat_loop(
             client.clone(),
             config.clone(),
             endpoint,
             fences,
+            registered.clone(),
             ctx.network.clone(),
             shutdown.clone(),
         ));
+        let nodes = Informer::start(
+            client.clone(),
+            Scope::all(corral_api::Kind::Node),
+            Vec::new(),
+            shutdown.clone(),
+        );
+        tokio::spawn(join::follow(
+            ctx.node.clone(),
+            nodes.clone(),
+            (registered, joining),
+            client.clone(),
+            ctx.steps.clone(),
+            ctx.network.clone(),
+        ));
         if let Some(network) = ctx.network.clone() {
-            tokio::spawn(routes_loop(
+            tokio::spawn(routes::routes_loop(
                 client,
                 ctx.node.clone(),
+                nodes,
                 network,
                 shutdown.clone(),
             ));
@@ -287,7 +311,7 @@ fn start_vms(config: &AgentConfig, ctx: Arc<AgentContext>) -> Result<vms::VmMana
         vms_dir: vms::vms_dir(&config.data_dir),
         volumes_dir: config.data_dir.join("volumes"),
         data_dir: config.data_dir.clone(),
-        accel: std::sync::OnceLock::new(),
+        accel: tokio::sync::OnceCell::new(),
     };
     Ok(vms::VmManager::new(Arc::new(vm_ctx)))
 }
@@ -315,277 +339,5 @@ async fn image_gc_loop(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
             Ok(Err(error)) => tracing::warn!(error = %chain(&error), "image collection failed"),
             Err(error) => tracing::warn!(%error, "image collection task failed"),
         }
-    }
-}
-
-/// How often the heartbeat loop looks for ready join steps.
-const JOIN_TICK: Duration = Duration::from_millis(500);
-
-/// Missing this many heartbeats (frozen, cut off) makes the node fence
-/// before its next one.
-const FENCE_AFTER_MISSED: u32 = 3;
-
-/// Asks the manager to fence; `None` if it did not answer in time.
-async fn fence(fences: &tokio::sync::mpsc::Sender<manager::FenceRequest>) -> Option<usize> {
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    fences.send(reply).await.ok()?;
-    tokio::time::timeout(Duration::from_secs(120), answer)
-        .await
-        .ok()?
-        .ok()
-}
-
-async fn heartbeat_loop(
-    client: Client,
-    config: AgentConfig,
-    endpoint: Option<String>,
-    fences: tokio::sync::mpsc::Sender<manager::FenceRequest>,
-    network: Option<Arc<network::PodNetwork>>,
-    shutdown: CancellationToken,
-) {
-    let mut node = None;
-    let mut last_beat: Option<std::time::Instant> = None;
-    // The status last written to the Node, without its heartbeat time.
-    let mut reported: Option<node::NodeStatus> = None;
-    let join_steps = steps::ClientSteps::new(client.clone());
-    let mut joined = false;
-    while !shutdown.is_cancelled() {
-        // A node returning from silence stops the pods moved away from it
-        // before it reports in, so no ha pod runs twice past the grace.
-        if last_beat.is_some_and(|at| at.elapsed() >= config.heartbeat * FENCE_AFTER_MISSED) {
-            match fence(&fences).await {
-                Some(stopped) => {
-                    tracing::info!(stopped, "returned from silence: fenced before heartbeating");
-                    last_beat = None;
-                }
-                None => {
-                    tokio::select! {
-                        () = tokio::time::sleep(JOIN_TICK) => continue,
-                        () = shutdown.cancelled() => return,
-                    }
-                }
-            }
-        }
-        if last_beat.is_none_or(|at| at.elapsed() >= config.heartbeat) {
-            let mut status = node::detect_status(config.address.clone());
-            status.agent_endpoint = endpoint.clone();
-            status.wireguard = network
-                .as_deref()
-                .and_then(network::PodNetwork::tunnel)
-                .zip(config.address.as_deref().and_then(|a| a.parse().ok()))
-                .map(|(tunnel, address)| tunnel.status(address));
-            // The node's status is written when it changes; in between,
-            // the heartbeat is a lease renewal, which writes no object.
-            let offered = node::NodeStatus {
-                heartbeat: None,
-                ..status.clone()
-            };
-            let result = match &mut node {
-                None => node::register(&client, &config.node, &status)
-                    .await
-                    .map(|n| node = Some(n)),
-                Some(object) if reported.as_ref() != Some(&offered) => {
-                    node::heartbeat(&client, object, &status).await
-                }
-                Some(_) => Ok(()),
-            };
-            let result = match result {
-                Ok(()) => {
-                    reported = Some(offered);
-                    client.renew_lease(&config.node).await.map(|_| ())
-                }
-                Err(error) => Err(error),
-            };
-            match result {
-                Ok(()) => last_beat = Some(std::time::Instant::now()),
-                Err(error) => tracing::debug!(error = %chain(&error), "heartbeat failed; retrying"),
-            }
-        }
-        // Follow the join workflow closely until it is over; then only beat.
-        if let Some(object) = &mut node
-            && !joined
-            && let Ok(fresh) = client.get(&object.key()).await
-        {
-            *object = fresh;
-            node::run_join_steps(&client, &join_steps, object, network.as_deref()).await;
-            joined = steps::instance_for(&join_steps, object, object.metadata.revision)
-                .await
-                .is_some_and(|instance| !steps::is_running(&instance));
-        }
-        tokio::select! {
-            () = tokio::time::sleep(JOIN_TICK) => {}
-            () = shutdown.cancelled() => return,
-        }
-    }
-}
-
-/// One pass of the tunnel's peers over `nodes` (nothing without a tunnel).
-async fn sync_peers(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
-    match network.reconcile_tunnel(node, nodes).await {
-        Ok(Some((_, plan))) if !plan.is_empty() => {
-            let set: Vec<String> = plan.set.iter().map(|p| p.endpoint.to_string()).collect();
-            let removed = plan.remove.len();
-            tracing::info!(?set, removed, "wireguard peers changed");
-        }
-        Ok(_) => {}
-        Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile wireguard peers"),
-    }
-}
-
-/// One pass of the routes to other nodes over `nodes`.
-async fn sync_routes(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
-    match network.reconcile_routes(node, nodes).await {
-        Ok((_, plan)) if !plan.is_empty() => {
-            let added: Vec<String> = plan
-                .ensure
-                .iter()
-                .map(|r| r.destination.to_string())
-                .collect();
-            let removed: Vec<String> = plan.remove.iter().map(ToString::to_string).collect();
-            tracing::info!(?added, ?removed, "routes to other nodes changed");
-        }
-        Ok(_) => {}
-        Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile node routes"),
-    }
-}
-
-/// Starts the node's DNS server once the node has its /64.
-fn start_dns(node: &str, nodes: &Cache<corral_api::Object>, network: &network::PodNetwork) {
-    if network.dns_address().is_some() {
-        return;
-    }
-    let prefix = nodes
-        .get(&corral_api::ObjectKey::new(
-            corral_api::Kind::Node,
-            None,
-            node,
-        ))
-        .and_then(|n| n.typed_status::<corral_api::kinds::NodeStatus>().ok())
-        .and_then(|s| s.prefix?.parse().ok());
-    let Some(prefix) = prefix else {
-        return;
-    };
-    if let Err(error) = network.start_dns(prefix) {
-        tracing::warn!(error = %chain(&error), "pods get no DNS");
-    }
-}
-
-/// What DNS keeps of a pod: its name, labels and, once it has an address,
-/// its address and readiness; nothing for a pod without an address.
-fn dns_record(pod: &corral_api::Object) -> Option<corral_api::Object> {
-    let status: corral_api::kinds::PodStatus = pod.typed_status().ok()?;
-    status.address.as_ref()?;
-    let mut record = corral_api::Object::new(
-        pod.kind,
-        pod.metadata.namespace.as_deref(),
-        &pod.metadata.name,
-        serde_json::Value::Null,
-    );
-    record.metadata.labels = pod.metadata.labels.clone();
-    record.status = serde_json::json!({
-        "phase": pod.status.get("phase"),
-        "address": status.address,
-        "containers": pod.status.get("containers"),
-    });
-    Some(record)
-}
-
-/// How often routes and peers are compared with the cached `Node` objects
-/// even when nothing changed (someone may have removed a route by hand).
-pub const ROUTES_RECHECK: Duration = Duration::from_secs(30);
-
-/// How long changes are gathered before routes, peers or the DNS table are
-/// made again.
-const COALESCE: Duration = Duration::from_millis(100);
-
-/// Keeps the routes to other nodes' /64s (and, with `--wireguard`, the
-/// tunnel's peers) equal to what the `Node` objects say, and the DNS table
-/// equal to the pods and PinnedDeployments, as they change: informers feed
-/// them, so nothing is listed again. With the API away the routes, peers
-/// and names stay.
-async fn routes_loop(
-    client: Client,
-    node: String,
-    network: Arc<network::PodNetwork>,
-    shutdown: CancellationToken,
-) {
-    use corral_api::Kind;
-    let nodes = Informer::start(
-        client.clone(),
-        Scope::all(Kind::Node),
-        Vec::new(),
-        shutdown.clone(),
-    );
-    let pods = Informer::start_projected(
-        client.clone(),
-        Scope::all(Kind::Pod),
-        dns_record,
-        Vec::new(),
-        shutdown.clone(),
-    );
-    let deployments = Informer::start(
-        client,
-        Scope::all(Kind::PinnedDeployment),
-        Vec::new(),
-        shutdown.clone(),
-    );
-    let routes_changed = Arc::new(tokio::sync::Notify::new());
-    let names_changed = Arc::new(tokio::sync::Notify::new());
-    {
-        let (routes, names) = (routes_changed.clone(), names_changed.clone());
-        nodes.on_change(
-            |_, _| {},
-            move |_| {
-                routes.notify_one();
-                names.notify_one();
-            },
-        );
-    }
-    {
-        let names = names_changed.clone();
-        pods.on_change(|_, _| {}, move |_| names.notify_one());
-        let names = names_changed.clone();
-        deployments.on_change(|_, _| {}, move |_| names.notify_one());
-    }
-    nodes.synced().await;
-    routes_changed.notify_one();
-    names_changed.notify_one();
-    loop {
-        tokio::select! {
-            () = routes_changed.notified() => {}
-            () = names_changed.notified() => {
-                tokio::time::sleep(COALESCE).await;
-                start_dns(&node, nodes.cache(), &network);
-                let table = {
-                    let pods: Vec<corral_api::Object> = pods
-                        .cache()
-                        .list()
-                        .into_iter()
-                        .filter_map(|(_, pod)| pod.as_ref().clone())
-                        .collect();
-                    let deployments: Vec<corral_api::Object> = deployments
-                        .cache()
-                        .list()
-                        .into_iter()
-                        .map(|(_, d)| d.as_ref().clone())
-                        .collect();
-                    dns::build_table(&pods, &deployments)
-                };
-                network.set_dns_table(table);
-                continue;
-            }
-            () = tokio::time::sleep(ROUTES_RECHECK) => {}
-            () = shutdown.cancelled() => return,
-        }
-        tokio::time::sleep(COALESCE).await;
-        let list: Vec<corral_api::Object> = nodes
-            .cache()
-            .list()
-            .into_iter()
-            .map(|(_, n)| n.as_ref().clone())
-            .collect();
-        // Peers first: a route through the tunnel needs its peer.
-        sync_peers(&node, &list, &network).await;
-        sync_routes(&node, &list, &network).await;
     }
 }

@@ -1,6 +1,6 @@
-//! Routes pods to their workers: restores workers from local state at
-//! start, then follows the pods bound to this node (a node-scoped
-//! informer, [`crate::bound`]) and sends each worker its pod, or tells it
+//! Routes pods to their executors: restores one from local state for every
+//! pod at start, then follows the pods bound to this node (a node-scoped
+//! informer, [`crate::bound`]) and sends each executor its pod, or tells it
 //! to remove the pod.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,8 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AgentContext;
 use crate::bound::Bound;
+use crate::executor::{Executor, Message as PodMessage};
+use crate::pods::PodWorkload;
 use crate::state::PodRecord;
-use crate::worker::{PodMessage, PodWorker};
 
 /// How long fencing waits for one pod's worker to stop it.
 const FENCE_STOP: Duration = Duration::from_secs(60);
@@ -94,7 +95,8 @@ impl Manager {
         let key = record.pod.key();
         let record_uid = record.pod.metadata.uid.clone();
         let (sender, receiver) = mpsc::channel(16);
-        tokio::spawn(PodWorker::new(self.ctx.clone(), record).run(receiver));
+        let workload = PodWorkload::new(self.ctx.clone(), record);
+        tokio::spawn(Executor::new(workload, self.ctx.steps.clone()).run(receiver));
         self.workers.insert(key, (record_uid, sender.clone()));
         sender
     }

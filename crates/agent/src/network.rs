@@ -106,6 +106,10 @@ pub struct PodNetwork {
     sysctls: bool,
     /// The WireGuard tunnel, with `--wireguard`.
     tunnel: Option<Tunnel>,
+    /// Held while a pod or VM is wired: the kernel takes those changes one
+    /// at a time anyway (the RTNL lock), and in turn the first pods of a
+    /// burst are wired first instead of all of them last.
+    wiring: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for PodNetwork {
@@ -133,6 +137,7 @@ impl PodNetwork {
             table: Arc::default(),
             stop: tokio_util::sync::CancellationToken::new(),
             sysctls: true,
+            wiring: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -146,6 +151,7 @@ impl PodNetwork {
             stop: tokio_util::sync::CancellationToken::new(),
             sysctls: false,
             tunnel: None,
+            wiring: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -212,8 +218,11 @@ impl PodNetwork {
                 gateway: self.config.egress_range.gateway(),
             }),
         };
-        self.ops.ensure_pod_interface(&pod).await?;
-        self.after_wiring(&pod.host_interface).await?;
+        {
+            let _wiring = self.wiring.lock().await;
+            self.ops.ensure_pod_interface(&pod).await?;
+            self.after_wiring(&pod.host_interface).await?;
+        }
         Ok(match ipv4 {
             Some(v4) => format!("{ipv6} and {v4} on {}", pod.host_interface),
             None => format!("{ipv6} on {}", pod.host_interface),
@@ -237,8 +246,11 @@ impl PodNetwork {
             ipv6,
             egress: None,
         };
-        self.ops.ensure_vm_interface(&vm, tap).await?;
-        self.after_wiring(&vm.host_interface).await?;
+        {
+            let _wiring = self.wiring.lock().await;
+            self.ops.ensure_vm_interface(&vm, tap).await?;
+            self.after_wiring(&vm.host_interface).await?;
+        }
         Ok(format!(
             "{ipv6} on {}, bridged to {tap} in {}",
             vm.host_interface,

@@ -9,7 +9,6 @@ use std::path::Path;
 
 use corral_api::Object;
 use corral_api::kinds::{PodSpec, Volume};
-use corral_api::workflow::{StepExecutor, WorkflowInstance};
 
 use crate::plugins::{PluginRequest, Plugins, Verb, accept_path, log_lines};
 use crate::volumes::{
@@ -31,11 +30,12 @@ fn volumes_of<'a>(spec: &'a PodSpec, driver: &'a str) -> impl Iterator<Item = &'
         .filter(move |v| v.plugin.as_ref().is_some_and(|p| p.driver == driver))
 }
 
-/// The delegated steps each plugin volume of `spec` needs in `instance`
-/// and that it lacks (pure): `DRIVER/prepare` and `DRIVER/mount`, executed
-/// by the node. Without them nothing would run the plugin and the pod
-/// would start on an empty directory.
-pub fn missing_steps(instance: &WorkflowInstance, spec: &PodSpec) -> Vec<String> {
+/// The delegated steps each plugin volume of `spec` needs and that its
+/// workflow lacks (pure): `DRIVER/prepare` and `DRIVER/mount`, executed by
+/// the node; `delegated(step, owner)` says whether the workflow has `step`
+/// owned by `owner` and delegated to the node. Without them nothing would
+/// run the plugin and the pod would start on an empty directory.
+pub fn missing_steps(spec: &PodSpec, delegated: impl Fn(&str, &str) -> bool) -> Vec<String> {
     let mut missing = Vec::new();
     for volume in &spec.volumes {
         let Some(plugin) = &volume.plugin else {
@@ -43,11 +43,7 @@ pub fn missing_steps(instance: &WorkflowInstance, spec: &PodSpec) -> Vec<String>
         };
         for verb in ["prepare", "mount"] {
             let name = format!("{}/{verb}", plugin.driver);
-            let delegated = instance.step(&name).is_some_and(|s| {
-                s.definition.owner == plugin.driver
-                    && s.definition.executor == Some(StepExecutor::Node)
-            });
-            if !delegated && !missing.contains(&name) {
+            if !delegated(&name, &plugin.driver) && !missing.contains(&name) {
                 missing.push(name);
             }
         }
@@ -366,20 +362,13 @@ mod tests {
     #[test]
     fn every_plugin_volume_needs_its_delegated_steps() {
         let (_, spec) = pod();
-        let mut definition = corral_workflow::builtin(corral_api::Kind::Pod, "start").unwrap();
-        let mut add = |name: &str, owner: &str, executor| {
-            let mut step = definition.steps[0].clone();
-            step.name = name.into();
-            step.owner = owner.into();
-            step.executor = executor;
-            definition.steps.push(step);
-        };
-        add("dirvol/prepare", "dirvol", Some(StepExecutor::Node));
-        add("dirvol/mount", "dirvol", None);
-        add("other/prepare", "other", Some(StepExecutor::Node));
-        add("other/mount", "other", Some(StepExecutor::Node));
-        let (instance, _) =
-            corral_workflow::instantiate(&definition, "start-1", "u1", 1, chrono::Utc::now());
-        assert_eq!(missing_steps(&instance, &spec), ["dirvol/mount"]);
+        // dirvol/mount is registered but not delegated to the node.
+        let delegated = [
+            ("dirvol/prepare", "dirvol"),
+            ("other/prepare", "other"),
+            ("other/mount", "other"),
+        ];
+        let missing = missing_steps(&spec, |step, owner| delegated.contains(&(step, owner)));
+        assert_eq!(missing, ["dirvol/mount"]);
     }
 }

@@ -3,16 +3,21 @@
 //! operations of `corral-bench pod-start` against it. Every latency runs
 //! from the API request to the watch event showing the pod running.
 
+use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
 use corral_api::{Kind, Object, ObjectKey};
-use corral_client::Client;
+use corral_client::{Client, StepLogQuery};
 use serde_json::json;
 
 use crate::pod_watch::PodWatch;
 use crate::processes::CorralProcess;
+use crate::report;
+use crate::stats::median;
 
 pub const NAMESPACE: &str = "default";
 
@@ -171,14 +176,27 @@ impl CorralNode {
         let deadline = Instant::now() + POD_TIMEOUT;
         loop {
             let left = self.containers().await?;
-            if left == 0 {
+            // The node is done with the pods once their directories (the
+            // last thing it removes) are gone too: the next phase does not
+            // measure this one's teardown.
+            let dirs = self.pod_dirs();
+            if left == 0 && dirs == 0 {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{left} containers still exist {POD_TIMEOUT:?} after deleting every pod");
+                bail!(
+                    "{left} containers and {dirs} pod directories still exist {POD_TIMEOUT:?} after deleting every pod"
+                );
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// How many pod directories the node keeps (`DATA/pods/UID`).
+    fn pod_dirs(&self) -> usize {
+        std::fs::read_dir(self.process.data_dir().join("pods"))
+            .map(|entries| entries.flatten().filter(|e| e.path().is_dir()).count())
+            .unwrap_or(0)
     }
 
     /// How many containers runc knows on this node.
@@ -196,6 +214,62 @@ impl CorralNode {
         Ok(String::from_utf8_lossy(&output.stdout).lines().count())
     }
 
+    /// Adds the step times of pod `name`'s instances of `workflow`
+    /// (`start`, `update`) to `times`, from its step log.
+    pub async fn collect_step_times(
+        &self,
+        name: &str,
+        workflow: &str,
+        times: &mut StepTimes,
+    ) -> anyhow::Result<()> {
+        self.collect_object_step_times(&key(name), workflow, times)
+            .await
+    }
+
+    /// [`collect_step_times`](Self::collect_step_times) of any object (the
+    /// node's `join`).
+    pub async fn collect_object_step_times(
+        &self,
+        key: &ObjectKey,
+        workflow: &str,
+        times: &mut StepTimes,
+    ) -> anyhow::Result<()> {
+        let entries = self
+            .client
+            .step_logs(key, &StepLogQuery::default())
+            .await
+            .with_context(|| format!("cannot read the step log of {key}"))?;
+        let mut instances: BTreeMap<String, Vec<Transition>> = BTreeMap::new();
+        for entry in entries.iter().filter(|e| e.workflow == workflow) {
+            let Some(phase) = entry.fields.get("phase").and_then(|p| p.as_str()) else {
+                continue;
+            };
+            instances
+                .entry(entry.workflow_id.clone())
+                .or_default()
+                .push(Transition {
+                    step: entry.step.clone(),
+                    owner: entry.owner.clone(),
+                    phase: phase.to_string(),
+                    at: entry.time,
+                });
+        }
+        for transitions in instances.values() {
+            times.add(transitions);
+        }
+        Ok(())
+    }
+
+    /// The key of the node `corral up` runs (the only one).
+    pub async fn node_key(&self) -> anyhow::Result<ObjectKey> {
+        let nodes = self.client.list(Kind::Node, None, None).await?;
+        nodes
+            .items
+            .first()
+            .map(Object::key)
+            .context("corral up has no node")
+    }
+
     /// `VmRSS` and `VmHWM` (peak) of the `corral up` process, in KiB.
     pub fn rss_kib(&mut self) -> anyhow::Result<(u64, u64)> {
         self.process.ensure_running()?;
@@ -211,5 +285,113 @@ impl CorralNode {
                 .with_context(|| format!("no {name} in /proc/{pid}/status"))
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}
+
+/// One transition from a step log: the engine records each with its phase.
+#[derive(Debug, Clone)]
+struct Transition {
+    step: String,
+    owner: String,
+    phase: String,
+    at: DateTime<Utc>,
+}
+
+/// Where workflows spent their time, per step, summed over pods from their
+/// step logs (the engine's transitions carry their phase, so this does not
+/// depend on how instances are stored).
+#[derive(Debug, Default)]
+pub struct StepTimes {
+    /// Steps in the order they were first seen ready (graph order, roughly).
+    order: Vec<(String, String)>,
+    /// Per step: from ready to claimed, and from claimed to done.
+    waited: BTreeMap<String, Vec<Duration>>,
+    ran: BTreeMap<String, Vec<Duration>>,
+    /// Per instance: from its first transition to its last step done.
+    spans: Vec<Duration>,
+}
+
+fn between(from: DateTime<Utc>, to: DateTime<Utc>) -> Duration {
+    (to - from).to_std().unwrap_or_default()
+}
+
+impl StepTimes {
+    fn add(&mut self, transitions: &[Transition]) {
+        let Some(first) = transitions.iter().map(|t| t.at).min() else {
+            return;
+        };
+        let mut last_done = first;
+        let mut steps: Vec<(String, String)> = Vec::new();
+        for t in transitions {
+            if t.owner != "workflow" && !steps.iter().any(|(s, _)| *s == t.step) {
+                steps.push((t.step.clone(), t.owner.clone()));
+            }
+        }
+        for (step, owner) in steps {
+            let at = |phase: &str| -> Vec<DateTime<Utc>> {
+                transitions
+                    .iter()
+                    .filter(|t| t.step == step && t.phase == phase)
+                    .map(|t| t.at)
+                    .collect()
+            };
+            let ready = at("ready").into_iter().min();
+            let claimed = at("running").into_iter().min();
+            let done = at("done").into_iter().max();
+            if let (Some(ready), Some(claimed)) = (ready, claimed) {
+                self.waited
+                    .entry(step.clone())
+                    .or_default()
+                    .push(between(ready, claimed));
+            }
+            if let (Some(claimed), Some(done)) = (claimed, done) {
+                self.ran
+                    .entry(step.clone())
+                    .or_default()
+                    .push(between(claimed, done));
+                last_done = last_done.max(done);
+            }
+            if !self.order.iter().any(|(s, _)| *s == step) {
+                self.order.push((step, owner));
+            }
+        }
+        self.spans.push(between(first, last_done));
+    }
+
+    /// A Markdown table: per step the median wait from ready to claimed and
+    /// the median run from claimed to done, then the whole instance.
+    pub fn table(&self, title: &str) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{title}: {} instances, medians from the step log",
+            self.spans.len()
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| step | owner | ready → claimed | claimed → done |");
+        let _ = writeln!(out, "|---|---|---:|---:|");
+        let show = |samples: Option<&Vec<Duration>>| {
+            samples
+                .and_then(|samples| {
+                    let mut sorted = samples.clone();
+                    sorted.sort_unstable();
+                    median(&sorted)
+                })
+                .map_or_else(|| "-".to_string(), report::millis)
+        };
+        for (step, owner) in &self.order {
+            let _ = writeln!(
+                out,
+                "| {step} | {owner} | {} | {} |",
+                show(self.waited.get(step)),
+                show(self.ran.get(step)),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "| whole instance, first transition → last step done | | | {} |",
+            show(Some(&self.spans))
+        );
+        out
     }
 }

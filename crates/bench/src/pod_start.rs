@@ -6,7 +6,9 @@
 //! untimed warm-up start (reported apart). Then corral's
 //! in-place update (an env change) against delete + create of the same pod,
 //! with `podman rm -f` + `run -d` as the peer's replacement, and the
-//! resident memory of `corral up` with M pods running.
+//! resident memory of `corral up` with M pods running. Last, where corral's
+//! time went: per workflow step, the median wait from ready to claimed and
+//! run from claimed to done, from the benchmark pods' step logs.
 //!
 //! Needs root (corral's node agent and runc run containers), `runc`,
 //! `/bin/busybox` (busybox-static) and, for the peer, `podman`; without
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::corral_pods::CorralNode;
+use crate::corral_pods::{CorralNode, StepTimes};
 use crate::podman_peer::Podman;
 use crate::report::{self, Row};
 use crate::runc_floor::RuncFloor;
@@ -89,12 +91,34 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
         report::millis(node.start_pod("warm-up".into()).await?)
     ));
     println!("{CORRAL}: {n} one after another …");
+    let mut breakdowns = Vec::new();
+    let mut times = StepTimes::default();
+    node.collect_object_step_times(&node.node_key().await?, "join", &mut times)
+        .await?;
+    breakdowns
+        .push(times.table("corral up's node, join workflow (before the first pod can be placed)"));
+    let mut times = StepTimes::default();
+    node.collect_step_times("warm-up", "start", &mut times)
+        .await?;
+    breakdowns.push(times.table("the first pod after launch (warm-up), start workflow"));
     let summary = one_after_another(n, |i| node.start_pod(format!("seq-{i}"))).await?;
     starts.push(row(CORRAL, 1, summary));
+    let mut times = StepTimes::default();
+    for i in 0..n {
+        node.collect_step_times(&format!("seq-{i}"), "start", &mut times)
+            .await?;
+    }
+    breakdowns.push(times.table(&format!("{CORRAL}, 1 at a time, start workflow")));
     node.delete_all_pods().await?;
     println!("{CORRAL}: {m} at once …");
     let summary = at_once(m, |i| node.start_pod(format!("con-{i}"))).await?;
     starts.push(row(CORRAL, m, summary));
+    let mut times = StepTimes::default();
+    for i in 0..m {
+        node.collect_step_times(&format!("con-{i}"), "start", &mut times)
+            .await?;
+    }
+    breakdowns.push(times.table(&format!("{CORRAL}, {m} at once, start workflow")));
     // Let status reports and the watch settle before reading memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss, peak) = node.rss_kib()?;
@@ -109,6 +133,9 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     node.start_pod("upd".into()).await?;
     let summary = one_after_another(updates, |i| node.update_pod("upd", i + 1)).await?;
     replacements.push(row(UPDATE, 1, summary));
+    let mut times = StepTimes::default();
+    node.collect_step_times("upd", "update", &mut times).await?;
+    breakdowns.push(times.table(&format!("{UPDATE}, update workflow")));
     let summary = one_after_another(updates, |i| node.recreate_pod("upd", i + 1)).await?;
     replacements.push(row(RECREATE, 1, summary));
     node.process.ensure_running()?;
@@ -191,6 +218,11 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     println!();
     for line in memory {
         println!("{line}");
+    }
+    // Where corral's time goes, step by step (corral analyze blame, summed).
+    for table in breakdowns {
+        println!();
+        print!("{table}");
     }
     Ok(())
 }

@@ -77,6 +77,18 @@ fn pod_start_benchmark_runs_end_to_end() {
         assert!(stdout.contains(&row), "missing row {row:?} in:\n{stdout}");
     }
     assert!(stdout.contains("VmRSS"), "{stdout}");
+    // Where the time went, per step, from the step logs.
+    for row in [
+        "| node/register | node |",
+        "| node/create-sandbox | node |",
+        "| node/start-containers | node |",
+        "| node/stop-changed-containers | node |",
+    ] {
+        assert!(
+            stdout.contains(row),
+            "missing step row {row:?} in:\n{stdout}"
+        );
+    }
     // Nothing left: no mount under the benchmark's temp dirs, no floor cgroup.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
     let tmp = std::env::temp_dir().join("corral-bench-");

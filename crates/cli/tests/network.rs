@@ -40,9 +40,18 @@ fn three_node_lab_routes_pods_across_nodes() {
         assert!(why.contains(expected), "why lacks {expected:?}:\n{why}");
     }
 
-    // Every node routes to the other two nodes' /64s.
+    // Every node routes to the other two nodes' /64s: at once for the
+    // nodes that joined last, and, for a node that joined before the others
+    // had a /64, as soon as its routes loop sees their Node objects.
     for node in ["node-0", "node-1", "node-2"] {
-        let routes = lab.routes(node);
+        let routes = wait_for(
+            &format!("{node}'s routes to the other nodes"),
+            Duration::from_secs(10),
+            || {
+                let routes = lab.routes(node);
+                (routes.lines().count() == 2).then_some(routes)
+            },
+        );
         assert_eq!(routes.lines().count(), 2, "{node} routes:\n{routes}");
     }
 

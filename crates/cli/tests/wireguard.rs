@@ -112,22 +112,47 @@ fn pod_traffic_between_nodes_crosses_wireguard_only() {
     );
     assert_eq!(mode & 0o777, 0o600, "{} mode {mode:o}", key_file.display());
 
-    // `why node/NAME` shows the join steps: prefix, tunnel with its peer, routes.
+    // `why node/NAME` shows the join steps: prefix, tunnel and its peers,
+    // routes. The notes are what each step saw: the node that joined while
+    // the other had no tunnel yet says so, and gets its peer from the
+    // routes loop right after (checked on the tunnel itself below).
     let interface1 = interface(&lab, "node-1");
     let why = lab.corral(&["why", "node/node-1"]);
+    let peer0 = format!(
+        "peers: node-0 at [{}]:51820 for {}",
+        lab_state["nodes"][0]["ipv6"].as_str().unwrap_or_default(),
+        node0["status"]["prefix"].as_str().unwrap_or_default()
+    );
     for expected in [
         "ipam/assign-prefix".to_string(),
         "node/configure-tunnel".to_string(),
         format!("tunnel {interface1}"),
-        format!(
-            "peers: node-0 at [{}]:51820 for {}",
-            lab_state["nodes"][0]["ipv6"].as_str().unwrap_or_default(),
-            node0["status"]["prefix"].as_str().unwrap_or_default()
-        ),
-        format!("dev {interface1}"),
+        "peers: ".to_string(),
+        "node/configure-routes".to_string(),
         "ready (target)".to_string(),
     ] {
         assert!(why.contains(&expected), "why lacks {expected:?}:\n{why}");
+    }
+    assert!(
+        why.contains(&peer0) || why.contains("peers: no other node has a tunnel yet"),
+        "why names neither node-0 nor the absence of peers:\n{why}"
+    );
+    // Each tunnel has the other node as its peer.
+    for (node, other) in [("node-0", &node1), ("node-1", &node0)] {
+        let key = other["status"]["wireguard"]["publicKey"]
+            .as_str()
+            .expect("the other node's key")
+            .to_string();
+        let interface = interface(&lab, node);
+        wait_for(
+            &format!("{node}'s tunnel to peer with the other node"),
+            Duration::from_secs(20),
+            || {
+                lab.run(node, &["wg", "show", &interface, "peers"])
+                    .contains(&key)
+                    .then_some(())
+            },
+        );
     }
 
     // Routes to the other node's /64 go through the tunnel.

@@ -4,6 +4,7 @@
 //! file again after a restart.
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use corral_runtime::oci::netns::NetnsManager;
@@ -69,6 +70,13 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
     };
     process::create_tap(&ns_path, "tap0").unwrap();
     process::create_tap(&ns_path, "tap0").unwrap();
+    let link = Command::new("nsenter")
+        .arg(format!("--net={}", ns_path.display()))
+        .args(["ip", "-o", "link", "show", "dev", "tap0"])
+        .output()
+        .unwrap();
+    let link = String::from_utf8_lossy(&link.stdout);
+    assert!(link.contains(",UP") && link.contains("tap0"), "{link}");
     let disk = dir.path().join("disk.qcow2");
     assert!(process::create_disk(&disk, 64 << 20, None).unwrap());
     assert!(!process::create_disk(&disk, 64 << 20, None).unwrap());
@@ -101,6 +109,13 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
     );
     assert!(console.contains("CORRAL-DISK-WROTE: first"), "{console}");
     assert!(process::is_vm_process(pid, &name));
+    use std::os::unix::fs::MetadataExt;
+    let netns_of = |path: &Path| std::fs::metadata(path).unwrap().ino();
+    assert_eq!(
+        netns_of(Path::new(&format!("/proc/{pid}/ns/net"))),
+        netns_of(&ns_path),
+        "QEMU runs in the VM's network namespace"
+    );
     process::stop(pid, Duration::from_secs(10)).unwrap();
     assert!(process::exit_status(pid).is_some());
     std::fs::remove_file(dir.path().join("console.log")).unwrap();

@@ -14,6 +14,7 @@ use corral_api::Kind;
 use corral_api::workflow::{RetryPolicy, StepDefinition, StepKind};
 
 use crate::definition::{ENGINE_OWNER, WorkflowDefinition};
+use crate::node_step::{JoinStep, NodeStep, PodStep, VmStep};
 
 /// Every (kind, workflow) pair with a built-in definition.
 pub const BUILTIN_WORKFLOWS: [(Kind, &str); 8] = [
@@ -76,8 +77,8 @@ fn pod_start() -> Vec<StepDefinition> {
         .timeout_secs(30)
         .attempts(3)
         .build(),
-        step(
-            "node/create-sandbox",
+        node_step(
+            PodStep::CreateSandbox,
             "create the pod's namespaces and configure its address",
         )
         .requires(&["ipam/assign-address"])
@@ -86,8 +87,8 @@ fn pod_start() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         target("network", "the pod's sandbox is up with its address", &[]),
-        step(
-            "node/pull-image",
+        node_step(
+            PodStep::PullImage,
             "make every container image present on the node",
         )
         .requires(&["scheduled"])
@@ -96,7 +97,7 @@ fn pod_start() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         target("image", "every image is on the node", &[]),
-        step("node/prepare-volumes", "create or mount the pod's volumes")
+        node_step(PodStep::PrepareVolumes, "create or mount the pod's volumes")
             .requires(&["scheduled"])
             .wanted_by("storage")
             .timeout_secs(300)
@@ -108,17 +109,17 @@ fn pod_start() -> Vec<StepDefinition> {
             "every prerequisite of the containers is in place; they start after it",
             &["network", "storage", "image"],
         ),
-        step("node/start-containers", "start the pod's containers")
+        node_step(PodStep::StartContainers, "start the pod's containers")
             .requires(&["containers"])
             .wanted_by("running")
             .timeout_secs(120)
             .attempts(2)
             .build(),
-        step(
-            "node/await-readiness",
+        node_step(
+            PodStep::AwaitReadiness,
             "wait until every readiness probe passes",
         )
-        .requires(&["node/start-containers"])
+        .requires(&[PodStep::StartContainers.as_str()])
         .wanted_by("running")
         .timeout_secs(600)
         .build(),
@@ -128,8 +129,8 @@ fn pod_start() -> Vec<StepDefinition> {
 
 fn pod_update() -> Vec<StepDefinition> {
     vec![
-        step(
-            "node/pull-image",
+        node_step(
+            PodStep::PullImage,
             "make the new revision's images present on the node",
         )
         .wanted_by("image")
@@ -141,8 +142,8 @@ fn pod_update() -> Vec<StepDefinition> {
             "every image of the new revision is on the node",
             &[],
         ),
-        step(
-            "node/prepare-volumes",
+        node_step(
+            PodStep::PrepareVolumes,
             "create or mount volumes the new revision adds",
         )
         .wanted_by("storage")
@@ -150,8 +151,8 @@ fn pod_update() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         target("storage", "every volume of the new revision is ready", &[]),
-        step(
-            "node/stop-changed-containers",
+        node_step(
+            PodStep::StopChangedContainers,
             "send changed containers SIGTERM, wait their grace period, then kill",
         )
         .requires(&["image", "storage"])
@@ -164,8 +165,8 @@ fn pod_update() -> Vec<StepDefinition> {
             "every prerequisite of the new containers is in place; they start after it",
             &["draining"],
         ),
-        step(
-            "node/start-changed-containers",
+        node_step(
+            PodStep::StartChangedContainers,
             "start the changed containers with the new config",
         )
         .requires(&["containers"])
@@ -173,11 +174,11 @@ fn pod_update() -> Vec<StepDefinition> {
         .timeout_secs(120)
         .attempts(2)
         .build(),
-        step(
-            "node/await-readiness",
+        node_step(
+            PodStep::AwaitReadiness,
             "wait until every readiness probe passes",
         )
-        .requires(&["node/start-changed-containers"])
+        .requires(&[PodStep::StartChangedContainers.as_str()])
         .wanted_by("running")
         .timeout_secs(600)
         .build(),
@@ -187,8 +188,8 @@ fn pod_update() -> Vec<StepDefinition> {
 
 fn pod_stop() -> Vec<StepDefinition> {
     vec![
-        step(
-            "node/mark-unready",
+        node_step(
+            PodStep::MarkUnready,
             "mark the pod not ready so DNS stops serving it",
         )
         .wanted_by("draining")
@@ -196,8 +197,8 @@ fn pod_stop() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         target("draining", "the pod receives no new traffic", &[]),
-        step(
-            "node/stop-containers",
+        node_step(
+            PodStep::StopContainers,
             "send the containers SIGTERM, wait their grace period, then kill",
         )
         .requires(&["draining"])
@@ -206,8 +207,8 @@ fn pod_stop() -> Vec<StepDefinition> {
         .attempts(2)
         .build(),
         target("stopped", "no process of the pod runs", &[]),
-        step(
-            "node/release-volumes",
+        node_step(
+            PodStep::ReleaseVolumes,
             "unmount the pod's volumes and remove emptyDirs",
         )
         .requires(&["stopped"])
@@ -215,7 +216,7 @@ fn pod_stop() -> Vec<StepDefinition> {
         .timeout_secs(120)
         .attempts(3)
         .build(),
-        step("node/remove-sandbox", "remove the pod's namespaces")
+        node_step(PodStep::RemoveSandbox, "remove the pod's namespaces")
             .requires(&["stopped"])
             .wanted_by("released")
             .timeout_secs(60)
@@ -225,7 +226,7 @@ fn pod_stop() -> Vec<StepDefinition> {
             "ipam/release-address",
             "return the pod's address to its node's /64",
         )
-        .requires(&["node/remove-sandbox"])
+        .requires(&[PodStep::RemoveSandbox.as_str()])
         .wanted_by("released")
         .timeout_secs(30)
         .attempts(3)
@@ -250,11 +251,14 @@ fn pod_stop() -> Vec<StepDefinition> {
 
 fn node_join() -> Vec<StepDefinition> {
     vec![
-        step("node/register", "register the node and report its capacity")
-            .wanted_by("registered")
-            .timeout_secs(60)
-            .attempts(5)
-            .build(),
+        node_step(
+            JoinStep::Register,
+            "register the node and report its capacity",
+        )
+        .wanted_by("registered")
+        .timeout_secs(60)
+        .attempts(5)
+        .build(),
         target("registered", "the node is known to the cluster", &[]),
         step(
             "ipam/assign-prefix",
@@ -265,8 +269,8 @@ fn node_join() -> Vec<StepDefinition> {
         .timeout_secs(30)
         .attempts(3)
         .build(),
-        step(
-            "node/configure-tunnel",
+        node_step(
+            JoinStep::ConfigureTunnel,
             "make every other node with a WireGuard tunnel a peer (with --wireguard)",
         )
         .requires(&["ipam/assign-prefix"])
@@ -274,17 +278,17 @@ fn node_join() -> Vec<StepDefinition> {
         .timeout_secs(60)
         .attempts(3)
         .build(),
-        step(
-            "node/configure-routes",
+        node_step(
+            JoinStep::ConfigureRoutes,
             "route the node's /64 and the other nodes' /64s",
         )
-        .requires(&["node/configure-tunnel"])
+        .requires(&[JoinStep::ConfigureTunnel.as_str()])
         .wanted_by("network")
         .timeout_secs(60)
         .attempts(3)
         .build(),
-        step(
-            "node/configure-egress",
+        node_step(
+            JoinStep::ConfigureEgress,
             "masquerade the pods' IPv4 egress range",
         )
         .requires(&["registered"])
@@ -297,8 +301,8 @@ fn node_join() -> Vec<StepDefinition> {
             "pods on the node can reach every other node's pods",
             &[],
         ),
-        step(
-            "node/check-runtime",
+        node_step(
+            JoinStep::CheckRuntime,
             "check that the OCI runtimes and the image store work",
         )
         .requires(&["registered"])
@@ -330,8 +334,8 @@ fn vm_start() -> Vec<StepDefinition> {
         .timeout_secs(30)
         .attempts(3)
         .build(),
-        step(
-            "node/create-tap",
+        node_step(
+            VmStep::CreateTap,
             "create the VM's tap device and route its address",
         )
         .requires(&["ipam/assign-address"])
@@ -340,8 +344,8 @@ fn vm_start() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         target("network", "the VM's network device is ready", &[]),
-        step(
-            "node/fetch-kernel",
+        node_step(
+            VmStep::FetchKernel,
             "make the kernel, initramfs or disk image present",
         )
         .requires(&["scheduled"])
@@ -350,7 +354,7 @@ fn vm_start() -> Vec<StepDefinition> {
         .attempts(3)
         .build(),
         target("image", "every boot artifact is on the node", &[]),
-        step("node/prepare-disk", "create or attach the VM's disk")
+        node_step(VmStep::PrepareDisk, "create or attach the VM's disk")
             .requires(&["scheduled"])
             .wanted_by("storage")
             .timeout_secs(300)
@@ -362,17 +366,17 @@ fn vm_start() -> Vec<StepDefinition> {
             "every prerequisite of the VM is in place; it boots after it",
             &["network", "storage", "image"],
         ),
-        step("node/start-vm", "start QEMU with the VM's configuration")
+        node_step(VmStep::StartVm, "start QEMU with the VM's configuration")
             .requires(&["boot"])
             .wanted_by("running")
             .timeout_secs(120)
             .attempts(2)
             .build(),
-        step(
-            "node/await-boot",
+        node_step(
+            VmStep::AwaitBoot,
             "wait until the guest reports it has booted",
         )
-        .requires(&["node/start-vm"])
+        .requires(&[VmStep::StartVm.as_str()])
         .wanted_by("running")
         .timeout_secs(300)
         .build(),
@@ -383,8 +387,8 @@ fn vm_start() -> Vec<StepDefinition> {
 /// An edit restarts the VM in place: same node, disk, tap and address.
 fn vm_update() -> Vec<StepDefinition> {
     vec![
-        step(
-            "node/fetch-kernel",
+        node_step(
+            VmStep::FetchKernel,
             "make the new revision's kernel, initramfs or disk image present",
         )
         .wanted_by("image")
@@ -396,8 +400,8 @@ fn vm_update() -> Vec<StepDefinition> {
             "every boot artifact of the new revision is on the node",
             &[],
         ),
-        step(
-            "node/prepare-disk",
+        node_step(
+            VmStep::PrepareDisk,
             "create the VM's disk if the new revision needs one",
         )
         .wanted_by("storage")
@@ -410,8 +414,8 @@ fn vm_update() -> Vec<StepDefinition> {
             "every prerequisite of the new revision is in place; it boots after it",
             &["storage", "image"],
         ),
-        step(
-            "node/restart-vm",
+        node_step(
+            VmStep::RestartVm,
             "stop QEMU (SIGTERM, grace, kill) and start it with the new configuration",
         )
         .requires(&["boot"])
@@ -419,11 +423,11 @@ fn vm_update() -> Vec<StepDefinition> {
         .timeout_secs(120)
         .attempts(2)
         .build(),
-        step(
-            "node/await-boot",
+        node_step(
+            VmStep::AwaitBoot,
             "wait until the guest reports it has booted",
         )
-        .requires(&["node/restart-vm"])
+        .requires(&[VmStep::RestartVm.as_str()])
         .wanted_by("running")
         .timeout_secs(300)
         .build(),
@@ -433,8 +437,8 @@ fn vm_update() -> Vec<StepDefinition> {
 
 fn vm_stop() -> Vec<StepDefinition> {
     vec![
-        step(
-            "node/stop-vm",
+        node_step(
+            VmStep::StopVm,
             "ask the guest to power off, wait its grace period, then kill",
         )
         .wanted_by("stopped")
@@ -442,13 +446,13 @@ fn vm_stop() -> Vec<StepDefinition> {
         .attempts(2)
         .build(),
         target("stopped", "QEMU no longer runs", &[]),
-        step("node/release-disk", "detach the VM's disk")
+        node_step(VmStep::ReleaseDisk, "detach the VM's disk")
             .requires(&["stopped"])
             .wanted_by("released")
             .timeout_secs(120)
             .attempts(3)
             .build(),
-        step("node/remove-tap", "remove the VM's tap device")
+        node_step(VmStep::RemoveTap, "remove the VM's tap device")
             .requires(&["stopped"])
             .wanted_by("released")
             .timeout_secs(60)
@@ -458,7 +462,7 @@ fn vm_stop() -> Vec<StepDefinition> {
             "ipam/release-address",
             "return the VM's address to its node's /64",
         )
-        .requires(&["node/remove-tap"])
+        .requires(&[VmStep::RemoveTap.as_str()])
         .wanted_by("released")
         .timeout_secs(30)
         .attempts(3)
@@ -494,6 +498,12 @@ fn step(name: &str, description: &str) -> StepBuilder {
         timeout_ms: None,
         retry: RetryPolicy::default(),
     })
+}
+
+/// Starts a built-in step of the node agent, named by its typed step so
+/// the agent's `match` on it stays exhaustive.
+fn node_step(step: impl NodeStep, description: &str) -> StepBuilder {
+    self::step(step.name(), description)
 }
 
 /// A target that requires `requires` besides its members.

@@ -2,7 +2,8 @@
 //! machine and the analyses behind `corral why` and `corral analyze`.
 //!
 //! This crate owns:
-//! - the built-in workflow definitions of every kind ([`builtin`]) and the
+//! - the built-in workflow definitions of every kind ([`builtin`]), whose
+//!   node steps are typed ([`PodStep`], [`VmStep`], [`JoinStep`]), and the
 //!   merging of steps registered by `Controller` objects ([`definition_for`]);
 //! - validation: unknown references and ordering cycles are errors that name
 //!   them ([`validate`]);
@@ -21,6 +22,7 @@ mod definition;
 mod duration;
 mod engine;
 mod graph;
+mod node_step;
 mod owner;
 mod registration;
 mod render;
@@ -32,6 +34,7 @@ pub use builtin::{BUILTIN_WORKFLOWS, builtin};
 pub use definition::{DefinitionError, ENGINE_OWNER, WorkflowDefinition, validate};
 pub use duration::format_duration;
 pub use engine::{backoff, cancel, instantiate, next_deadline, record, tick};
+pub use node_step::{JoinStep, NodeStep, PodStep, UnknownNodeStep, VmStep};
 pub use owner::{
     NODE_OWNER, WriteError, check_write, may_act, may_move, mover_description, owner_description,
 };

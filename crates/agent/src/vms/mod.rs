@@ -1,14 +1,16 @@
 //! VirtualMachines bound to this node: the manager follows them through a
 //! node-scoped informer ([`crate::bound`]) and routes each VM to its own
-//! worker ([`worker`]), which runs
-//! the VM's node-owned workflow steps and supervises its QEMU process.
+//! executor ([`crate::executor`]) with a [`workload::VmWorkload`], which
+//! runs the VM's node-owned workflow steps and supervises its QEMU process.
 //!
 //! Each VM gets its own network namespace with a persistent tap device
 //! (`tap0`) that QEMU attaches as virtio-net, a directory `DATA/vms/UID/`
 //! (console socket and log, QMP socket, QEMU's output, an image disk's
 //! overlay) and, for `disk.volume`, a qcow2 file in the node-local volume
 //! `DATA/volumes/NAME/disk.qcow2` that outlives the VM. Whether KVM works
-//! is probed once per node ([`probe_accel`]); TCG is the fallback.
+//! is probed once per node ([`probe_accel`]), off the start's critical
+//! path (when the first VM needs it, or a while after the agent starts);
+//! TCG is the fallback.
 //!
 //! The namespace's end of the VM's veth to the node is bridged to the tap
 //! (`crate::network::PodNetwork::wire_vm`), so the guest is on the pod link
@@ -17,7 +19,7 @@
 pub mod boot;
 pub mod io;
 pub mod state;
-pub mod worker;
+pub mod workload;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,8 +34,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AgentContext;
 use crate::bound::Bound;
+use crate::executor::{Executor, Message as VmMessage};
 use state::{VmRecord, VmState};
-use worker::{VmMessage, VmWorker};
+use workload::VmWorkload;
 
 /// The QEMU binary VMs run with.
 pub const QEMU: &str = "qemu-system-x86_64";
@@ -60,13 +63,32 @@ pub struct VmContext {
     /// The agent's data dir (the KVM verdict is cached there).
     pub data_dir: PathBuf,
     /// Set once the KVM probe has answered, before any VM starts.
-    pub accel: std::sync::OnceLock<Accel>,
+    pub accel: tokio::sync::OnceCell<Accel>,
 }
 
 impl VmContext {
     /// The accelerator VMs use (TCG until the probe said otherwise).
     pub fn accel(&self) -> Accel {
         self.accel.get().copied().unwrap_or(Accel::Tcg)
+    }
+
+    /// Probes KVM once (concurrent callers wait for the same probe) and
+    /// reports the verdict as the node's `features.kvm`.
+    pub async fn probed_accel(&self) -> Accel {
+        *self
+            .accel
+            .get_or_init(|| async {
+                let data_dir = self.data_dir.clone();
+                let verdict = tokio::task::spawn_blocking(move || probe_accel(&data_dir))
+                    .await
+                    .unwrap_or_else(|error| {
+                        KvmProbe::Unusable(format!("the probe task failed: {error}"))
+                    });
+                crate::node::set_kvm_feature(verdict.feature());
+                tracing::info!(accel = %verdict.accel(), kvm = %verdict.feature(), "VM accelerator chosen");
+                verdict.accel()
+            })
+            .await
     }
 
     pub fn vm_dir(&self, uid: &str) -> PathBuf {
@@ -104,7 +126,12 @@ pub fn probe_accel(data_dir: &Path) -> KvmProbe {
     verdict
 }
 
-/// Routes VMs to their workers.
+/// How long after the agent starts KVM is probed when no VM asked first:
+/// the probe runs a guest for up to seconds, which the node's first pods
+/// must not wait behind.
+pub const KVM_PROBE_DELAY: Duration = Duration::from_secs(20);
+
+/// Routes VMs to their executors.
 #[derive(Debug)]
 pub struct VmManager {
     ctx: Arc<VmContext>,
@@ -134,7 +161,8 @@ impl VmManager {
         let key = record.vm.key();
         let uid = record.vm.metadata.uid.clone();
         let (sender, receiver) = mpsc::channel(16);
-        tokio::spawn(VmWorker::new(self.ctx.clone(), record).run(receiver));
+        let workload = VmWorkload::new(self.ctx.clone(), record);
+        tokio::spawn(Executor::new(workload, self.ctx.agent.steps.clone()).run(receiver));
         self.workers.insert(key, (uid, sender.clone()));
         sender
     }
@@ -149,6 +177,8 @@ impl VmManager {
             self.remove(&key).await;
             return;
         }
+        // No VM starts before the accelerator is known.
+        self.ctx.probed_accel().await;
         if self
             .workers
             .get(&key)
@@ -179,16 +209,30 @@ impl VmManager {
         }
     }
 
-    /// Probes KVM, restores the VMs in local state, then follows the API's
-    /// VirtualMachines until cancelled.
+    /// Restores the VMs in local state (probing KVM first when there are
+    /// any), then follows the API's VirtualMachines until cancelled. With
+    /// no VM to run, KVM is probed [`KVM_PROBE_DELAY`] after the start or
+    /// when the first VM arrives, whichever comes first.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let data_dir = self.ctx.data_dir.clone();
-        let verdict = tokio::task::spawn_blocking(move || probe_accel(&data_dir))
-            .await
-            .unwrap_or_else(|error| KvmProbe::Unusable(format!("the probe task failed: {error}")));
-        crate::node::set_kvm_feature(verdict.feature());
-        let _ = self.ctx.accel.set(verdict.accel());
-        tracing::info!(accel = %verdict.accel(), kvm = %verdict.feature(), "VM accelerator chosen");
+        let has_records = self
+            .ctx
+            .state
+            .load_all()
+            .is_ok_and(|records| !records.is_empty());
+        if has_records {
+            self.ctx.probed_accel().await;
+        } else {
+            let ctx = self.ctx.clone();
+            let cancelled = shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = tokio::time::sleep(KVM_PROBE_DELAY) => {
+                        ctx.probed_accel().await;
+                    }
+                    () = cancelled.cancelled() => {}
+                }
+            });
+        }
         match self.restore() {
             Ok(restored) => tracing::info!(restored, "VMs restored from local state"),
             Err(error) => tracing::error!(error = %crate::chain(&error), "cannot restore VMs"),

@@ -6,10 +6,11 @@
 //! A subreaper also inherits the runtime's other orphans (runsc's gofer and
 //! helpers), which must be reaped or runsc believes they still run.
 //! [`reap_orphans`] reaps zombie children that nobody tracks; to never
-//! steal a status someone else will wait for, container inits and exec
-//! children are tracked, and runtime commands are spawned and waited under
-//! [`spawn_lock`]. Other code in a subreaper process that spawns children
-//! must hold [`spawn_lock`] from spawn until it has waited for them.
+//! steal a status someone else will wait for, container inits, exec
+//! children and runtime commands are tracked from their spawn (under
+//! [`spawn_lock`]) until they are waited for. Other code in a subreaper
+//! process that spawns children must hold [`spawn_lock`] from spawn until
+//! it has waited for them, or until it has [`track`]ed them.
 
 use std::collections::BTreeSet;
 use std::fs;

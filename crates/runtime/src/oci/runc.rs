@@ -104,12 +104,16 @@ impl RuncCli {
     fn run(&self, subcommand: &[&str]) -> Result<Vec<u8>, OciError> {
         let mut args = self.base_args();
         args.extend(subcommand.iter().map(|s| s.to_string()));
-        let output = {
-            let _guard = reap::spawn_lock();
-            reap::reap_orphans_locked();
-            self.command(&args).output()
-        }
-        .map_err(|source| self.spawn_error(source))?;
+        let mut command = self.command(&args);
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let output = spawn_tracked(&mut command)
+            .and_then(|child| {
+                let pid = child.id();
+                let output = child.wait_with_output();
+                reap::untrack(pid);
+                output
+            })
+            .map_err(|source| self.spawn_error(source))?;
         if !output.status.success() {
             return Err(OciError::Command {
                 command: self.describe(&args),
@@ -130,6 +134,21 @@ impl RuncCli {
     fn describe(&self, args: &[String]) -> String {
         format!("{} {}", self.binary.display(), args.join(" "))
     }
+}
+
+/// How often a failed `list` is asked again (see [`RuncCli::list`]).
+const LIST_RETRIES: u32 = 5;
+
+/// Spawns `command` under the spawn lock and tracks the child before the
+/// lock is released, so no orphan sweep takes its status; the caller waits
+/// for it (and untracks it) without the lock, so runtime commands of
+/// different containers run at the same time. Orphans are swept first.
+fn spawn_tracked(command: &mut Command) -> std::io::Result<Child> {
+    let _guard = reap::spawn_lock();
+    reap::reap_orphans_locked();
+    let child = command.spawn()?;
+    reap::track(child.id());
+    Ok(child)
 }
 
 fn runtime_log(bundle: &Path) -> PathBuf {
@@ -206,13 +225,15 @@ impl OciRuntime for RuncCli {
         let args = self.create_args(id, bundle);
         // The container inherits these descriptors: never pipe them, or
         // waiting for the runtime would wait for the container too.
-        let guard = reap::spawn_lock();
-        reap::reap_orphans_locked();
-        let status = self
-            .command(&args)
-            .stdout(stdout)
-            .stderr(stderr)
-            .status()
+        let mut command = self.command(&args);
+        command.stdout(stdout).stderr(stderr);
+        let status = spawn_tracked(&mut command)
+            .and_then(|mut child| {
+                let pid = child.id();
+                let status = child.wait();
+                reap::untrack(pid);
+                status
+            })
             .map_err(|source| self.spawn_error(source))?;
         if !status.success() {
             return Err(OciError::Command {
@@ -230,9 +251,12 @@ impl OciRuntime for RuncCli {
             what: "pid file",
             detail: text.clone(),
         })?;
-        // Tracked before the lock is released, so no orphan sweep takes it.
-        reap::track(pid);
-        drop(guard);
+        // Tracked under the lock, so no orphan sweep takes it from now on.
+        // (Until now it could not be a zombie: it waits for `start`.)
+        {
+            let _guard = reap::spawn_lock();
+            reap::track(pid);
+        }
         Ok(pid)
     }
 
@@ -245,11 +269,16 @@ impl OciRuntime for RuncCli {
     }
 
     fn kill(&self, id: &str, signal: Signal) -> Result<(), OciError> {
-        if self.state(id)?.is_none() {
-            return Err(OciError::NotFound(id.to_string()));
-        }
         let number = (signal as i32).to_string();
-        self.run(&["kill", id, &number]).map(drop)
+        // Asked at once; only a failure is looked into (one command, not
+        // two, and no `list` racing other containers' deletes).
+        match self.run(&["kill", id, &number]) {
+            Ok(_) => Ok(()),
+            Err(error) => match self.state(id) {
+                Ok(None) => Err(OciError::NotFound(id.to_string())),
+                _ => Err(error),
+            },
+        }
     }
 
     fn wait(&self, _id: &str, pid: u32) -> Result<ExitStatus, OciError> {
@@ -257,13 +286,18 @@ impl OciRuntime for RuncCli {
     }
 
     fn delete(&self, id: &str, force: bool) -> Result<(), OciError> {
-        if self.state(id)?.is_none() {
-            return Ok(());
-        }
-        if force {
-            self.run(&["delete", "--force", id]).map(drop)
+        let deleted = if force {
+            self.run(&["delete", "--force", id])
         } else {
-            self.run(&["delete", id]).map(drop)
+            self.run(&["delete", id])
+        };
+        // A failure for a container that is not there is no failure.
+        match deleted {
+            Ok(_) => Ok(()),
+            Err(error) => match self.state(id) {
+                Ok(None) => Ok(()),
+                _ => Err(error),
+            },
         }
     }
 
@@ -289,7 +323,20 @@ impl OciRuntime for RuncCli {
     }
 
     fn list(&self) -> Result<Vec<ContainerState>, OciError> {
-        parse_list(&self.run(&["list", "--format=json"])?)
+        // Runtime commands run concurrently: a container deleted while
+        // `list` reads the state directory makes it fail. What it would
+        // have listed is stale anyway, so it is asked again.
+        let mut retries = LIST_RETRIES;
+        loop {
+            match self.run(&["list", "--format=json"]) {
+                Ok(stdout) => return parse_list(&stdout),
+                Err(OciError::Command { .. }) if retries > 0 => {
+                    retries -= 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(error) => return Err(error),
+            }
+        }
     }
 }
 

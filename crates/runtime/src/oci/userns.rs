@@ -96,7 +96,6 @@ impl NetnsManager<LinuxNetns> {
 
 /// Runs the helper, maps its ids, pins its namespaces, ends it.
 fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
-    let _guard = reap::spawn_lock();
     let mut command = Command::new("sleep");
     command
         .arg("60")
@@ -111,9 +110,17 @@ fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
                 .map_err(io::Error::from)
         });
     }
-    let mut helper = command
-        .spawn()
-        .map_err(syscall("start the namespace helper for", net))?;
+    // Tracked from its spawn (so the orphan sweep leaves it to us); the
+    // lock is not held while the helper lives, so sandboxes are made side
+    // by side and runtime commands go on meanwhile.
+    let mut helper = {
+        let _guard = reap::spawn_lock();
+        let helper = command
+            .spawn()
+            .map_err(syscall("start the namespace helper for", net))?;
+        reap::track(helper.id());
+        helper
+    };
     let proc_dir = PathBuf::from(format!("/proc/{}", helper.id()));
     let map = format!("0 {} {}\n", ids.host_base, ids.size);
     let result = fs::write(proc_dir.join("uid_map"), &map)
@@ -125,5 +132,6 @@ fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
         .and_then(|()| bind(&proc_dir.join("ns/net"), net));
     let _ = helper.kill();
     let _ = helper.wait();
+    reap::untrack(helper.id());
     result
 }

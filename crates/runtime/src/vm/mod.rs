@@ -10,6 +10,7 @@
 
 pub mod kvm;
 pub mod process;
+mod tap;
 
 use std::fmt;
 use std::path::PathBuf;

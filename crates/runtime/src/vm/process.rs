@@ -1,10 +1,11 @@
 //! The side effects of running a VM: its qcow2 disk (`qemu-img`), its tap
 //! device (inside the VM's network namespace), and the QEMU process
-//! (started in that namespace through `nsenter`, in its own process group
+//! (started on a thread inside that namespace, in its own process group
 //! so it outlives the agent; stopped with SIGTERM, which QEMU handles by
 //! flushing its disks and exiting, then SIGKILL after the grace period).
 
 use std::fs::File;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,8 +13,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::oci::reap;
-use crate::vm::{VmConfig, qemu_args};
+use crate::oci::{netns, reap};
+use crate::vm::{VmConfig, qemu_args, tap};
 
 /// Why a VM's disk, tap or process could not be set up or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,13 @@ pub enum VmError {
     #[error("cannot prepare {path}")]
     Io {
         path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make tap {name} in network namespace {netns}")]
+    Tap {
+        name: String,
+        netns: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -93,22 +101,17 @@ pub fn create_disk(path: &Path, size_bytes: u64, backing: Option<&Path>) -> Resu
 }
 
 /// Creates the persistent tap device `name` in the namespace at `netns`
-/// and sets it up; does nothing when it exists.
+/// and sets it up; an existing one is kept and set up.
 pub fn create_tap(netns: &Path, name: &str) -> Result<(), VmError> {
-    let net = format!("--net={}", netns.display());
-    let exists = run(Command::new("nsenter")
-        .arg(&net)
-        .args(["ip", "link", "show", "dev", name]))
-    .is_ok();
-    if !exists {
-        run(Command::new("nsenter")
-            .arg(&net)
-            .args(["ip", "tuntap", "add", "dev", name, "mode", "tap"]))?;
+    let failed = |source| VmError::Tap {
+        name: name.to_string(),
+        netns: netns.to_path_buf(),
+        source,
+    };
+    match netns::run_in(netns, || tap::create_here(name)) {
+        Ok(made) => made.map_err(failed),
+        Err(e) => Err(failed(io::Error::other(e))),
     }
-    run(Command::new("nsenter")
-        .arg(&net)
-        .args(["ip", "link", "set", "dev", name, "up"]))?;
-    Ok(())
 }
 
 /// Starts `qemu` with `config` inside the namespace at `netns` (or the
@@ -138,17 +141,7 @@ pub fn start(
         .open(output)
         .map_err(io(output))?;
     let log2 = log.try_clone().map_err(io(output))?;
-    let mut command = match netns {
-        Some(netns) => {
-            let mut command = Command::new("nsenter");
-            command
-                .arg(format!("--net={}", netns.display()))
-                .arg("--")
-                .arg(qemu);
-            command
-        }
-        None => Command::new(qemu),
-    };
+    let mut command = Command::new(qemu);
     use std::os::unix::process::CommandExt;
     command
         .args(qemu_args(config))
@@ -157,10 +150,13 @@ pub fn start(
         .stdout(log)
         .stderr(log2);
     let _lock = reap::spawn_lock();
-    let child = command.spawn().map_err(|source| VmError::Spawn {
+    let spawn_error = |source| VmError::Spawn {
         program: qemu.display().to_string(),
         source,
-    })?;
+    };
+    let child = netns::spawn(netns, &mut command)
+        .map_err(|e| spawn_error(io::Error::other(e)))?
+        .map_err(spawn_error)?;
     reap::track(child.id());
     Ok(child.id())
 }
@@ -184,7 +180,7 @@ pub fn is_vm_process(pid: u32, name: &str) -> bool {
     let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let is_qemu = words
         .first()
-        .is_some_and(|w| w.ends_with(b"qemu-system-x86_64") || w.ends_with(b"nsenter"));
+        .is_some_and(|w| w.ends_with(b"qemu-system-x86_64"));
     is_qemu
         && words
             .windows(2)

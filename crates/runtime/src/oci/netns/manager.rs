@@ -4,13 +4,10 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use nix::libc;
 use nix::mount::{MntFlags, MsFlags};
 use nix::sched::CloneFlags;
-use nix::sys::socket::{AddressFamily, SockFlag, SockType};
 
 use super::{NetnsError, failed, pin_new, unpin};
 
@@ -36,33 +33,7 @@ impl NetnsSyscalls for LinuxNetns {
     }
 
     fn loopback_up(&self) -> io::Result<()> {
-        let socket = nix::sys::socket::socket(
-            AddressFamily::Inet,
-            SockType::Datagram,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )?;
-        // SAFETY: `ifreq` is a plain C struct (arrays and a union of plain
-        // integers); all-zero bytes are a valid value.
-        let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
-            *slot = *byte as libc::c_char;
-        }
-        // SAFETY: `socket` is an open socket for the whole call and
-        // `request` a valid, NUL-terminated `ifreq` that SIOCGIFFLAGS only
-        // writes into.
-        if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: SIOCGIFFLAGS succeeded, so the union holds `ifru_flags`.
-        unsafe {
-            request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        }
-        // SAFETY: as above; SIOCSIFFLAGS only reads `request`.
-        if unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        super::link::set_up("lo")
     }
 
     fn bind_current_netns(&self, target: &Path) -> io::Result<()> {
@@ -181,7 +152,7 @@ mod tests {
         fn unshare_network(&self) -> io::Result<()> {
             self.record("unshare".into());
             if self.fail_unshare {
-                Err(io::Error::from_raw_os_error(libc::EPERM))
+                Err(io::Error::from_raw_os_error(nix::libc::EPERM))
             } else {
                 Ok(())
             }

@@ -14,6 +14,7 @@
 //! one), so the manager's bookkeeping is tested without root. `corral-net`
 //! re-exports this module as `corral_net::netns`.
 
+pub mod link;
 mod manager;
 
 use std::fs::File;

@@ -1,26 +1,27 @@
-//! One task per VM: runs the VM's node-owned workflow steps (tap, boot
-//! artifacts, disk, QEMU, boot marker), restarts QEMU in place when the
-//! spec changes (same disk, same namespace and tap, so the same address)
-//! or when it exits, and reports the node-owned status fields.
+//! A VirtualMachine on this node, as the executor ([`crate::executor`])
+//! runs it: the VM's node steps (tap, boot artifacts, disk, QEMU, boot
+//! marker), QEMU restarted in place when the spec changes (same disk, same
+//! namespace and tap, so the same address) or when it exits, and the
+//! node-owned status fields.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use chrono::Utc;
 use corral_api::kinds::VirtualMachineSpec;
-use corral_api::workflow::{StepActionKind, WorkflowInstance};
 use corral_api::{Object, ObjectKey};
 use corral_runtime::vm::{self, VmConfig, process};
-use tokio::sync::mpsc;
+use corral_workflow::VmStep;
+use serde_json::{Map, Value};
 
 use super::VmContext;
 use super::boot::{self, DISK_PATH, INITRD_PATH, KERNEL_PATH};
 use super::state::VmRecord;
-use crate::steps::{instance_for, is_running, node_steps, request};
+use crate::executor::{StepOutcome, StepRun, Workload};
+use crate::steps::NodeWork;
 
-/// How often a worker looks at its VM without being told to.
-pub const TICK: Duration = Duration::from_millis(500);
 /// How long QEMU gets to exit after SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// A disk the node creates is this big unless the spec says otherwise.
@@ -30,26 +31,17 @@ pub const TAP: &str = "tap0";
 /// The wait before QEMU is started again after it exited.
 const RESTART_DELAY: Duration = Duration::from_secs(2);
 
-/// What the manager tells a worker.
-#[derive(Debug)]
-pub enum VmMessage {
-    Desired(Box<Object>),
-    Remove,
-}
+/// The status fields the node owns on a VM.
+const STATUS_FIELDS: [&str; 3] = ["phase", "observedRevision", "message"];
 
+/// One VM on this node: its local record and the VM as the API last
+/// showed it.
 #[derive(Debug)]
-pub struct VmWorker {
+pub struct VmWorkload {
     ctx: Arc<VmContext>,
     record: VmRecord,
     desired: Object,
-    reported: Option<serde_json::Value>,
     restart_at: Option<Instant>,
-}
-
-enum StepOutcome {
-    Done(Option<String>),
-    Failed(String),
-    NotYet,
 }
 
 fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
@@ -63,7 +55,7 @@ fn short(uid: &str) -> String {
         .collect()
 }
 
-impl VmWorker {
+impl VmWorkload {
     pub fn new(ctx: Arc<VmContext>, mut record: VmRecord) -> Self {
         // A pid from before a reboot may now be anyone's.
         if let Some(pid) = record.pid
@@ -72,11 +64,10 @@ impl VmWorker {
             record.pid = None;
         }
         let desired = record.vm.clone();
-        VmWorker {
+        VmWorkload {
             ctx,
             record,
             desired,
-            reported: None,
             restart_at: None,
         }
     }
@@ -89,118 +80,9 @@ impl VmWorker {
         self.record.vm.metadata.uid.clone()
     }
 
-    pub async fn run(mut self, mut messages: mpsc::Receiver<VmMessage>) {
-        loop {
-            self.reconcile().await;
-            let message = tokio::select! {
-                message = messages.recv() => message,
-                () = tokio::time::sleep(TICK) => continue,
-            };
-            match message {
-                Some(VmMessage::Desired(object)) => self.desired = *object,
-                Some(VmMessage::Remove) => {
-                    self.remove().await;
-                    return;
-                }
-                None => return,
-            }
-        }
-    }
-
-    async fn reconcile(&mut self) {
-        self.admit().await;
-        self.supervise().await;
-        self.report().await;
-    }
-
     fn save(&self) {
         if let Err(error) = self.ctx.state.save(&self.record) {
             tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot save local VM state");
-        }
-    }
-
-    /// Runs the ready node steps of the desired revision's workflow (`start`,
-    /// or `update`, which restarts QEMU in place); a revision without one
-    /// (written before workflows existed) is admitted by restarting QEMU.
-    async fn admit(&mut self) {
-        let revision = self.desired.metadata.revision;
-        let Some(mut instance) =
-            instance_for(&*self.ctx.agent.steps, &self.desired, revision).await
-        else {
-            if revision > self.record.admitted_revision
-                && self.record.admitted_revision > 0
-                && let Err(error) = self.restart_in_place().await
-            {
-                tracing::warn!(vm = %self.key(), %error, "in-place restart failed; retrying");
-            }
-            return;
-        };
-        let mut attempted = std::collections::BTreeSet::new();
-        while is_running(&instance) {
-            let running = node_steps(&instance, "running");
-            let Some(step) = running
-                .iter()
-                .chain(node_steps(&instance, "ready").iter())
-                .find(|step| !attempted.contains(*step))
-                .cloned()
-            else {
-                return;
-            };
-            attempted.insert(step.clone());
-            if !running.contains(&step) {
-                let claim = request(StepActionKind::Claim, &step, &instance.id);
-                match self.ctx.agent.steps.act(&self.key(), &claim).await {
-                    Ok(fresh) => instance = self.remember(fresh),
-                    Err(error) => {
-                        tracing::debug!(vm = %self.key(), %step, %error, "claim refused");
-                        return;
-                    }
-                }
-            }
-            let action = match self.run_step(&step).await {
-                StepOutcome::Done(note) => {
-                    let mut done = request(StepActionKind::Complete, &step, &instance.id);
-                    done.note = note;
-                    done
-                }
-                StepOutcome::Failed(error) => {
-                    let mut failed = request(StepActionKind::Fail, &step, &instance.id);
-                    failed.error = Some(error);
-                    failed
-                }
-                StepOutcome::NotYet => continue,
-            };
-            match self.ctx.agent.steps.act(&self.key(), &action).await {
-                Ok(fresh) => instance = self.remember(fresh),
-                Err(error) => {
-                    tracing::debug!(vm = %self.key(), %step, %error, "cannot report step");
-                    return;
-                }
-            }
-        }
-    }
-
-    fn remember(&mut self, fresh: WorkflowInstance) -> WorkflowInstance {
-        crate::steps::remember(&mut self.desired, &fresh);
-        fresh
-    }
-
-    async fn run_step(&mut self, step: &str) -> StepOutcome {
-        let result = match step {
-            "node/create-tap" => self.ensure_network().await.map(Some),
-            "node/fetch-kernel" => self.config().await.map(|c| {
-                c.kernel
-                    .map(|k| format!("kernel {}", k.display()))
-                    .or(Some("boot from disk".into()))
-            }),
-            "node/prepare-disk" => self.ensure_disk().await,
-            "node/start-vm" | "node/restart-vm" => self.start().await.map(Some),
-            "node/await-boot" => return self.await_boot(),
-            other => Err(format!("this node does not know step {other}")),
-        };
-        match result {
-            Ok(note) => StepOutcome::Done(note),
-            Err(error) => StepOutcome::Failed(error),
         }
     }
 
@@ -454,8 +336,9 @@ impl VmWorker {
         StepOutcome::NotYet
     }
 
-    /// Notices an exited QEMU and starts it again after a short delay.
-    async fn supervise(&mut self) {
+    /// Notices an exited QEMU and starts it again after a short delay;
+    /// returns whether anything changed.
+    async fn supervise_qemu(&mut self) -> bool {
         if let Some(pid) = self.record.pid {
             if let Some(code) = process::exit_status(pid) {
                 tracing::info!(vm = %self.key(), pid, ?code, "QEMU exited");
@@ -464,13 +347,13 @@ impl VmWorker {
                 self.record.booted = false;
                 self.save();
                 self.restart_at = Some(Instant::now() + RESTART_DELAY);
-            } else {
-                self.check_booted();
+                return true;
             }
-            return;
+            let was_booted = self.record.booted;
+            return self.check_booted() && !was_booted;
         }
         if self.record.admitted_revision == 0 {
-            return;
+            return false;
         }
         if self.restart_at.is_none_or(|at| Instant::now() >= at) {
             self.restart_at = Some(Instant::now() + RESTART_DELAY * 5);
@@ -484,10 +367,12 @@ impl VmWorker {
                 }
                 Err(error) => tracing::warn!(vm = %self.key(), %error, "QEMU restart failed"),
             }
+            return true;
         }
+        false
     }
 
-    fn status(&self) -> serde_json::Value {
+    fn status_value(&self) -> serde_json::Value {
         let phase = match (self.record.pid, self.record.booted) {
             (Some(_), true) => "Running",
             _ => "Pending",
@@ -512,40 +397,9 @@ impl VmWorker {
         status
     }
 
-    async fn report(&mut self) {
-        let Some(client) = &self.ctx.agent.client else {
-            return;
-        };
-        let value = self.status();
-        if self.reported.as_ref() == Some(&value) {
-            return;
-        }
-        let key = self.key();
-        let result: Result<(), corral_client::ClientError> = async {
-            let mut current = client.get(&key).await?;
-            let mut merged = current.status.as_object().cloned().unwrap_or_default();
-            for field in ["phase", "observedRevision", "message"] {
-                match value.get(field) {
-                    Some(v) if !v.is_null() => merged.insert(field.to_string(), v.clone()),
-                    _ => merged.remove(field),
-                };
-            }
-            current.status = serde_json::Value::Object(merged);
-            client.put_status(&current).await?;
-            Ok(())
-        }
-        .await;
-        match result {
-            Ok(()) => self.reported = Some(value),
-            Err(error) => {
-                tracing::debug!(vm = %key, error = %crate::chain(&error), "VM status not reported; will retry")
-            }
-        }
-    }
-
     /// Stops QEMU, removes the namespace and the VM's directory and forgets
     /// the VM. A `local` volume's disk stays: it outlives the VM.
-    async fn remove(&mut self) {
+    async fn remove_vm(&mut self) {
         if let Err(error) = self.stop().await {
             tracing::warn!(vm = %self.key(), %error, "cannot stop QEMU");
         }
@@ -562,6 +416,78 @@ impl VmWorker {
             tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot forget the VM");
         }
         tracing::info!(vm = %self.key(), "VM removed from this node");
+    }
+}
+
+#[async_trait]
+impl Workload for VmWorkload {
+    fn desired(&self) -> &Object {
+        &self.desired
+    }
+
+    fn set_desired(&mut self, object: Object) {
+        self.desired = object;
+    }
+
+    fn remember(&mut self, work: &NodeWork) {
+        work.remember_in(&mut self.desired);
+    }
+
+    /// A revision without a workflow (written before workflows existed)
+    /// restarts QEMU in place.
+    async fn admit_without_workflow(&mut self) {
+        if self.desired.metadata.revision > self.record.admitted_revision
+            && self.record.admitted_revision > 0
+            && let Err(error) = self.restart_in_place().await
+        {
+            tracing::warn!(vm = %self.key(), %error, "in-place restart failed; retrying");
+        }
+    }
+
+    async fn run_step(&mut self, step: &str, _work: &NodeWork) -> StepRun {
+        let Ok(typed) = step.parse::<VmStep>() else {
+            return StepOutcome::Failed(format!("this node does not know step {step}")).into();
+        };
+        match typed {
+            VmStep::CreateTap => self.ensure_network().await.map(Some).into(),
+            VmStep::FetchKernel => self
+                .config()
+                .await
+                .map(|c| {
+                    c.kernel
+                        .map(|k| format!("kernel {}", k.display()))
+                        .or(Some("boot from disk".into()))
+                })
+                .into(),
+            VmStep::PrepareDisk => self.ensure_disk().await.into(),
+            VmStep::StartVm | VmStep::RestartVm => self.start().await.map(Some).into(),
+            VmStep::AwaitBoot => self.await_boot().into(),
+            VmStep::StopVm | VmStep::ReleaseDisk | VmStep::RemoveTap => StepOutcome::Failed(format!(
+                "this node does not run {step}: a deleted VM is removed from its node directly, not through the stop workflow yet"
+            ))
+            .into(),
+        }
+    }
+
+    async fn supervise(&mut self) -> bool {
+        self.supervise_qemu().await
+    }
+
+    fn status(&self) -> Option<Map<String, Value>> {
+        let value = self.status_value();
+        Some(
+            STATUS_FIELDS
+                .iter()
+                .map(|field| {
+                    let value = value.get(*field).cloned().unwrap_or(Value::Null);
+                    (field.to_string(), value)
+                })
+                .collect(),
+        )
+    }
+
+    async fn remove(&mut self) {
+        self.remove_vm().await;
     }
 }
 

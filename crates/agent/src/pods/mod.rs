@@ -1,0 +1,448 @@
+//! A pod on this node, as the executor ([`crate::executor`]) runs it: what
+//! each of the pod's node steps does, how its containers are supervised,
+//! which status fields the node reports, and how the pod is removed. It
+//! works from the pod's local record ([`crate::state::PodRecord`]), saved
+//! with fsync before anything acts on it.
+//!
+//! - [`namespaces`]: the pod's user and network namespaces, wired to the
+//!   node's pod network (`node/create-sandbox`);
+//! - [`revision`]: starting and stopping containers for a revision, and
+//!   recording it as admitted;
+//! - [`supervision`]: restarts after exits, and the probes;
+//! - [`removal`]: everything the pod holds on the node, freed.
+
+mod namespaces;
+mod removal;
+mod revision;
+mod supervision;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use corral_api::kinds::RuntimeClass;
+use corral_api::kinds::{ContainerState, ContainerStatus, PodPhase, PodSpec, PodStatus};
+use corral_api::{Object, ObjectKey};
+use corral_runtime::oci::userns::user_namespace_path;
+use corral_workflow::PodStep;
+use futures::future::BoxFuture;
+use serde_json::{Map, Value};
+
+use crate::AgentContext;
+use crate::containers::ContainerError;
+use crate::executor::{StepOutcome, StepRun, Workload};
+use crate::idranges::IdRanges;
+use crate::plan::{plan_revision, pod_phase};
+use crate::plugins::Verb;
+use crate::sandbox::{self, PodSandbox};
+use crate::state::PodRecord;
+use crate::steps::NodeWork;
+use supervision::ProbeState;
+
+/// The status fields the node owns on a pod.
+const STATUS_FIELDS: [&str; 4] = ["phase", "containers", "observedRevision", "message"];
+
+/// One pod on this node: its local record and the pod as the API last
+/// showed it.
+#[derive(Debug)]
+pub struct PodWorkload {
+    ctx: Arc<AgentContext>,
+    record: PodRecord,
+    desired: Object,
+    /// Probe bookkeeping per container (not persisted: probes start over).
+    probes: BTreeMap<String, ProbeState>,
+    /// When `node/await-readiness` began waiting for a revision.
+    readiness_wait: Option<(u64, Instant)>,
+    /// Stopped containers' files being removed.
+    cleanups: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn typed_spec(object: &Object) -> Option<PodSpec> {
+    object.typed_spec().ok()
+}
+
+impl PodWorkload {
+    pub fn new(ctx: Arc<AgentContext>, record: PodRecord) -> Self {
+        let desired = record.pod.clone();
+        PodWorkload {
+            ctx,
+            record,
+            desired,
+            probes: BTreeMap::new(),
+            readiness_wait: None,
+            cleanups: Vec::new(),
+        }
+    }
+
+    fn key(&self) -> ObjectKey {
+        self.record.pod.key()
+    }
+
+    /// The pod's name on its host veth's alias: `NAMESPACE/NAME`.
+    fn network_owner(&self) -> String {
+        let key = self.key();
+        format!("{}/{}", key.namespace, key.name)
+    }
+
+    fn uid(&self) -> String {
+        self.record.pod.metadata.uid.clone()
+    }
+
+    fn save(&self) {
+        if let Err(error) = self.ctx.state.save(&self.record) {
+            tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot save local pod state");
+        }
+    }
+
+    /// `node/pull-image`: every image of the desired revision on the node.
+    /// Needs nothing of the pod once started (it runs beside the others).
+    fn pull_images(&mut self, spec: &PodSpec) -> BoxFuture<'static, StepRun> {
+        let runner = self.ctx.runner.clone();
+        let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
+        // Recorded first, so image GC never takes what is being pulled.
+        self.record.pulling.clone_from(&images);
+        self.save();
+        Box::pin(async move {
+            let pulled = tokio::task::spawn_blocking(move || {
+                images
+                    .iter()
+                    .map(|image| runner.ensure_image(image).map(|_| ()))
+                    .collect::<Result<Vec<()>, ContainerError>>()
+            })
+            .await;
+            match pulled {
+                Ok(Ok(_)) => StepOutcome::Done(None),
+                Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
+                Err(error) => StepOutcome::Failed(error.to_string()),
+            }
+            .into()
+        })
+    }
+
+    /// `node/prepare-volumes`: the desired revision's volumes, owned by
+    /// the pod's id range. Needs nothing of the pod once started.
+    fn prepare_volumes(&self, spec: PodSpec, work: &NodeWork) -> BoxFuture<'static, StepRun> {
+        let missing = crate::plugin_volumes::missing_steps(&spec, |step, owner| {
+            work.delegated_to_node(step, owner)
+        });
+        if !missing.is_empty() {
+            let error = format!(
+                "the pod's plugin volumes need the steps {} executed by the node, and this workflow has none: an operator registers them with a Controller named after the plugin (steps PLUGIN/prepare and PLUGIN/mount, executor: node; see examples/volume-plugins)",
+                missing.join(", ")
+            );
+            return Box::pin(std::future::ready(StepOutcome::Failed(error).into()));
+        }
+        let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
+        let ranges = self.ctx.id_ranges.clone();
+        Box::pin(async move {
+            let prepared = tokio::task::spawn_blocking(move || {
+                let host_base = pod_host_base(&ranges, &uid, &spec)?;
+                let owner = crate::volumes::PodRange { host_base };
+                crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
+                    .map_err(|e| crate::chain(&e))
+            })
+            .await;
+            match prepared {
+                Ok(Ok(note)) => StepOutcome::Done(Some(note).filter(|n| !n.is_empty())),
+                Ok(Err(error)) => StepOutcome::Failed(error),
+                Err(error) => StepOutcome::Failed(error.to_string()),
+            }
+            .into()
+        })
+    }
+
+    /// `node/start-containers`, `node/stop-changed-containers` and
+    /// `node/start-changed-containers`: the containers whose config the
+    /// desired revision changes are stopped (and, unless `stop_only`,
+    /// started again with the others it adds).
+    async fn apply_containers(&mut self, spec: &PodSpec, stop_only: bool) -> StepOutcome {
+        // `node/create-sandbox` made and wired it; only a sandbox lost
+        // since (a reboot) or never made (a revision without a workflow)
+        // is made here.
+        if !self.has_sandbox()
+            && let Err(error) = self.ensure_sandbox().await
+        {
+            return StepOutcome::Failed(error);
+        }
+        if stop_only && let Err(short) = self.fits_here(spec) {
+            return StepOutcome::Failed(format!(
+                "revision {} no longer fits node {}: {short} (the pod stays on revision {}; moving pods comes with the scheduler)",
+                self.desired.metadata.revision, self.ctx.node, self.record.admitted_revision
+            ));
+        }
+        let plan = plan_revision(spec, &self.record.containers);
+        match self.apply_revision(spec, &plan, stop_only).await {
+            Ok(()) => StepOutcome::Done(None),
+            Err(error) => StepOutcome::Failed(error),
+        }
+    }
+
+    /// `node/await-readiness`: done once every container of the admitted
+    /// desired revision runs and passes its readiness probe; failed when a
+    /// readiness deadline passes first.
+    fn await_readiness(&mut self, spec: &PodSpec) -> StepOutcome {
+        let revision = self.desired.metadata.revision;
+        if self.record.admitted_revision != revision {
+            return StepOutcome::NotYet;
+        }
+        let began = match self.readiness_wait {
+            Some((waiting_for, began)) if waiting_for == revision => began,
+            _ => {
+                let now = Instant::now();
+                self.readiness_wait = Some((revision, now));
+                now
+            }
+        };
+        let deadline = spec
+            .containers
+            .iter()
+            .filter_map(|c| c.readiness.as_ref()?.deadline_seconds)
+            .max();
+        let all_ready = spec.containers.iter().all(|c| {
+            self.record
+                .containers
+                .get(&c.name)
+                .is_some_and(|r| r.running && r.pid.is_some() && (r.ready || c.readiness.is_none()))
+        });
+        if all_ready {
+            StepOutcome::Done(None)
+        } else if let Some(seconds) =
+            deadline.filter(|s| began.elapsed() >= Duration::from_secs(u64::from(*s)))
+        {
+            let why = self
+                .probes
+                .values()
+                .find_map(|p| p.last_error.clone())
+                .unwrap_or_else(|| "no probe passed yet".to_string());
+            StepOutcome::Failed(format!("not ready within {seconds}s: {why}"))
+        } else {
+            StepOutcome::NotYet
+        }
+    }
+
+    /// A step a volume plugin's Controller delegated to the node
+    /// (`PLUGIN/prepare` or `PLUGIN/mount`), for the desired revision's
+    /// volumes of that plugin.
+    async fn plugin_step(&self, spec: PodSpec, plugin: String, verb: Verb) -> StepRun {
+        let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
+        let (ranges, plugins) = (self.ctx.id_ranges.clone(), self.ctx.plugins.clone());
+        let pod = self.desired.clone();
+        let run = tokio::task::spawn_blocking(move || {
+            let host_base = pod_host_base(&ranges, &uid, &spec)?;
+            let range = crate::volumes::PodRange { host_base };
+            Ok::<_, String>(crate::plugin_volumes::run_step(
+                &plugins, &pods_dir, &pod, &spec, range, &plugin, verb,
+            ))
+        })
+        .await;
+        match run {
+            Ok(Ok(run)) => StepRun {
+                outcome: match run.result {
+                    Ok(note) => StepOutcome::Done(note),
+                    Err(error) => StepOutcome::Failed(error),
+                },
+                log: run.log,
+            },
+            Ok(Err(error)) => StepOutcome::Failed(error).into(),
+            Err(error) => StepOutcome::Failed(error.to_string()).into(),
+        }
+    }
+
+    /// The status fields this node owns, from the local record.
+    fn pod_status(&self) -> PodStatus {
+        let spec = typed_spec(&self.record.pod);
+        let containers = spec
+            .as_ref()
+            .map(|spec| {
+                spec.containers
+                    .iter()
+                    .filter_map(|c| self.record.containers.get(&c.name).map(|r| (c, r)))
+                    .map(|(c, r)| ContainerStatus {
+                        name: c.name.clone(),
+                        state: match (r.running, r.pid) {
+                            (true, Some(_)) => ContainerState::Running,
+                            (true, None) => ContainerState::Waiting,
+                            (false, _) => ContainerState::Exited,
+                        },
+                        restarts: r.restarts,
+                        started_at: r.started_at,
+                        container_id: Some(r.runtime_id.clone()),
+                        exit_code: r.exit_code,
+                        ready: r.pid.is_some() && (r.ready || c.readiness.is_none()),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        PodStatus {
+            phase: spec
+                .as_ref()
+                .map_or(PodPhase::Pending, |s| pod_phase(s, &self.record.containers)),
+            observed_revision: Some(self.record.pod.metadata.revision)
+                .filter(|r| *r > 0 && !self.record.containers.is_empty()),
+            containers,
+            ..PodStatus::default()
+        }
+    }
+}
+
+#[async_trait]
+impl Workload for PodWorkload {
+    fn desired(&self) -> &Object {
+        &self.desired
+    }
+
+    fn set_desired(&mut self, object: Object) {
+        self.desired = object;
+    }
+
+    fn remember(&mut self, work: &NodeWork) {
+        work.remember_in(&mut self.desired);
+    }
+
+    async fn admit_without_workflow(&mut self) {
+        if self.desired.metadata.revision > self.record.admitted_revision
+            && let Some(spec) = typed_spec(&self.desired)
+            && let StepOutcome::Failed(error) = self.apply_containers(&spec, false).await
+        {
+            tracing::warn!(pod = %self.key(), %error, "cannot admit the revision; retrying");
+        }
+    }
+
+    /// Pulling images and preparing volumes need nothing of the pod once
+    /// started: they run beside the sandbox's creation.
+    fn is_detached(&self, step: &str) -> bool {
+        matches!(
+            step.parse::<PodStep>(),
+            Ok(PodStep::PullImage | PodStep::PrepareVolumes)
+        )
+    }
+
+    fn detach(&mut self, step: &str, work: &NodeWork) -> BoxFuture<'static, StepRun> {
+        let Some(spec) = typed_spec(&self.desired) else {
+            return Box::pin(std::future::ready(
+                StepOutcome::Failed("the pod's spec does not decode".into()).into(),
+            ));
+        };
+        match step.parse::<PodStep>() {
+            Ok(PodStep::PullImage) => self.pull_images(&spec),
+            Ok(PodStep::PrepareVolumes) => self.prepare_volumes(spec, work),
+            _ => {
+                let error = format!("{step} does not run on its own");
+                Box::pin(std::future::ready(StepOutcome::Failed(error).into()))
+            }
+        }
+    }
+
+    async fn run_step(&mut self, step: &str, work: &NodeWork) -> StepRun {
+        let Some(spec) = typed_spec(&self.desired) else {
+            return StepOutcome::Failed("the pod's spec does not decode".into()).into();
+        };
+        let Ok(typed) = step.parse::<PodStep>() else {
+            return match Verb::of_step(step) {
+                // Only the plugin's own Controller can hand its steps to
+                // the node: a step of another owner named like it must not
+                // make the node run the plugin.
+                Some((plugin, verb)) if work.delegated_to_node(step, plugin) => {
+                    self.plugin_step(spec, plugin.to_string(), verb).await
+                }
+                _ => StepOutcome::Failed(format!("this node does not know step {step}")).into(),
+            };
+        };
+        match typed {
+            PodStep::CreateSandbox => StepRun::from(self.ensure_sandbox().await.map(Some)),
+            PodStep::PullImage => self.pull_images(&spec).await,
+            PodStep::PrepareVolumes => self.prepare_volumes(spec, work).await,
+            PodStep::StartContainers | PodStep::StartChangedContainers => {
+                self.apply_containers(&spec, false).await.into()
+            }
+            PodStep::StopChangedContainers => self.apply_containers(&spec, true).await.into(),
+            PodStep::AwaitReadiness => self.await_readiness(&spec).into(),
+            PodStep::MarkUnready
+            | PodStep::StopContainers
+            | PodStep::ReleaseVolumes
+            | PodStep::RemoveSandbox => StepOutcome::Failed(format!(
+                "this node does not run {step}: a deleted pod is removed from its node directly, not through the stop workflow yet"
+            ))
+            .into(),
+        }
+    }
+
+    async fn supervise(&mut self) -> bool {
+        self.cleanups.retain(|cleanup| !cleanup.is_finished());
+        let restarted = self.restart_exited().await;
+        let probed = self.probe().await;
+        restarted || probed
+    }
+
+    fn status(&self) -> Option<Map<String, Value>> {
+        let value = serde_json::to_value(self.pod_status()).unwrap_or_default();
+        Some(
+            STATUS_FIELDS
+                .iter()
+                .map(|field| {
+                    let value = value.get(*field).cloned().unwrap_or(Value::Null);
+                    (field.to_string(), value)
+                })
+                .collect(),
+        )
+    }
+
+    async fn remove(&mut self) {
+        self.remove_pod().await;
+    }
+}
+
+/// The host id of the pod's root when it gets its own user namespace
+/// (allocated here if the sandbox is not made yet; allocation is
+/// idempotent): volumes belong to the pod's id range.
+fn pod_host_base(ranges: &IdRanges, uid: &str, spec: &PodSpec) -> Result<Option<u32>, String> {
+    let relax = sandbox::relaxations(spec).map_err(|e| e.to_string())?;
+    let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+    if sandbox::wants_user_namespace(&relax, runtime) {
+        Ok(Some(ranges.allocate(uid)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// The sandbox `spec`'s containers run in: its relaxations, and the pod's
+/// user namespace and host id range when its sandbox has one.
+fn pod_sandbox(
+    ranges: &IdRanges,
+    uid: &str,
+    spec: &PodSpec,
+    container: &str,
+    netns: &Path,
+) -> Result<PodSandbox, ContainerError> {
+    let config_error = |message: String| ContainerError::Config {
+        container: container.to_string(),
+        message,
+    };
+    let relax = sandbox::relaxations(spec).map_err(|e| config_error(e.to_string()))?;
+    let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+    let user_namespace = user_namespace_path(netns);
+    let host_id_base = ranges.get(uid);
+    let has_one = user_namespace.exists() && host_id_base.is_some();
+    if has_one != sandbox::wants_user_namespace(&relax, runtime) {
+        return Err(config_error(
+            "the pod's sandbox was made with a different user-namespace setting (runtime or no-user-namespace changed): delete and recreate the pod to change it".to_string(),
+        ));
+    }
+    Ok(PodSandbox {
+        netns: netns.to_path_buf(),
+        relax,
+        host_id_base: host_id_base.filter(|_| has_one),
+        user_namespace: has_one.then_some(user_namespace),
+        runtime,
+    })
+}
+
+/// The first 12 alphanumeric characters of a uid, for names.
+fn short(uid: &str) -> String {
+    uid.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect()
+}

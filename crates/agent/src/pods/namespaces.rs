@@ -1,0 +1,140 @@
+//! The pod's sandbox: its network namespace (and, unless it runs without
+//! one, the user namespace that owns it, mapped to the pod's host id
+//! range), wired to the node's pod network with the pod's IPv6 address,
+//! its IPv4 egress and its `resolv.conf`. What `node/create-sandbox` does,
+//! and what every container start makes sure of first.
+
+use std::path::{Path, PathBuf};
+
+use corral_api::kinds::RuntimeClass;
+use corral_runtime::oci::userns::IdRange;
+
+use super::{PodWorkload, short, typed_spec};
+use crate::sandbox;
+
+impl PodWorkload {
+    /// Whether the pod's namespaces exist (made, and wired, before).
+    pub(super) fn has_sandbox(&self) -> bool {
+        self.record.netns.as_ref().is_some_and(|path| path.exists())
+    }
+
+    /// The pod's namespaces, made if missing, and wired; returns a note.
+    pub(super) async fn ensure_sandbox(&mut self) -> Result<String, String> {
+        let began = std::time::Instant::now();
+        let (path, created) = match &self.record.netns {
+            Some(path) if path.exists() => (path.clone(), false),
+            _ => {
+                let path = self.create_sandbox().await?;
+                self.record.netns = Some(path.clone());
+                (path, true)
+            }
+        };
+        let made = began.elapsed();
+        // The new namespace is saved with the egress address it gets (one
+        // write), or alone.
+        let network = self.ensure_network(&path, created).await;
+        tracing::debug!(pod = %self.key(), ?made, wired = ?began.elapsed(), "sandbox ready");
+        if created && !matches!(network, Ok((_, true))) {
+            self.save();
+        }
+        match network?.0 {
+            Some(note) => Ok(format!("{}; {note}", path.display())),
+            None => Ok(path.display().to_string()),
+        }
+    }
+
+    async fn create_sandbox(&self) -> Result<PathBuf, String> {
+        let spec = typed_spec(&self.desired).ok_or("the pod's spec does not decode")?;
+        let relax = sandbox::relaxations(&spec).map_err(|e| e.to_string())?;
+        let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+        let user_namespace = sandbox::wants_user_namespace(&relax, runtime);
+        let (netns, ranges, uid) = (
+            self.ctx.netns.clone(),
+            self.ctx.id_ranges.clone(),
+            self.uid(),
+        );
+        let name = format!("pod-{}", short(&uid));
+        tokio::task::spawn_blocking(move || -> Result<PathBuf, String> {
+            if !user_namespace {
+                return netns.create(&name).map_err(|e| crate::chain(&e));
+            }
+            let host_base = ranges.allocate(&uid)?;
+            let ids = IdRange {
+                host_base,
+                size: sandbox::IDS_PER_POD,
+            };
+            netns
+                .create_with_user_namespace(&name, ids)
+                .map(|pinned| pinned.net)
+                .map_err(|e| crate::chain(&e))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Wires the pod's network namespace (veth, its IPv6 address from
+    /// `status.address`, IPv4 egress); `None` when the node has no pod
+    /// network. Also says whether the record was saved.
+    async fn ensure_network(
+        &mut self,
+        netns: &Path,
+        unsaved: bool,
+    ) -> Result<(Option<String>, bool), String> {
+        let Some(network) = self.ctx.network.clone() else {
+            return Ok((None, false));
+        };
+        let mut saved = false;
+        let ipv6 = match crate::network::pod_address(&self.desired) {
+            Ok(address) => address,
+            Err(crate::network::NetworkError::NoAddress) if self.ctx.client.is_some() => {
+                // Our copy may predate the address IPAM wrote: ask once.
+                let client = self.ctx.client.as_ref().expect("INVARIANT: checked above");
+                let fresh = client
+                    .get(&self.key())
+                    .await
+                    .map_err(|e| crate::chain(&e))?;
+                crate::network::pod_address(&fresh).map_err(|e| crate::chain(&e))?
+            }
+            Err(error) => return Err(crate::chain(&error)),
+        };
+        if self.record.egress_ipv4.is_none() {
+            let taken = self
+                .ctx
+                .state
+                .load_all()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|record| record.pod.key() != self.key())
+                .filter_map(|record| record.egress_ipv4)
+                .collect();
+            self.record.egress_ipv4 = network
+                .allocate_egress(&taken)
+                .map_err(|e| crate::chain(&e))?;
+            // Saved before it is used: no other pod takes it.
+            self.save();
+            saved = true;
+        } else if unsaved {
+            self.save();
+            saved = true;
+        }
+        if network.dns_address().is_none()
+            && let Ok(prefix) = ipnet::Ipv6Net::new(ipv6, 64)
+            && let Err(error) = network.start_dns(prefix.trunc())
+        {
+            tracing::warn!(pod = %self.key(), error = %crate::chain(&error), "the pod gets no DNS");
+        }
+        let owner = self.network_owner();
+        let note = network
+            .wire_pod(&owner, netns, ipv6, self.record.egress_ipv4)
+            .await
+            .map_err(|e| crate::chain(&e))?;
+        if let Some(server) = network.dns_address() {
+            let dir = crate::containers::pod_dir(&self.ctx.runner.pods_dir, &self.uid());
+            let text = corral_net::dns::pod_resolv_conf(server, &self.key().namespace);
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| std::fs::write(dir.join(crate::containers::RESOLV_CONF), text))
+                .map_err(|e| format!("cannot write the pod's resolv.conf: {e}"))?;
+        }
+        Ok((Some(note), saved))
+    }
+}

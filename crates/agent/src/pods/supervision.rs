@@ -1,0 +1,212 @@
+//! Keeping the admitted revision running from local state alone: noticing
+//! exited containers and restarting them per the restart policy (with
+//! backoff), and running the readiness and liveness probes that are due.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use corral_runtime::oci::reap::{Liveness, liveness};
+
+use super::{PodWorkload, pod_sandbox, typed_spec};
+use crate::plan::restart_at;
+use crate::probes;
+
+/// Where one container's probes stand.
+#[derive(Debug, Default)]
+pub(super) struct ProbeState {
+    next_at: Option<Instant>,
+    readiness_failures: u32,
+    liveness_failures: u32,
+    pub(super) last_error: Option<String>,
+}
+
+impl PodWorkload {
+    /// Notices exited containers and restarts them per the restart policy;
+    /// returns whether anything changed.
+    pub(super) async fn restart_exited(&mut self) -> bool {
+        let Some(spec) = typed_spec(&self.record.pod) else {
+            return false;
+        };
+        let now = Utc::now();
+        let mut changed = false;
+        let names: Vec<String> = self.record.containers.keys().cloned().collect();
+        for name in names {
+            let Some(record) = self.record.containers.get(&name).cloned() else {
+                continue;
+            };
+            if let (true, Some(pid)) = (record.running, record.pid) {
+                let exit_code = match liveness(pid) {
+                    Liveness::Alive => continue,
+                    Liveness::Exited(code) => code,
+                };
+                let restart = restart_at(spec.restart_policy, exit_code, record.restarts, now);
+                tracing::info!(pod = %self.key(), container = %name, ?exit_code, restart = ?restart, "container exited");
+                let entry = self
+                    .record
+                    .containers
+                    .get_mut(&name)
+                    .expect("INVARIANT: name came from the map");
+                entry.pid = None;
+                entry.exit_code = exit_code;
+                entry.ready = false;
+                entry.running = restart.is_some();
+                entry.restart_after = restart;
+                changed = true;
+            } else if record.running && record.restart_after.is_some_and(|at| at <= now) {
+                let Some(container) = spec.containers.iter().find(|c| c.name == name).cloned()
+                else {
+                    continue;
+                };
+                let Some(netns) = self.record.netns.clone() else {
+                    continue;
+                };
+                let runner = self.ctx.runner.clone();
+                let ranges = self.ctx.id_ranges.clone();
+                let (uid, pod_name, pod_spec) = (
+                    self.uid(),
+                    self.record.pod.metadata.name.clone(),
+                    spec.clone(),
+                );
+                let generation = self.next_generation(&name);
+                let old = record.clone();
+                let result = tokio::task::spawn_blocking(move || {
+                    let _ = runner.cleanup(&uid, &old);
+                    let sandbox = pod_sandbox(&ranges, &uid, &pod_spec, &container.name, &netns)?;
+                    runner.start(&uid, &pod_name, &pod_spec, &container, generation, &sandbox)
+                })
+                .await;
+                let key = self.key();
+                let entry = self
+                    .record
+                    .containers
+                    .get_mut(&name)
+                    .expect("INVARIANT: name came from the map");
+                match result {
+                    Ok(Ok(mut started)) => {
+                        started.restarts = record.restarts + 1;
+                        *entry = started;
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(pod = %key, container = %name, error = %crate::chain(&error), "restart failed");
+                        entry.restarts += 1;
+                        entry.restart_after =
+                            restart_at(spec.restart_policy, None, entry.restarts, now);
+                    }
+                    Err(error) => tracing::error!(%error, "restart task failed"),
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            self.save();
+        }
+        changed
+    }
+
+    /// Runs the readiness and liveness probes that are due; returns whether
+    /// a container's readiness changed.
+    pub(super) async fn probe(&mut self) -> bool {
+        let Some(spec) = typed_spec(&self.record.pod) else {
+            return false;
+        };
+        let Some(netns) = self.record.netns.clone() else {
+            return false;
+        };
+        let Ok(runtime) = self.ctx.runner.runtimes.for_class(spec.runtime).cloned() else {
+            return false;
+        };
+        let mut changed = false;
+        for container in &spec.containers {
+            if container.readiness.is_none() && container.liveness.is_none() {
+                continue;
+            }
+            let Some(record) = self.record.containers.get(&container.name).cloned() else {
+                continue;
+            };
+            if !(record.running && record.pid.is_some()) {
+                self.probes.remove(&container.name);
+                continue;
+            }
+            let state = self.probes.entry(container.name.clone()).or_default();
+            let now = Instant::now();
+            let first_delay = container
+                .readiness
+                .iter()
+                .chain(container.liveness.iter())
+                .filter_map(|p| p.initial_delay_seconds)
+                .min()
+                .unwrap_or(0);
+            let due = *state
+                .next_at
+                .get_or_insert(now + Duration::from_secs(u64::from(first_delay)));
+            if now < due {
+                continue;
+            }
+            let period = container
+                .readiness
+                .iter()
+                .chain(container.liveness.iter())
+                .filter_map(|p| p.period_seconds)
+                .min()
+                .unwrap_or(probes::DEFAULT_PERIOD_SECONDS);
+            state.next_at = Some(now + Duration::from_secs(u64::from(period.max(1))));
+            for (kind, probe) in [
+                ("readiness", &container.readiness),
+                ("liveness", &container.liveness),
+            ] {
+                let Some(probe) = probe.clone() else {
+                    continue;
+                };
+                let (probe_runtime, id, netns) =
+                    (runtime.clone(), record.runtime_id.clone(), netns.clone());
+                let result = tokio::task::spawn_blocking(move || {
+                    probes::run(&probe, probe_runtime.as_ref(), &id, &netns)
+                })
+                .await
+                .unwrap_or_else(|error| Err(error.to_string()));
+                let threshold = match kind {
+                    "readiness" => container.readiness.as_ref(),
+                    _ => container.liveness.as_ref(),
+                }
+                .and_then(|p| p.failure_threshold)
+                .unwrap_or(probes::DEFAULT_FAILURE_THRESHOLD);
+                let state = self.probes.entry(container.name.clone()).or_default();
+                let entry = self
+                    .record
+                    .containers
+                    .get_mut(&container.name)
+                    .expect("INVARIANT: checked above");
+                match (kind, result) {
+                    ("readiness", Ok(())) => {
+                        state.readiness_failures = 0;
+                        changed |= !entry.ready;
+                        entry.ready = true;
+                    }
+                    ("readiness", Err(error)) => {
+                        state.readiness_failures += 1;
+                        state.last_error = Some(error);
+                        if state.readiness_failures >= threshold && entry.ready {
+                            entry.ready = false;
+                            changed = true;
+                        }
+                    }
+                    (_, Ok(())) => state.liveness_failures = 0,
+                    (_, Err(error)) => {
+                        state.liveness_failures += 1;
+                        if state.liveness_failures >= threshold {
+                            tracing::info!(pod = %self.record.pod.key(), container = %container.name, %error, "liveness failed; killing the container");
+                            state.liveness_failures = 0;
+                            let _ = runtime
+                                .kill(&entry.runtime_id, corral_runtime::oci::Signal::SIGKILL);
+                        }
+                        state.last_error = Some(error);
+                    }
+                }
+            }
+        }
+        if changed {
+            self.save();
+        }
+        changed
+    }
+}

@@ -1,0 +1,116 @@
+//! Step actions and node-owned status fields the node sends in one request.
+
+use std::collections::BTreeMap;
+
+use corral_api::workflow::{StepActionKind, StepActionRequest, StepBatchRequest};
+use serde_json::{Map, Value};
+
+use super::NodeWork;
+
+/// Step actions on one instance, and node-owned status fields, to send in
+/// one request: reports first (log lines, completions, failures), then
+/// claims, so a claim may take a step the reports made ready.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepBatch {
+    reports: Vec<StepActionRequest>,
+    claims: Vec<StepActionRequest>,
+    status: BTreeMap<String, Value>,
+}
+
+impl StepBatch {
+    fn action(kind: StepActionKind, work: &NodeWork, step: &str) -> StepActionRequest {
+        let mut request = StepActionRequest::new(kind, step);
+        request.workflow = Some(work.id().to_string());
+        request
+    }
+
+    /// Claims `step`: it runs against its timeout from now.
+    pub fn claim(&mut self, work: &NodeWork, step: &str) {
+        self.claims
+            .push(Self::action(StepActionKind::Claim, work, step));
+    }
+
+    /// A line for `step`'s log.
+    pub fn log(&mut self, work: &NodeWork, step: &str, line: String) {
+        let mut request = Self::action(StepActionKind::Log, work, step);
+        request.message = Some(line);
+        self.reports.push(request);
+    }
+
+    /// Reports `step` done, with a note for `why`.
+    pub fn complete(&mut self, work: &NodeWork, step: &str, note: Option<String>) {
+        let mut request = Self::action(StepActionKind::Complete, work, step);
+        request.note = note;
+        self.reports.push(request);
+    }
+
+    /// Reports `step` failed.
+    pub fn fail(&mut self, work: &NodeWork, step: &str, error: String) {
+        let mut request = Self::action(StepActionKind::Fail, work, step);
+        request.error = Some(error);
+        self.reports.push(request);
+    }
+
+    /// Writes node-owned status fields in the same write.
+    pub fn set_status(&mut self, fields: &Map<String, Value>) {
+        self.status
+            .extend(fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+
+    /// Adds `other`'s actions and status fields to this batch.
+    pub fn append(&mut self, other: StepBatch) {
+        self.reports.extend(other.reports);
+        self.claims.extend(other.claims);
+        self.status.extend(other.status);
+    }
+
+    /// The steps this batch reports done.
+    pub fn completed(&self) -> Vec<&str> {
+        self.reports
+            .iter()
+            .filter(|r| r.action == StepActionKind::Complete)
+            .map(|r| r.step.as_str())
+            .collect()
+    }
+
+    /// The steps this batch claims.
+    pub fn claimed(&self) -> impl Iterator<Item = &str> {
+        self.claims.iter().map(|c| c.step.as_str())
+    }
+
+    /// Whether the batch has no action (status fields alone are not sent
+    /// through the step API).
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty() && self.claims.is_empty()
+    }
+
+    pub fn has_claims(&self) -> bool {
+        !self.claims.is_empty()
+    }
+
+    pub fn has_reports(&self) -> bool {
+        !self.reports.is_empty()
+    }
+
+    /// Whether the batch sets status fields.
+    pub fn has_status(&self) -> bool {
+        !self.status.is_empty()
+    }
+
+    /// The same batch without its claims (to send the reports alone after
+    /// a claim was refused).
+    pub fn without_claims(&self) -> StepBatch {
+        StepBatch {
+            claims: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// The request body.
+    pub fn request(&self) -> StepBatchRequest {
+        StepBatchRequest {
+            actions: self.reports.iter().chain(&self.claims).cloned().collect(),
+            status: self.status.clone(),
+        }
+    }
+}
