@@ -192,6 +192,22 @@ pub enum StepState {
 }
 
 impl StepState {
+    /// Whether the step failed (or timed out) and waits for its retry: the
+    /// engine makes it ready at `nextRetryAt`, and its owner may claim it
+    /// sooner when what made it fail has changed.
+    pub fn awaits_retry(&self) -> bool {
+        matches!(
+            self,
+            StepState::Failed {
+                next_retry_at: Some(_),
+                ..
+            } | StepState::TimedOut {
+                next_retry_at: Some(_),
+                ..
+            }
+        )
+    }
+
     /// The lowercase name of the phase, as serialized.
     pub fn phase(&self) -> &'static str {
         match self {
@@ -361,6 +377,13 @@ impl StoredInstance {
                 .steps
                 .get(step)
                 .is_some_and(|s| matches!(s.state, StepState::Ready { .. }))
+    }
+
+    /// Whether `step` failed in this running instance and waits for its
+    /// retry ([`StepState::awaits_retry`]).
+    pub fn awaits_retry(&self, step: &str) -> bool {
+        self.outcome == WorkflowOutcome::Running
+            && self.steps.get(step).is_some_and(|s| s.state.awaits_retry())
     }
 
     /// The steps in `phase` (`ready`, `running`, …), by name.

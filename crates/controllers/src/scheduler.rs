@@ -11,6 +11,11 @@
 //! and keeps one long-lived [`Scheduler`] whose reservations follow the
 //! changes: a placement costs the same with 10 or 10,000 pods. The
 //! scheduler is rebuilt from the caches only when a node changes.
+//!
+//! A workload that could not be placed is tried again as soon as a node
+//! changes (one becomes Ready, gains room or a label), not only when the
+//! engine's backoff ends: the scheduler claims the failed step early when a
+//! node now fits, and writes nothing while none does.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::evacuate::{Departure, NodeState, departure};
 use crate::lifecycle::Timing;
-use crate::steps::{ReadyStep, ready_instance};
+use crate::steps::{ReadyStep, ready_instance, retrying_instance};
 
 pub const STEP: &str = "scheduler/place";
 
@@ -44,6 +49,9 @@ pub struct Workload {
     /// The instance whose `scheduler/place` is ready, and what to place
     /// (or why it cannot be read).
     placing: Option<(String, Result<Request, String>)>,
+    /// The instance whose `scheduler/place` failed and waits for its
+    /// retry, and what to place.
+    retrying: Option<(String, Request)>,
     /// `status.node`.
     node: Option<String>,
     /// What a departure depends on (pods only).
@@ -63,6 +71,7 @@ struct Leaving {
 fn project_workload(object: &Object) -> Workload {
     let request = Request::from_object(object).map_err(|error| error.to_string());
     let placing = ready_instance(object, STEP).map(|id| (id, request.clone()));
+    let retrying = retrying_instance(object, STEP).zip(request.clone().ok());
     let node = object
         .status
         .get("node")
@@ -81,6 +90,7 @@ fn project_workload(object: &Object) -> Workload {
     Workload {
         bound: BoundWorkload::from_object(object).ok().flatten(),
         placing,
+        retrying,
         node,
         leaving,
     }
@@ -109,6 +119,18 @@ fn by_node(workload: &Workload) -> Vec<String> {
 }
 
 const BY_NODE: &str = "node";
+
+/// The index of workloads waiting for a retry of their placement (one key).
+const RETRYING: &str = "retrying";
+
+fn retrying(workload: &Workload) -> Vec<String> {
+    workload
+        .retrying
+        .as_ref()
+        .map(|_| RETRYING.to_string())
+        .into_iter()
+        .collect()
+}
 
 /// The controller's state, shared by its informers' handlers and its
 /// reconciler.
@@ -180,10 +202,16 @@ impl Shared {
 /// Places and evacuates until `shutdown`.
 pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
     let workload_index = || {
-        vec![Index {
-            name: BY_NODE,
-            values: by_node,
-        }]
+        vec![
+            Index {
+                name: BY_NODE,
+                values: by_node,
+            },
+            Index {
+                name: RETRYING,
+                values: retrying,
+            },
+        ]
     };
     let pods = Informer::start_projected(
         client.clone(),
@@ -244,11 +272,17 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
             |_, _| {},
             move |change| {
                 // Capacity, labels or phase changed: rebuild at the next
-                // placement, and look at the pods on the node again.
+                // placement, look at the pods on the node again, and try
+                // the workloads waiting for a retry of their placement.
                 *shared.lock() = None;
                 let node = &change.key().name;
                 for (key, _) in shared.pods.by_index(BY_NODE, node) {
                     queue.add(key);
+                }
+                for cache in [&shared.pods, &shared.vms] {
+                    for (key, _) in cache.by_index(RETRYING, RETRYING) {
+                        queue.add(key);
+                    }
                 }
             },
         );
@@ -284,6 +318,10 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
     };
     if let Some((workflow, request)) = &workload.placing {
         place(shared, key, workflow, request).await?;
+        return Ok(Action::Done);
+    }
+    if let Some((workflow, request)) = &workload.retrying {
+        retry(shared, key, workflow, request).await?;
         return Ok(Action::Done);
     }
     match (&workload.node, &workload.leaving) {
@@ -333,6 +371,40 @@ async fn place(
             )
             .await
         }
+    }
+}
+
+/// Places a workload whose placement failed before its backoff ends, if a
+/// node fits now; writes nothing otherwise (the engine retries it later,
+/// and its failure still says why).
+async fn retry(
+    shared: &Shared,
+    key: &ObjectKey,
+    workflow: &str,
+    request: &Request,
+) -> Result<(), ClientError> {
+    let Ok(placement) = shared.with_scheduler(|scheduler| scheduler.place(request)) else {
+        return Ok(());
+    };
+    let step = ReadyStep {
+        key,
+        step: STEP,
+        workflow,
+    };
+    let status = BTreeMap::from([("node".to_string(), placement.node.clone().into())]);
+    let written = step
+        .finish(&shared.client, Ok(placement.node.clone()), status)
+        .await;
+    match &written {
+        Ok(()) => tracing::info!(workload = %key, node = %placement.node, "placed on retry"),
+        Err(_) => {
+            shared.with_scheduler(|scheduler| scheduler.release(key));
+        }
+    }
+    // A step that moved on meanwhile (409) is the next event's to place.
+    match written {
+        Err(error) if error.status() == Some(409) => Ok(()),
+        other => other,
     }
 }
 

@@ -14,6 +14,14 @@ pub fn ready_instance(object: &Object, step: &str) -> Option<String> {
     instance.is_ready(step).then(|| instance.id.clone())
 }
 
+/// The id of the newest instance, if `step` failed in it and waits for its
+/// retry (its owner may claim it before the backoff ends).
+pub fn retrying_instance(object: &Object, step: &str) -> Option<String> {
+    let status = StoredWorkflows::of(&object.status).ok()?;
+    let instance = status.latest()?;
+    instance.awaits_retry(step).then(|| instance.id.clone())
+}
+
 /// A ready step to move: which object, which step, which instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadyStep<'a> {

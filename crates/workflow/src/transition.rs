@@ -50,7 +50,9 @@ pub enum TransitionError {
 }
 
 /// The owner takes a ready step: it becomes running with a deadline of
-/// `now + timeout`.
+/// `now + timeout`. A step that failed and waits for its retry may be
+/// claimed too, before its backoff ends: the owner knows when what made it
+/// fail has changed (the scheduler, when a node becomes Ready).
 pub fn claim(
     instance: &mut WorkflowInstance,
     step: &str,
@@ -61,12 +63,13 @@ pub fn claim(
     let mut logs = tick(instance, now);
     let index = authorize(instance, step, actor, bound_node, "claim")?;
     let entry = &mut instance.steps[index];
-    if !matches!(entry.state, StepState::Ready { .. }) {
+    let early = entry.state.awaits_retry();
+    if !matches!(entry.state, StepState::Ready { .. }) && !early {
         return Err(wrong_state(
             step,
             "claim",
             &entry.state,
-            ": only a ready step can be claimed",
+            ": only a ready step, or a failed one awaiting its retry, can be claimed",
         ));
     }
     entry.attempts += 1;
@@ -81,7 +84,16 @@ pub fn claim(
         attempt: entry.attempts,
         deadline,
     };
-    let message = format!("claimed by {} (attempt {})", actor.name, entry.attempts);
+    let message = format!(
+        "claimed by {} (attempt {}{})",
+        actor.name,
+        entry.attempts,
+        if early {
+            ", retried before its backoff"
+        } else {
+            ""
+        }
+    );
     let mut log = transition_log(instance, index, now, LogLevel::Info, message);
     log.fields
         .insert("claimedBy".to_string(), Value::from(actor.name.clone()));

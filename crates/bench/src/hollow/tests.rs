@@ -3,7 +3,8 @@
 //! the workflow driver, as `corral server` runs them. Three nodes join and
 //! become Ready, ten pods are placed on them and reach Running, their start
 //! workflows succeed, and a deleted pod is forgotten without errors. It
-//! takes a few seconds.
+//! takes a few seconds. The same harness shows the scheduler placing a
+//! pod that waited for a node as soon as one is Ready.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -175,4 +176,70 @@ async fn hollow_nodes_join_and_run_pods_through_the_real_api() {
     let steps = counters.steps.load(std::sync::atomic::Ordering::Relaxed);
     // Per node 5 join steps and per pod 5 start steps, each claimed once.
     assert_eq!(steps, 3 * 5 + 10 * 5, "{}", counters.describe());
+}
+
+/// The `scheduler/place` state of the pod's newest instance.
+async fn place_state(
+    admin: &Client,
+    index: usize,
+) -> Option<(u32, corral_api::workflow::StepState)> {
+    let pod = admin.get(&pod(index).key()).await.expect("the pod");
+    let status = corral_api::workflow::StoredWorkflows::of(&pod.status).expect("its workflows");
+    let step = status.latest()?.steps.get("scheduler/place")?.clone();
+    Some((step.attempts, step.state))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waiting_for_a_node_is_placed_once_one_is_ready_not_after_its_backoff() {
+    let plane = control_plane().await;
+    let admin = Client::new(&plane.admin).expect("an admin client");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    assert_eq!(
+        create_pods(&admin, 0..1, 1, deadline).await.expect("a pod"),
+        1
+    );
+    // With no node, placement fails and backs off: 1 s, then 2 s, then 4 s.
+    let retry_at = loop {
+        match place_state(&admin, 0).await {
+            Some((
+                attempts,
+                corral_api::workflow::StepState::Failed {
+                    next_retry_at: Some(at),
+                    error,
+                    ..
+                },
+            )) if attempts >= 3 => {
+                assert!(error.contains("no node"), "{error}");
+                break at;
+            }
+            _ => {
+                assert!(Instant::now() < deadline, "placement never failed 3 times");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let running = RunningPods::start(&admin).await.expect("a pod watch");
+    let options = HollowOptions {
+        nodes: 1,
+        name_prefix: "late".into(),
+        node: NodeSettings {
+            index: 0,
+            pod_capacity: 110,
+            heartbeat: Duration::from_secs(5),
+            parallel_pods: 4,
+        },
+    };
+    let cluster = HollowCluster::start(&admin, &plane.admin, &options)
+        .await
+        .expect("a hollow node joins");
+    assert!(
+        running.reached(1, deadline).await.is_some(),
+        "the pod never ran: {}",
+        cluster.counters().describe()
+    );
+    let placed = chrono::Utc::now();
+    assert!(
+        placed < retry_at,
+        "placed at {placed}, not before its retry at {retry_at}"
+    );
 }

@@ -538,3 +538,56 @@ fn recording_keeps_the_newest_and_cancels_the_superseded() {
         Some(WorkflowOutcome::Running)
     );
 }
+
+#[test]
+fn the_owner_may_retry_a_failed_step_before_its_backoff_ends() {
+    let mut a = step("x/a");
+    a.wanted_by = Some("end".into());
+    a.retry = RetryPolicy {
+        max_attempts: 3,
+        backoff_ms: 60_000,
+        max_backoff_ms: 60_000,
+    };
+    let (mut instance, _) = instantiate(
+        &definition("end", vec![a, target("end")]),
+        "w",
+        "uid",
+        1,
+        at(0),
+    );
+    let (x, y) = (controller("x"), controller("y"));
+    claim(&mut instance, "x/a", &x, None, at(0)).expect("claim 1");
+    fail(&mut instance, "x/a", &x, None, at(100), "no node is ready").expect("fail 1");
+    // Someone else may not hurry it along.
+    let refused = claim(&mut instance, "x/a", &y, None, at(200)).expect_err("not the owner");
+    assert!(
+        matches!(refused, crate::TransitionError::NotOwner { .. }),
+        "{refused}"
+    );
+    // Its owner may: attempt 2 starts at once, not a minute later.
+    let logs = claim(&mut instance, "x/a", &x, None, at(300)).expect("early claim");
+    assert!(
+        logs.iter()
+            .any(|log| log.message == "claimed by x (attempt 2, retried before its backoff)"),
+        "{logs:?}"
+    );
+    complete(&mut instance, "x/a", &x, None, at(400), None).expect("complete");
+    assert_eq!(instance.outcome, WorkflowOutcome::Succeeded);
+    // A failure that is final cannot be claimed again.
+    let mut b = step("x/b");
+    b.wanted_by = Some("end".into());
+    let (mut once, _) = instantiate(
+        &definition("end", vec![b, target("end")]),
+        "w",
+        "uid",
+        1,
+        at(0),
+    );
+    claim(&mut once, "x/b", &x, None, at(0)).expect("claim");
+    fail(&mut once, "x/b", &x, None, at(100), "broken").expect("fail");
+    let error = claim(&mut once, "x/b", &x, None, at(200)).expect_err("final");
+    assert!(
+        matches!(error, crate::TransitionError::Finished { .. }),
+        "{error}"
+    );
+}

@@ -89,7 +89,7 @@ fn states_must_allow_the_transition() {
     .expect_err("waiting");
     assert_eq!(
         error.to_string(),
-        "cannot claim step ipam/assign-address: it is waiting: only a ready step can be claimed"
+        "cannot claim step ipam/assign-address: it is waiting: only a ready step, or a failed one awaiting its retry, can be claimed"
     );
     let error = claim(&mut instance, "nope/nothing", &scheduler, None, at(1)).expect_err("unknown");
     assert!(
