@@ -5,7 +5,9 @@
 //! sharing N operations; client i always writes its own object):
 //! - corral apply: `Client::apply` of a pod whose env changes every time, so
 //!   every request is a new revision (an fsynced SQLite transaction plus the
-//!   history record), through HTTP with a keep-alive connection pool;
+//!   history record), through HTTP with a keep-alive connection pool, to
+//!   `corral server` with its built-in controllers and no node (the pod waits
+//!   at `scheduler/place`);
 //! - corral apply (on etcd): the same, through `corral server --datastore
 //!   etcd://…` on the benchmark's etcd (one raft-committed transaction per
 //!   write, plus the reads that build the history delta);
@@ -70,8 +72,13 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     println!("machine: {}", machine::describe());
     println!("corral: {}", corral_binary.display());
 
-    let (mut corral, mut etcd) =
-        tokio::try_join!(CorralProcess::start(&corral_binary), EtcdProcess::start())?;
+    // `corral server`, not `corral up`: this measures the API's write path,
+    // on both backends alike, without a node reacting to every revision
+    // (the benchmark pod's image is not pullable; `pod-start` measures nodes).
+    let (mut corral, mut etcd) = tokio::try_join!(
+        CorralProcess::start_with(&corral_binary, &["server"]),
+        EtcdProcess::start()
+    )?;
     let client = Client::new(&corral.config)?;
     // The same corral, as `corral server` on the benchmark's etcd.
     let datastore = format!("etcd://{}", etcd.client_url.trim_start_matches("http://"));

@@ -13,6 +13,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc, not glibc's malloc: the server's request path, its watch fan-out
+/// and the in-process controllers allocate small JSON values from many
+/// threads, where glibc's arenas spent a quarter of the server's CPU under
+/// concurrent applies (docs/BENCHMARKS.md, apply).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use crate::commands::{
     apply, console, controllers, datastore, exec, get, history, image, lab, lb, node, rollout,
     security, token, up, workflow,

@@ -210,6 +210,12 @@ impl axum::serve::Listener for TlsListener {
             tokio::select! {
                 accepted = self.tcp.accept() => match accepted {
                     Ok((stream, address)) => {
+                        // Answers go out as soon as they are written: with
+                        // Nagle's algorithm a response written in two parts
+                        // waited for the client's delayed ACK (40 ms).
+                        if let Err(error) = stream.set_nodelay(true) {
+                            tracing::debug!(%address, %error, "cannot set TCP_NODELAY");
+                        }
                         let acceptor = self.acceptor.clone();
                         self.handshakes.spawn(async move {
                             let handshake = acceptor.accept(stream);
