@@ -261,6 +261,9 @@ impl ContainerRunner {
             running: true,
             ready: false,
             restart_after: None,
+            last_exit: None,
+            stop_cause: None,
+            start_error: None,
         })
     }
 

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
-use corral_api::kinds::{Container, PodPhase, PodSpec, RestartPolicy};
+use corral_api::kinds::{
+    Container, ContainerReason, PodPhase, PodSpec, RestartPolicy, exit_message,
+};
 use sha2::{Digest, Sha256};
 
 use crate::state::ContainerRecord;
@@ -131,6 +133,34 @@ pub fn restart_at(
     })
 }
 
+/// Why a container is in its state, and the sentence for `status` and
+/// `why`, from its record.
+pub fn container_health(record: &ContainerRecord) -> (ContainerReason, Option<String>) {
+    let exit = record.last_exit.as_ref();
+    let exited = || {
+        exit.map(|e| exit_message(e.code, e.cause.as_deref()))
+            .or_else(|| {
+                record
+                    .exit_code
+                    .map(|code| format!("exited with code {code}"))
+            })
+    };
+    match (record.running, record.pid) {
+        (true, Some(_)) => (ContainerReason::Running, None),
+        (true, None) => match (&record.start_error, record.restart_after, exit) {
+            (Some(error), _, _) => (
+                ContainerReason::StartFailed,
+                Some(format!("could not be started again: {error}")),
+            ),
+            (None, Some(_), Some(e)) if e.cause.is_some() => (ContainerReason::Unhealthy, exited()),
+            (None, Some(_), _) => (ContainerReason::CrashLoop, exited()),
+            (None, None, _) => (ContainerReason::Starting, None),
+        },
+        (false, _) if record.exit_code == Some(0) => (ContainerReason::Completed, exited()),
+        (false, _) => (ContainerReason::Error, exited()),
+    }
+}
+
 /// The pod's phase from its containers' records.
 pub fn pod_phase(spec: &PodSpec, records: &BTreeMap<String, ContainerRecord>) -> PodPhase {
     let all: Vec<Option<&ContainerRecord>> = spec
@@ -181,7 +211,58 @@ mod tests {
             running: true,
             ready: false,
             restart_after: None,
+            last_exit: None,
+            stop_cause: None,
+            start_error: None,
         }
+    }
+
+    #[test]
+    fn container_health_names_the_loop_the_probe_and_the_final_exit() {
+        let spec = spec(json!([{"name": "web", "image": "busybox"}]));
+        let now = Utc::now();
+        let mut web = record(&spec, "web");
+        assert_eq!(container_health(&web), (ContainerReason::Running, None));
+        web.pid = None;
+        assert_eq!(container_health(&web).0, ContainerReason::Starting);
+        web.exit_code = Some(3);
+        web.restart_after = Some(now + Duration::seconds(8));
+        web.last_exit = Some(corral_api::kinds::ContainerExit {
+            code: Some(3),
+            at: now - Duration::seconds(1),
+            cause: None,
+        });
+        assert_eq!(
+            container_health(&web),
+            (
+                ContainerReason::CrashLoop,
+                Some("exited with code 3".into())
+            )
+        );
+        web.last_exit.as_mut().unwrap().cause = Some("liveness probe failed: refused".into());
+        assert_eq!(
+            container_health(&web),
+            (
+                ContainerReason::Unhealthy,
+                Some("was stopped: liveness probe failed: refused".into())
+            )
+        );
+        web.start_error = Some("runc create: no such file".into());
+        assert_eq!(
+            container_health(&web),
+            (
+                ContainerReason::StartFailed,
+                Some("could not be started again: runc create: no such file".into())
+            )
+        );
+        web.start_error = None;
+        web.running = false;
+        web.restart_after = None;
+        web.last_exit.as_mut().unwrap().cause = None;
+        assert_eq!(container_health(&web).0, ContainerReason::Error);
+        web.exit_code = Some(0);
+        web.last_exit.as_mut().unwrap().code = Some(0);
+        assert_eq!(container_health(&web).0, ContainerReason::Completed);
     }
 
     #[test]

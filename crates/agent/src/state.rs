@@ -9,6 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use corral_api::kinds::ContainerExit;
 use corral_api::{Object, ObjectKey};
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +85,16 @@ pub struct ContainerRecord {
     /// When the container may be started again after an exit (backoff).
     #[serde(default)]
     pub restart_after: Option<DateTime<Utc>>,
+    /// Its last exit, kept across restarts (for `status` and `why`).
+    #[serde(default)]
+    pub last_exit: Option<ContainerExit>,
+    /// Why the node stopped it, set just before it does (the liveness
+    /// probe's error); becomes the exit's cause.
+    #[serde(default)]
+    pub stop_cause: Option<String>,
+    /// Why the last attempt to start it again failed.
+    #[serde(default)]
+    pub start_error: Option<String>,
 }
 
 /// The directory of pod records.
@@ -233,6 +244,9 @@ mod tests {
                 running: true,
                 ready: false,
                 restart_after: None,
+                last_exit: None,
+                stop_cause: None,
+                start_error: None,
             },
         );
         state.save(&record).unwrap();

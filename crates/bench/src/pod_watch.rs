@@ -195,6 +195,10 @@ mod tests {
             container_id: None,
             exit_code: None,
             ready: true,
+            reason: None,
+            message: None,
+            last_exit: None,
+            next_restart_at: None,
         }
     }
 

@@ -384,3 +384,137 @@ async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
         "{link}"
     );
 }
+
+/// The first line of `corral why TARGET`.
+fn why_line(cluster: &Node, target: &str) -> String {
+    cluster
+        .ok(&["why", target])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The `get pods` row of `name`, split into columns.
+fn get_row(cluster: &Node, name: &str) -> Vec<String> {
+    let table = cluster.ok(&["get", "pods"]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &header[..6],
+        ["NAME", "REVISION", "STATUS", "READY", "RESTARTS", "NODE"],
+        "{table}"
+    );
+    table
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn why_answers_for_a_pods_health_after_its_start_succeeded() {
+    let cluster = Node::start();
+    let manifest = cluster.write(
+        "unhealthy.yaml",
+        "kind: Pod
+metadata: {name: crashing, namespace: default}
+spec:
+  containers:
+    - {name: app, image: local/busybox:1, command: [sh, -c, 'echo starting; sleep 1; exit 3']}
+---
+kind: Pod
+metadata: {name: unlive, namespace: default}
+spec:
+  containers:
+    - name: app
+      image: local/busybox:1
+      command: [sleep, '3600']
+      liveness: {exec: {command: ['false']}, periodSeconds: 1, failureThreshold: 1}
+---
+kind: Pod
+metadata: {name: healthy, namespace: default}
+spec:
+  containers:
+    - {name: app, image: local/busybox:1, command: [sleep, '3600']}
+",
+    );
+    cluster.ok(&["apply", "-f", &manifest]);
+
+    // A container that exits 3 in a loop: why names the exit, the restarts
+    // and when the next one is due, though its start workflow succeeded.
+    let line = common::wait_for(
+        "crashing to be called unhealthy",
+        Duration::from_secs(60),
+        || {
+            let line = why_line(&cluster, "pod/crashing");
+            line.contains("restarted").then_some(line)
+        },
+    );
+    assert!(
+        line.starts_with(
+            "pod/crashing (revision 1) is not healthy: container app exited with code 3 "
+        ),
+        "{line}"
+    );
+    assert!(
+        line.contains("next restart in") || line.contains("next restart due now"),
+        "{line}"
+    );
+    let why = cluster.ok(&["why", "pod/crashing"]);
+    assert!(
+        why.contains("start workflow start-1"),
+        "the steps follow:\n{why}"
+    );
+    let json: Value = serde_json::from_str(&cluster.ok(&["why", "pod/crashing", "-o", "json"]))
+        .expect("why json");
+    assert_eq!(json["verdict"]["state"], "unhealthy", "{json}");
+    let pod = cluster.get_json("pod/crashing");
+    let app = &pod["status"]["containers"][0];
+    assert_eq!(app["lastExit"]["code"], 3, "{pod}");
+    assert!(app["restarts"].as_u64().unwrap_or(0) >= 1, "{pod}");
+    let row = get_row(&cluster, "crashing");
+    assert!(
+        matches!(row[2].as_str(), "CrashLoop" | "Running"),
+        "{row:?}"
+    );
+    common::wait_for("get pods to say CrashLoop", Duration::from_secs(30), || {
+        (get_row(&cluster, "crashing")[2] == "CrashLoop").then_some(())
+    });
+
+    // A container its liveness probe kills: why says the probe did it.
+    let line = common::wait_for(
+        "unlive to be called unhealthy",
+        Duration::from_secs(60),
+        || {
+            let line = why_line(&cluster, "pod/unlive");
+            line.contains("is not healthy").then_some(line)
+        },
+    );
+    assert!(
+        line.starts_with(
+            "pod/unlive (revision 1) is not healthy: container app was stopped: liveness probe failed"
+        ),
+        "{line}"
+    );
+
+    // A healthy pod keeps the workflow's verdict, and its row reads 1/1 ready.
+    let line = common::wait_for("healthy to run", Duration::from_secs(30), || {
+        let line = why_line(&cluster, "pod/healthy");
+        line.contains("is running").then_some(line)
+    });
+    assert!(
+        line.starts_with("pod/healthy (revision 1) is running"),
+        "{line}"
+    );
+    assert_eq!(&get_row(&cluster, "healthy")[2..5], ["Running", "1/1", "0"]);
+    for pod in ["pod/crashing", "pod/unlive", "pod/healthy"] {
+        cluster.ok(&["delete", pod]);
+    }
+}

@@ -34,7 +34,7 @@ use crate::AgentContext;
 use crate::containers::ContainerError;
 use crate::executor::{StepOutcome, StepRun, Workload};
 use crate::idranges::IdRanges;
-use crate::plan::{plan_revision, pod_phase};
+use crate::plan::{container_health, plan_revision, pod_phase};
 use crate::plugins::Verb;
 use crate::sandbox::{self, PodSandbox};
 use crate::state::PodRecord;
@@ -259,18 +259,27 @@ impl PodWorkload {
                 spec.containers
                     .iter()
                     .filter_map(|c| self.record.containers.get(&c.name).map(|r| (c, r)))
-                    .map(|(c, r)| ContainerStatus {
-                        name: c.name.clone(),
-                        state: match (r.running, r.pid) {
-                            (true, Some(_)) => ContainerState::Running,
-                            (true, None) => ContainerState::Waiting,
-                            (false, _) => ContainerState::Exited,
-                        },
-                        restarts: r.restarts,
-                        started_at: r.started_at,
-                        container_id: Some(r.runtime_id.clone()),
-                        exit_code: r.exit_code,
-                        ready: r.pid.is_some() && (r.ready || c.readiness.is_none()),
+                    .map(|(c, r)| {
+                        let (reason, message) = container_health(r);
+                        ContainerStatus {
+                            name: c.name.clone(),
+                            state: match (r.running, r.pid) {
+                                (true, Some(_)) => ContainerState::Running,
+                                (true, None) => ContainerState::Waiting,
+                                (false, _) => ContainerState::Exited,
+                            },
+                            restarts: r.restarts,
+                            started_at: r.started_at,
+                            container_id: Some(r.runtime_id.clone()),
+                            exit_code: r.exit_code,
+                            ready: r.pid.is_some() && (r.ready || c.readiness.is_none()),
+                            reason: Some(reason),
+                            message,
+                            last_exit: r.last_exit.clone(),
+                            next_restart_at: r
+                                .restart_after
+                                .filter(|_| r.running && r.pid.is_none()),
+                        }
                     })
                     .collect()
             })

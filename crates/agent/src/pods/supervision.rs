@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use corral_api::kinds::ContainerExit;
 use corral_runtime::oci::reap::{Liveness, liveness};
 
 use super::{PodWorkload, pod_sandbox, typed_spec};
@@ -51,6 +52,11 @@ impl PodWorkload {
                 entry.ready = false;
                 entry.running = restart.is_some();
                 entry.restart_after = restart;
+                entry.last_exit = Some(ContainerExit {
+                    code: exit_code,
+                    at: now,
+                    cause: entry.stop_cause.take(),
+                });
                 changed = true;
             } else if record.running && record.restart_after.is_some_and(|at| at <= now) {
                 let Some(container) = spec.containers.iter().find(|c| c.name == name).cloned()
@@ -84,10 +90,13 @@ impl PodWorkload {
                 match result {
                     Ok(Ok(mut started)) => {
                         started.restarts = record.restarts + 1;
+                        started.last_exit = record.last_exit.clone();
                         *entry = started;
                     }
                     Ok(Err(error)) => {
-                        tracing::warn!(pod = %key, container = %name, error = %crate::chain(&error), "restart failed");
+                        let error = crate::chain(&error);
+                        tracing::warn!(pod = %key, container = %name, %error, "restart failed");
+                        entry.start_error = Some(error);
                         entry.restarts += 1;
                         entry.restart_after =
                             restart_at(spec.restart_policy, None, entry.restarts, now);
@@ -196,6 +205,8 @@ impl PodWorkload {
                         if state.liveness_failures >= threshold {
                             tracing::info!(pod = %self.record.pod.key(), container = %container.name, %error, "liveness failed; killing the container");
                             state.liveness_failures = 0;
+                            entry.stop_cause = Some(format!("liveness probe failed: {error}"));
+                            changed = true;
                             let _ = runtime
                                 .kill(&entry.runtime_id, corral_runtime::oci::Signal::SIGKILL);
                         }

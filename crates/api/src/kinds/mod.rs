@@ -9,6 +9,7 @@ mod loadbalancer;
 mod node;
 mod pinned;
 mod pod;
+mod pod_health;
 mod policy;
 mod vm;
 
@@ -22,10 +23,12 @@ pub use pinned::{
     Templates, VersionStatus,
 };
 pub use pod::{
-    Availability, Container, ContainerState, ContainerStatus, EmptyDir, ExecProbe, HttpProbe,
-    LocalVolume, Mount, Placement, PluginVolume, PodPhase, PodSpec, PodStatus, Probe, Resources,
-    RestartPolicy, RollbackPolicy, RuntimeClass, SecurityRequest, TcpProbe, Volume,
+    Availability, Container, ContainerExit, ContainerReason, ContainerState, ContainerStatus,
+    EmptyDir, ExecProbe, HttpProbe, LocalVolume, Mount, Placement, PluginVolume, PodPhase, PodSpec,
+    PodStatus, Probe, Resources, RestartPolicy, RollbackPolicy, RuntimeClass, SecurityRequest,
+    TcpProbe, Volume,
 };
+pub use pod_health::exit_message;
 pub use policy::PolicySpec;
 pub use vm::{BootSource, VirtualMachineSpec, VmDisk};
 

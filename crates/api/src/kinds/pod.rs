@@ -270,6 +270,77 @@ pub struct ContainerStatus {
     pub exit_code: Option<i32>,
     #[serde(default)]
     pub ready: bool,
+    /// Why the container is in its state, in a word (`get pods` shows the
+    /// pod's worst).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ContainerReason>,
+    /// The reason in a sentence: the last exit and why, what happens next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The container's last exit, kept across its restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<ContainerExit>,
+    /// When the node starts it again (restart backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_restart_at: Option<DateTime<Utc>>,
+}
+
+/// Why a container is in its state.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum ContainerReason {
+    /// Running (ready or not).
+    Running,
+    /// Being started (or restarted) by the node.
+    Starting,
+    /// Exited 0 and is not restarted (restart policy).
+    Completed,
+    /// Exited and waits for its restart backoff.
+    CrashLoop,
+    /// Killed by the node after its liveness probe failed; restarted.
+    Unhealthy,
+    /// Exited non-zero and is not restarted (restart policy).
+    Error,
+    /// The node could not start it again (the runtime refused).
+    StartFailed,
+}
+
+impl ContainerReason {
+    /// Whether a pod with a container in this state is healthy.
+    pub fn is_healthy(self) -> bool {
+        matches!(
+            self,
+            ContainerReason::Running | ContainerReason::Starting | ContainerReason::Completed
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerReason::Running => "Running",
+            ContainerReason::Starting => "Starting",
+            ContainerReason::Completed => "Completed",
+            ContainerReason::CrashLoop => "CrashLoop",
+            ContainerReason::Unhealthy => "Unhealthy",
+            ContainerReason::Error => "Error",
+            ContainerReason::StartFailed => "StartFailed",
+        }
+    }
+}
+
+/// A container's exit as the node saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerExit {
+    /// The exit code (128 + N for signal N); none when the node could not
+    /// collect it (after an agent restart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    pub at: DateTime<Utc>,
+    /// Why it ended, when the node knows more than the code: the liveness
+    /// probe's error, the signal's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use corral_agent::steps::ClientSteps;
-use corral_api::kinds::{ContainerState, ContainerStatus, NodeStatus, PodPhase, PodSpec};
+use corral_api::kinds::{
+    ContainerReason, ContainerState, ContainerStatus, NodeStatus, PodPhase, PodSpec,
+};
 use corral_api::watch::WatchEvent;
 use corral_api::workflow::{StepActionKind, StepBatchRequest, WorkflowInstance};
 use corral_api::{Kind, Object, ObjectKey};
@@ -210,6 +212,10 @@ pub fn running_status(pod: &Object, revision: u64) -> serde_json::Value {
             started_at: Some(now),
             exit_code: None,
             ready: true,
+            reason: Some(ContainerReason::Running),
+            message: None,
+            last_exit: None,
+            next_restart_at: None,
         })
         .collect();
     serde_json::json!({

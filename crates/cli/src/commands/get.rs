@@ -66,7 +66,7 @@ fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool)
     }
     headers.extend(["NAME", "REVISION"]);
     if kind == Kind::Pod {
-        headers.extend(["PHASE", "NODE"]);
+        headers.extend(["STATUS", "READY", "RESTARTS", "NODE"]);
         if wide {
             headers.extend(["ADDRESS", "UID"]);
         }
@@ -89,7 +89,9 @@ fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool)
         row.push(object.metadata.revision.to_string());
         if kind == Kind::Pod {
             let status: PodStatus = object.typed_status().unwrap_or_default();
-            row.push(format!("{:?}", status.phase));
+            row.push(status.reason());
+            row.push(status.ready_count());
+            row.push(status.restarts().to_string());
             row.push(status.node.clone().unwrap_or_else(|| "-".into()));
             if wide {
                 row.push(status.address.clone().unwrap_or_else(|| "-".into()));

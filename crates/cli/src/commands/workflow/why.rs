@@ -2,8 +2,11 @@
 
 use std::path::PathBuf;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
+use corral_api::kinds::PodStatus;
+use corral_api::workflow::WorkflowOutcome;
+use corral_api::{Kind, Object};
 use serde_json::json;
 
 use super::{display_name, load_instance};
@@ -46,14 +49,44 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     let args = args.object;
     let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
     let client = connect(config)?;
-    let (_, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
+    let (object, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
     let name = display_name(&key);
     let now = Utc::now();
-    let json = corral_workflow::why_json(&name, &instance, now);
-    if !print_structured(args.output, &json)? {
-        print!("{}", corral_workflow::why_text(&name, &instance, now));
+    // Once its operation succeeded, a pod answers for its health now.
+    let unhealthy = (args.workflow.is_none() && instance.outcome == WorkflowOutcome::Succeeded)
+        .then(|| unhealthy_now(&object, now))
+        .flatten();
+    let mut json = corral_workflow::why_json(&name, &instance, now);
+    if let Some(problem) = &unhealthy {
+        let line = format!(
+            "{name} (revision {}) is not healthy: {problem}",
+            instance.revision
+        );
+        json["health"] = json!({"healthy": false, "message": problem});
+        json["verdict"] = json!({"state": "unhealthy", "message": problem, "line": line});
+    }
+    if print_structured(args.output, &json)? {
+        return Ok(());
+    }
+    let text = corral_workflow::why_text(&name, &instance, now);
+    match &unhealthy {
+        Some(_) => {
+            // The health verdict replaces the workflow's first line ("is
+            // running: start workflow finished …"); its steps follow.
+            println!("{}", json["verdict"]["line"].as_str().unwrap_or_default());
+            print!("{}", text.split_once('\n').map_or("", |(_, rest)| rest));
+        }
+        None => print!("{text}"),
     }
     Ok(())
+}
+
+/// Why the object is not healthy now, if it is a pod that is not.
+fn unhealthy_now(object: &Object, now: DateTime<Utc>) -> Option<String> {
+    if object.kind != Kind::Pod {
+        return None;
+    }
+    object.typed_status::<PodStatus>().ok()?.unhealthy(now)
 }
 
 #[derive(Debug, Args)]
