@@ -52,8 +52,17 @@ impl Table {
     }
 
     pub fn render(&self) -> String {
+        let widths = self.widths();
+        self.rows
+            .iter()
+            .map(|row| render_row(row, &widths))
+            .collect()
+    }
+
+    /// Each column's width: its widest cell.
+    pub fn widths(&self) -> Vec<usize> {
         let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
-        let widths: Vec<usize> = (0..columns)
+        (0..columns)
             .map(|c| {
                 self.rows
                     .iter()
@@ -61,22 +70,25 @@ impl Table {
                     .max()
                     .unwrap_or(0)
             })
-            .collect();
-        let mut out = String::new();
-        for row in &self.rows {
-            let mut line = String::new();
-            for (index, cell) in row.iter().enumerate() {
-                if index + 1 == row.len() {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(&format!("{cell:<width$}   ", width = widths[index]));
-                }
-            }
-            out.push_str(line.trim_end());
-            out.push('\n');
-        }
-        out
+            .collect()
     }
+}
+
+/// One line of a table: every cell but the last padded to its column's
+/// width (a wider cell pushes the rest of its line right).
+pub fn render_row(row: &[String], widths: &[usize]) -> String {
+    let mut line = String::new();
+    for (index, cell) in row.iter().enumerate() {
+        if index + 1 == row.len() {
+            line.push_str(cell);
+        } else {
+            let width = widths.get(index).copied().unwrap_or(0);
+            line.push_str(&format!("{cell:<width$}   "));
+        }
+    }
+    let mut line = line.trim_end().to_string();
+    line.push('\n');
+    line
 }
 
 /// `5s`, `3m`, `2h`, `4d` since `time`.

@@ -418,9 +418,60 @@ fn get_row(cluster: &Node, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// `corral get pods -w` running in the background; its lines so far.
+struct GetWatch {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl GetWatch {
+    fn start(cluster: &Node) -> GetWatch {
+        let mut child = Command::new(common::CORRAL)
+            .args(["get", "pods", "-w"])
+            .env("CORRAL_CONFIG", &cluster.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn corral get pods -w");
+        let stdout = child.stdout.take().expect("its stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        GetWatch { child, lines }
+    }
+
+    /// The lines printed for pod `name`, split into columns.
+    fn rows(&self, name: &str) -> Vec<Vec<String>> {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter(|line| line.split_whitespace().next() == Some(name))
+            .map(|line| line.split_whitespace().map(str::to_string).collect())
+            .collect()
+    }
+}
+
+impl Drop for GetWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn why_answers_for_a_pods_health_after_its_start_succeeded() {
     let cluster = Node::start();
+    let watch = GetWatch::start(&cluster);
     let manifest = cluster.write(
         "unhealthy.yaml",
         "kind: Pod
@@ -514,6 +565,30 @@ spec:
         "{line}"
     );
     assert_eq!(&get_row(&cluster, "healthy")[2..5], ["Running", "1/1", "0"]);
+
+    // `get pods -w` printed the pod's rows as they changed, ending ready.
+    let rows = common::wait_for(
+        "get -w to print healthy as ready",
+        Duration::from_secs(10),
+        || {
+            let rows = watch.rows("healthy");
+            rows.last()
+                .is_some_and(|row| row[2..5] == ["Running", "1/1", "0"])
+                .then_some(rows)
+        },
+    );
+    assert!(
+        rows.len() >= 2 && rows[0][3] == "0/0",
+        "the watch printed the pod before it ran, then the change: {rows:?}"
+    );
+    assert!(
+        watch
+            .rows("crashing")
+            .iter()
+            .any(|row| row[2] == "CrashLoop"),
+        "{:?}",
+        watch.rows("crashing")
+    );
     for pod in ["pod/crashing", "pod/unlive", "pod/healthy"] {
         cluster.ok(&["delete", pod]);
     }

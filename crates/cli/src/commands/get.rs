@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use clap::Args;
 use corral_api::kinds::{LoadBalancerSpec, LoadBalancerStatus, PodStatus};
 use corral_api::{Kind, Object};
@@ -26,11 +26,27 @@ pub struct GetArgs {
     selector: Option<String>,
     #[arg(short = 'o', long, value_enum, default_value_t)]
     output: Format,
+    /// After the list, print a line each time an object's row changes
+    /// (`-o json`: each changed object), until interrupted.
+    #[arg(short = 'w', long)]
+    watch: bool,
 }
 
 pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
     let target = Target::parse(&args.target, args.name.as_deref())?;
     let client = connect(config)?;
+    if args.watch {
+        let watch = super::get_watch::Watch {
+            kind: target.kind,
+            namespace: (!args.all_namespaces && target.kind.is_namespaced())
+                .then_some(args.namespace.as_str()),
+            name: target.name.as_deref(),
+            selector: args.selector.as_deref(),
+            output: args.output,
+            show_namespace: args.all_namespaces && target.kind.is_namespaced(),
+        };
+        return watch.run(&client).await;
+    }
     if target.name.is_some() {
         let object = client.get(&target.key(Some(&args.namespace))?).await?;
         if !print_structured(args.output, &object)? {
@@ -59,7 +75,20 @@ pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
 }
 
 fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool) {
+    table(kind, objects, show_namespace, wide).print();
+}
+
+/// The table `get` prints: a header row, then a row per object.
+pub(super) fn table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool) -> Table {
     let now = Utc::now();
+    let mut table = Table::new(&headers(kind, show_namespace, wide));
+    for object in objects {
+        table.row(row(object, show_namespace, wide, now));
+    }
+    table
+}
+
+fn headers(kind: Kind, show_namespace: bool, wide: bool) -> Vec<&'static str> {
     let mut headers = Vec::new();
     if show_namespace {
         headers.push("NAMESPACE");
@@ -79,34 +108,41 @@ fn print_table(kind: Kind, objects: &[Object], show_namespace: bool, wide: bool)
         headers.push("UID");
     }
     headers.push("AGE");
-    let mut table = Table::new(&headers);
-    for object in objects {
-        let mut row = Vec::new();
-        if show_namespace {
-            row.push(object.metadata.namespace.clone().unwrap_or_default());
-        }
-        row.push(object.metadata.name.clone());
-        row.push(object.metadata.revision.to_string());
-        if kind == Kind::Pod {
-            let status: PodStatus = object.typed_status().unwrap_or_default();
-            row.push(status.reason());
-            row.push(status.ready_count());
-            row.push(status.restarts().to_string());
-            row.push(status.node.clone().unwrap_or_else(|| "-".into()));
-            if wide {
-                row.push(status.address.clone().unwrap_or_else(|| "-".into()));
-            }
-        }
-        if kind == Kind::LoadBalancer {
-            row.extend(load_balancer_columns(object));
-        }
-        if wide {
-            row.push(object.metadata.uid.clone());
-        }
-        row.push(age(object.metadata.created_at, now));
-        table.row(row);
+    headers
+}
+
+/// An object's row; AGE is its last cell.
+pub(super) fn row(
+    object: &Object,
+    show_namespace: bool,
+    wide: bool,
+    now: DateTime<Utc>,
+) -> Vec<String> {
+    let kind = object.kind;
+    let mut row = Vec::new();
+    if show_namespace {
+        row.push(object.metadata.namespace.clone().unwrap_or_default());
     }
-    table.print();
+    row.push(object.metadata.name.clone());
+    row.push(object.metadata.revision.to_string());
+    if kind == Kind::Pod {
+        let status: PodStatus = object.typed_status().unwrap_or_default();
+        row.push(status.reason());
+        row.push(status.ready_count());
+        row.push(status.restarts().to_string());
+        row.push(status.node.clone().unwrap_or_else(|| "-".into()));
+        if wide {
+            row.push(status.address.clone().unwrap_or_else(|| "-".into()));
+        }
+    }
+    if kind == Kind::LoadBalancer {
+        row.extend(load_balancer_columns(object));
+    }
+    if wide {
+        row.push(object.metadata.uid.clone());
+    }
+    row.push(age(object.metadata.created_at, now));
+    row
 }
 
 /// ADDRESSES, PORTS (`port→targetPort`) and READY of a LoadBalancer.

@@ -6,6 +6,7 @@ pub mod controllers;
 pub mod datastore;
 pub mod exec;
 pub mod get;
+mod get_watch;
 pub mod history;
 pub mod image;
 pub mod lab;
