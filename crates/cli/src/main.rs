@@ -130,6 +130,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -148,6 +149,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `corral describe pod/web | head` ends quietly when `head` closes the
+/// pipe, like other Unix tools (exit status 141, as if by SIGPIPE), instead
+/// of panicking in `println!`. SIGPIPE itself stays ignored: the daemons and
+/// the API client write to sockets and pipes whose peers may go away, and
+/// an error there must be reported, not kill the process.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
