@@ -88,7 +88,7 @@ fn split_documents(text: &str) -> Result<Vec<Value>, ManifestError> {
     Ok(documents)
 }
 
-fn parse_document(document: usize, value: Value) -> Result<Object, ManifestError> {
+fn parse_document(document: usize, mut value: Value) -> Result<Object, ManifestError> {
     let refuse = |object: Option<String>, errors: Vec<FieldError>| ManifestError {
         document,
         object,
@@ -122,6 +122,8 @@ fn parse_document(document: usize, value: Value) -> Result<Object, ManifestError
         }
     };
     let label = name.as_ref().map(|name| format!("{}/{name}", kind.short()));
+    // `kind: pod`, `kind: PD`: any name `corral get` accepts, stored canonical.
+    value["kind"] = Value::String(kind.as_str().to_string());
     let object = decode_object(value).map_err(|e| refuse(label.clone(), vec![e]))?;
     validate_object(&object).map_err(|errors| refuse(label, errors))?;
     Ok(object)
@@ -155,6 +157,18 @@ mod tests {
         assert_eq!(objects[0].kind, Kind::Pod);
         assert_eq!(objects[0].key().namespace, "default");
         assert_eq!(objects[1].kind, Kind::Node);
+    }
+
+    #[test]
+    fn kinds_are_accepted_by_any_name_in_any_case() {
+        let objects = parse_manifests(
+            "kind: pod\nmetadata: {name: web}\nspec: {containers: [{name: web, image: b}]}\n---\nkind: NODES\nmetadata: {name: node-1}\nspec: {}\n---\nkind: po\nmetadata: {name: short}\nspec: {containers: [{name: web, image: b}]}\n",
+        )
+        .unwrap();
+        let kinds: Vec<Kind> = objects.iter().map(|o| o.kind).collect();
+        assert_eq!(kinds, [Kind::Pod, Kind::Node, Kind::Pod]);
+        let json = serde_json::to_value(&objects[0]).unwrap();
+        assert_eq!(json["kind"], "Pod", "stored by its canonical name");
     }
 
     #[test]

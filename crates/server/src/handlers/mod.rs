@@ -80,8 +80,16 @@ pub fn change(server: &Server, caller: &Identity, message: Option<&str>) -> Chan
 /// Decodes and validates a request body as an object of the target's kind,
 /// at the target's key when the route names one.
 pub fn parse_object(target: &Target, body: &Bytes) -> Result<Object, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(body)
+    let mut value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    // Any name the CLI accepts (`pod`, `PD`), stored canonical.
+    if let Some(kind) = value
+        .get("kind")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|kind| kind.parse::<Kind>().ok())
+    {
+        value["kind"] = kind.as_str().into();
+    }
     let mut object = decode_object(value).map_err(|e| ApiError::invalid("object", vec![e]))?;
     if object.kind != target.kind {
         return Err(ApiError::BadRequest(format!(
