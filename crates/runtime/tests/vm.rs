@@ -132,3 +132,78 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
     let qemu_log = std::fs::read_to_string(&output).unwrap_or_default();
     assert!(!qemu_log.contains("error"), "{qemu_log}");
 }
+
+/// Set in the process `the_kvm_probe_never_outlives_the_agent` starts to
+/// play the agent: the directory of its stand-in QEMU.
+const PROBE_AGENT: &str = "CORRAL_TEST_PROBE_AGENT";
+
+#[test]
+fn the_kvm_probe_never_outlives_the_agent() {
+    if let Ok(dir) = std::env::var(PROBE_AGENT) {
+        // The stand-in agent: probes until it is killed.
+        let dir = Path::new(&dir);
+        let verdict = kvm::boot(&dir.join("qemu"), dir, Duration::from_secs(120));
+        panic!("the stand-in agent was not killed during its probe: {verdict:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("qemu.pid");
+    let qemu = dir.path().join("qemu");
+    std::fs::write(
+        &qemu,
+        format!(
+            "#!/bin/sh\necho $$ > {}\nexec sleep 300\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&qemu, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut agent = Command::new(std::env::current_exe().unwrap())
+        .args(["the_kvm_probe_never_outlives_the_agent", "--exact"])
+        .env(PROBE_AGENT, dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    let pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the probe never started its QEMU"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _kill = Defer::new(move || {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    });
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    assert!(alive(pid), "the stand-in QEMU runs while the agent probes");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let began = Instant::now();
+    while alive(pid) {
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "the probe's QEMU (pid {pid}) outlived the agent that started it"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

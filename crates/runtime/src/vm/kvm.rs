@@ -7,6 +7,7 @@
 //! not enough: on such hosts it runs, and every real kernel hangs.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -75,13 +76,31 @@ pub fn probe(qemu: &Path, work_dir: &Path, timeout: Duration) -> KvmProbe {
     if !Path::new("/dev/kvm").exists() {
         return KvmProbe::Absent;
     }
+    boot(qemu, work_dir, timeout)
+}
+
+/// Runs the probe guest and judges what it printed. The QEMU it starts is
+/// the agent's own helper: it gets SIGKILL if the thread that started it
+/// dies (the agent stopped or was killed mid-probe), so it never outlives
+/// the agent the way pods and VMs do by design.
+pub fn boot(qemu: &Path, work_dir: &Path, timeout: Duration) -> KvmProbe {
     let run = || -> std::io::Result<(String, String)> {
         std::fs::create_dir_all(work_dir)?;
         let serial = work_dir.join("kvm-probe.serial");
         let _ = std::fs::remove_file(&serial);
         let mut child = {
             let _lock = reap::spawn_lock();
-            let child = Command::new(qemu)
+            let mut command = Command::new(qemu);
+            // SAFETY: between fork and exec only one prctl(2) call happens,
+            // which is async-signal-safe. The signal follows the spawning
+            // thread, which waits for the probe below before it returns.
+            unsafe {
+                command.pre_exec(|| {
+                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                        .map_err(std::io::Error::from)
+                });
+            }
+            let child = command
                 .args([
                     "-M",
                     "pc",
