@@ -135,3 +135,67 @@ fn pods_run_update_in_place_and_restart() {
         container(&third, "web")["containerId"]
     );
 }
+
+/// The processes whose parent is `pid` and that are zombies (exited,
+/// never collected).
+fn zombie_children(pid: u32) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter(|stat| {
+            let after = stat.rsplit(')').next().unwrap_or("");
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&pid.to_string().as_str())
+        })
+        .collect()
+}
+
+#[test]
+fn twenty_pods_started_and_deleted_leave_no_zombies() {
+    let cluster = &common::start_node();
+    let pid = cluster.pid().expect("corral up's pid");
+    let mut manifest = String::new();
+    for i in 0..20 {
+        manifest.push_str(&format!(
+            "---\nkind: Pod\nmetadata: {{name: z{i}}}\nspec:\n  terminationGraceSeconds: 0\n  containers: [{{name: c, image: local/busybox:1, command: [sleep, '3600']}}]\n"
+        ));
+    }
+    let path = cluster.manifest("pods.yaml", &manifest);
+    cluster.ok(&["apply", "-f", &path]);
+    wait_for("20 pods to run", Duration::from_secs(120), || {
+        let pods: Value = serde_json::from_str(&cluster.ok(&["get", "pods", "-o", "json"])).ok()?;
+        let items = pods["items"].as_array()?;
+        (items.len() == 20 && items.iter().all(|p| p["status"]["phase"] == "Running")).then_some(())
+    });
+    cluster.ok(&["delete", "-f", &path]);
+    wait_for("the node to remove them", Duration::from_secs(60), || {
+        let pods: Value = serde_json::from_str(&cluster.ok(&["get", "pods", "-o", "json"])).ok()?;
+        pods["items"].as_array()?.is_empty().then_some(())
+    });
+    // Wait for the node itself: every container gone from runc and every
+    // pod directory removed (the last thing it does for a pod).
+    let data_dir = cluster.data_dir.path().to_path_buf();
+    wait_for(
+        "the node to stop every container",
+        Duration::from_secs(60),
+        || {
+            let listed = std::process::Command::new("runc")
+                .arg("--root")
+                .arg(data_dir.join("runc"))
+                .args(["list", "-q"])
+                .output()
+                .ok()?;
+            let pods_left = std::fs::read_dir(data_dir.join("pods"))
+                .map(|dir| dir.flatten().count())
+                .unwrap_or(0);
+            (listed.stdout.is_empty() && pods_left == 0).then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let zombies = zombie_children(pid);
+    assert!(
+        zombies.is_empty(),
+        "uncollected children of corral up: {zombies:#?}"
+    );
+}
