@@ -74,33 +74,59 @@ async fn read(client: &Client, key: &ObjectKey) -> anyhow::Result<(Object, Pinne
     Ok((object, spec))
 }
 
-async fn write(
+/// Reads the spec, changes it with `change` and writes it back carrying the
+/// resourceVersion read, so a concurrent edit of the spec is refused rather
+/// than overwritten. A conflict caused only by status writes (the
+/// controller reporting progress; the spec revision did not move) is not
+/// an edit: the change is made again on the fresh object, a few times.
+async fn update_spec<T>(
     client: &Client,
-    mut object: Object,
-    spec: &PinnedDeploymentSpec,
-    message: &str,
-) -> anyhow::Result<Object> {
-    object.spec = serde_json::to_value(spec)?;
-    // Carries the resourceVersion read: a concurrent edit makes this fail
-    // rather than be overwritten.
-    Ok(client.apply(&object, Some(message)).await?)
+    key: &ObjectKey,
+    message: impl Fn(&PinnedDeploymentSpec) -> String,
+    change: impl Fn(&mut PinnedDeploymentSpec) -> anyhow::Result<T>,
+) -> anyhow::Result<(Object, PinnedDeploymentSpec, T)> {
+    const ATTEMPTS: usize = 5;
+    let (mut object, mut spec) = read(client, key).await?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut changed = spec.clone();
+        let outcome = change(&mut changed)?;
+        let mut request = object.clone();
+        request.spec = serde_json::to_value(&changed)?;
+        match client.apply(&request, Some(&message(&spec))).await {
+            Ok(written) => return Ok((written, changed, outcome)),
+            Err(error) if error.status() == Some(409) && attempt < ATTEMPTS => {
+                let (fresh, fresh_spec) = read(client, key).await?;
+                if fresh.metadata.revision != object.metadata.revision {
+                    bail!(
+                        "{key} changed meanwhile (revision {} → {}); run the command again",
+                        object.metadata.revision,
+                        fresh.metadata.revision
+                    );
+                }
+                (object, spec) = (fresh, fresh_spec);
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
 }
 
 async fn set_percent(client: &Client, key: &ObjectKey, percent: u8) -> anyhow::Result<()> {
     if percent > 100 {
         bail!("--percent {percent}: expected 0–100");
     }
-    let (object, mut spec) = read(client, key).await?;
-    let before = spec.replicas_percent_next;
-    spec.replicas_percent_next = percent;
-    let next = spec.next_replicas();
-    let written = write(
+    let (written, spec, ()) = update_spec(
         client,
-        object,
-        &spec,
-        &format!("rollout {before}% → {percent}%"),
+        key,
+        |spec| format!("rollout {}% → {percent}%", spec.replicas_percent_next),
+        |spec| {
+            spec.replicas_percent_next = percent;
+            Ok(())
+        },
     )
     .await?;
+    let next = spec.next_replicas();
     println!(
         "{key} revision {}: {percent}% on next ({next} of {} replicas), {} on previous",
         written.metadata.revision,
@@ -111,16 +137,23 @@ async fn set_percent(client: &Client, key: &ObjectKey, percent: u8) -> anyhow::R
 }
 
 async fn promote(client: &Client, key: &ObjectKey) -> anyhow::Result<()> {
-    let (object, mut spec) = read(client, key).await?;
-    if spec.replicas_percent_next != 100 {
-        bail!(
-            "{key} runs {}% on next: promote needs 100% (corral rollout {key} --percent 100)",
-            spec.replicas_percent_next
-        );
-    }
-    spec.templates.previous = spec.templates.next.clone();
-    spec.replicas_percent_next = 0;
-    let written = write(client, object, &spec, "rollout promote: previous := next").await?;
+    let (written, _, ()) = update_spec(
+        client,
+        key,
+        |_| "rollout promote: previous := next".to_string(),
+        |spec| {
+            if spec.replicas_percent_next != 100 {
+                bail!(
+                    "{key} runs {}% on next: promote needs 100% (corral rollout {key} --percent 100)",
+                    spec.replicas_percent_next
+                );
+            }
+            spec.templates.previous = spec.templates.next.clone();
+            spec.replicas_percent_next = 0;
+            Ok(())
+        },
+    )
+    .await?;
     println!(
         "{key} revision {}: promoted; templates.previous is the former next, 0% on next",
         written.metadata.revision
