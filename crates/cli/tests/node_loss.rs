@@ -238,6 +238,14 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
     });
     let best = placed(&nodes, "best");
     assert_eq!(best.0, "node-b", "the best-effort pod stays bound");
+    // Its start succeeded long ago; why answers for now: its node.
+    let why_best = nodes.corral(&["why", "pod/best"]);
+    let verdict = why_best.lines().next().unwrap_or_default();
+    assert!(
+        verdict
+            .starts_with("pod/best (revision 1) is not healthy: its node node-b is silent since"),
+        "{why_best}"
+    );
     let moved = nodes.json("pod/ha");
     assert_eq!(
         moved["metadata"]["uid"],

@@ -100,3 +100,65 @@ pub struct ImagePruneReport {
     /// How many unpacked layers went with them.
     pub removed_layers: usize,
 }
+
+impl NodeStatus {
+    /// Why the node cannot vouch for its pods now, in a sentence for `why`
+    /// of a pod bound to it (`name` is the node's); `None` when it is Ready.
+    pub fn unhealthy(&self, name: &str, now: DateTime<Utc>) -> Option<String> {
+        let since = |at: Option<DateTime<Utc>>| {
+            at.map(|at| {
+                format!(
+                    " since {} ({}s ago)",
+                    at.format("%H:%M:%S UTC"),
+                    (now - at).num_seconds().max(0)
+                )
+            })
+            .unwrap_or_default()
+        };
+        match self.phase {
+            NodePhase::Ready => None,
+            NodePhase::Joining => Some(format!("its node {name} is still joining")),
+            NodePhase::Silent => Some(format!(
+                "its node {name} is silent{} (no heartbeat): what it last reported may be stale",
+                since(self.silent_since)
+            )),
+            NodePhase::Lost => Some(format!(
+                "its node {name} is lost: its containers are gone or unreachable"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    #[test]
+    fn a_node_that_is_not_ready_says_why_for_its_pods() {
+        let now = Utc::now();
+        let ready = NodeStatus {
+            phase: NodePhase::Ready,
+            ..NodeStatus::default()
+        };
+        assert_eq!(ready.unhealthy("node-1", now), None);
+        let at = now - TimeDelta::seconds(45);
+        let silent = NodeStatus {
+            phase: NodePhase::Silent,
+            silent_since: Some(at),
+            ..NodeStatus::default()
+        };
+        assert_eq!(
+            silent.unhealthy("node-1", now).unwrap(),
+            format!(
+                "its node node-1 is silent since {} (45s ago) (no heartbeat): what it last reported may be stale",
+                at.format("%H:%M:%S UTC")
+            )
+        );
+        let lost = NodeStatus {
+            phase: NodePhase::Lost,
+            ..NodeStatus::default()
+        };
+        assert!(lost.unhealthy("node-1", now).unwrap().contains("is lost"));
+    }
+}

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
-use corral_api::kinds::PodStatus;
+use corral_api::kinds::{NodeStatus, PodStatus};
 use corral_api::workflow::WorkflowOutcome;
-use corral_api::{Kind, Object};
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::Client;
 use serde_json::json;
 
 use super::{display_name, load_instance};
@@ -53,9 +54,11 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     let name = display_name(&key);
     let now = Utc::now();
     // Once its operation succeeded, a pod answers for its health now.
-    let unhealthy = (args.workflow.is_none() && instance.outcome == WorkflowOutcome::Succeeded)
-        .then(|| unhealthy_now(&object, now))
-        .flatten();
+    let unhealthy = if args.workflow.is_none() && instance.outcome == WorkflowOutcome::Succeeded {
+        unhealthy_now(&client, &object, now).await
+    } else {
+        None
+    };
     let mut json = corral_workflow::why_json(&name, &instance, now);
     if let Some(problem) = &unhealthy {
         let line = format!(
@@ -81,12 +84,26 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Why the object is not healthy now, if it is a pod that is not.
-fn unhealthy_now(object: &Object, now: DateTime<Utc>) -> Option<String> {
+/// Why the object is not healthy now, if it is a pod that is not: its
+/// node first (what the node reported is only as fresh as the node), then
+/// its containers.
+async fn unhealthy_now(client: &Client, object: &Object, now: DateTime<Utc>) -> Option<String> {
     if object.kind != Kind::Pod {
         return None;
     }
-    object.typed_status::<PodStatus>().ok()?.unhealthy(now)
+    let status = object.typed_status::<PodStatus>().ok()?;
+    if let Some(node) = &status.node {
+        let key = ObjectKey::new(Kind::Node, None, node);
+        if let Ok(node_status) = client
+            .get(&key)
+            .await
+            .map(|node| node.typed_status::<NodeStatus>().unwrap_or_default())
+            && let Some(problem) = node_status.unhealthy(node, now)
+        {
+            return Some(problem);
+        }
+    }
+    status.unhealthy(now)
 }
 
 #[derive(Debug, Args)]
