@@ -152,8 +152,8 @@ pub fn container_health(record: &ContainerRecord) -> (ContainerReason, Option<St
                 ContainerReason::StartFailed,
                 Some(format!("could not be started again: {error}")),
             ),
-            (None, Some(_), Some(e)) if e.cause.is_some() => (ContainerReason::Unhealthy, exited()),
-            (None, Some(_), _) => (ContainerReason::CrashLoop, exited()),
+            (None, Some(_), Some(e)) => (e.reason.unwrap_or(ContainerReason::CrashLoop), exited()),
+            (None, Some(_), None) => (ContainerReason::CrashLoop, exited()),
             (None, None, _) => (ContainerReason::Starting, None),
         },
         (false, _) if record.exit_code == Some(0) => (ContainerReason::Completed, exited()),
@@ -231,6 +231,7 @@ mod tests {
             code: Some(3),
             at: now - Duration::seconds(1),
             cause: None,
+            reason: None,
         });
         assert_eq!(
             container_health(&web),
@@ -239,12 +240,14 @@ mod tests {
                 Some("exited with code 3".into())
             )
         );
-        web.last_exit.as_mut().unwrap().cause = Some("liveness probe failed: refused".into());
+        let exit = web.last_exit.as_mut().unwrap();
+        exit.cause = Some("was killed: its liveness probe failed: refused".into());
+        exit.reason = Some(ContainerReason::Unhealthy);
         assert_eq!(
             container_health(&web),
             (
                 ContainerReason::Unhealthy,
-                Some("was stopped: liveness probe failed: refused".into())
+                Some("was killed: its liveness probe failed: refused".into())
             )
         );
         web.start_error = Some("runc create: no such file".into());
@@ -259,6 +262,7 @@ mod tests {
         web.running = false;
         web.restart_after = None;
         web.last_exit.as_mut().unwrap().cause = None;
+        web.last_exit.as_mut().unwrap().reason = None;
         assert_eq!(container_health(&web).0, ContainerReason::Error);
         web.exit_code = Some(0);
         web.last_exit.as_mut().unwrap().code = Some(0);

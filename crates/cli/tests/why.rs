@@ -490,6 +490,15 @@ spec:
       liveness: {exec: {command: ['false']}, periodSeconds: 1, failureThreshold: 1}
 ---
 kind: Pod
+metadata: {name: hungry, namespace: default}
+spec:
+  containers:
+    - name: app
+      image: local/busybox:1
+      command: [busybox, dd, if=/dev/zero, of=/dev/null, bs=64M, count=1]
+      resources: {memory: 16Mi}
+---
+kind: Pod
 metadata: {name: healthy, namespace: default}
 spec:
   containers:
@@ -530,6 +539,32 @@ spec:
     let app = &pod["status"]["containers"][0];
     assert_eq!(app["lastExit"]["code"], 3, "{pod}");
     assert!(app["restarts"].as_u64().unwrap_or(0) >= 1, "{pod}");
+    // Each exited generation left the runtime: at most the current one is
+    // known to runc, however often it restarted.
+    let pod = common::wait_for("two restarts", Duration::from_secs(30), || {
+        let pod = cluster.get_json("pod/crashing");
+        (pod["status"]["containers"][0]["restarts"].as_u64()? >= 2).then_some(pod)
+    });
+    let id = pod["status"]["containers"][0]["containerId"]
+        .as_str()
+        .expect("a container id")
+        .to_string();
+    let prefix = &id[..id.rfind('-').expect("generation suffix") + 1];
+    let listed = Command::new("runc")
+        .arg("--root")
+        .arg(cluster.data_dir.path().join("runc"))
+        .args(["list", "-q"])
+        .output()
+        .expect("runc list");
+    let generations: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        generations.len() <= 1,
+        "exited generations pile up: {generations:?}"
+    );
     let row = get_row(&cluster, "crashing");
     assert!(
         matches!(row[2].as_str(), "CrashLoop" | "Running"),
@@ -550,9 +585,30 @@ spec:
     );
     assert!(
         line.starts_with(
-            "pod/unlive (revision 1) is not healthy: container app was stopped: liveness probe failed"
+            "pod/unlive (revision 1) is not healthy: container app was killed: its liveness probe failed"
         ),
         "{line}"
+    );
+
+    // A container the kernel kills for its memory: why says the kernel did.
+    let line = common::wait_for(
+        "hungry to be called unhealthy",
+        Duration::from_secs(60),
+        || {
+            let line = why_line(&cluster, "pod/hungry");
+            line.contains("is not healthy").then_some(line)
+        },
+    );
+    assert!(
+        line.starts_with(
+            "pod/hungry (revision 1) is not healthy: container app was killed by the kernel: out of memory (memory limit 16Mi)"
+        ),
+        "{line}"
+    );
+    common::wait_for(
+        "get pods to say OutOfMemory",
+        Duration::from_secs(30),
+        || (get_row(&cluster, "hungry")[2] == "OutOfMemory").then_some(()),
     );
 
     // A healthy pod keeps the workflow's verdict, and its row reads 1/1 ready.
@@ -589,7 +645,7 @@ spec:
         "{:?}",
         watch.rows("crashing")
     );
-    for pod in ["pod/crashing", "pod/unlive", "pod/healthy"] {
+    for pod in ["pod/crashing", "pod/unlive", "pod/hungry", "pod/healthy"] {
         cluster.ok(&["delete", pod]);
     }
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use corral_api::kinds::ContainerExit;
+use corral_api::kinds::{ContainerExit, ContainerReason};
 use corral_runtime::oci::reap::{Liveness, liveness};
 
 use super::{PodWorkload, pod_sandbox, typed_spec};
@@ -41,6 +41,15 @@ impl PodWorkload {
                     Liveness::Exited(code) => code,
                 };
                 let restart = restart_at(spec.restart_policy, exit_code, record.restarts, now);
+                let out_of_memory =
+                    exit_code == Some(137) && crate::containers::oom_killed(&self.uid(), &name);
+                let limit = spec
+                    .containers
+                    .iter()
+                    .find(|c| c.name == name)
+                    .and_then(|c| c.resources.memory)
+                    .map(|memory| format!(" (memory limit {memory})"))
+                    .unwrap_or_default();
                 tracing::info!(pod = %self.key(), container = %name, ?exit_code, restart = ?restart, "container exited");
                 let entry = self
                     .record
@@ -52,10 +61,21 @@ impl PodWorkload {
                 entry.ready = false;
                 entry.running = restart.is_some();
                 entry.restart_after = restart;
+                let stop_cause = entry.stop_cause.take();
+                let (cause, reason) = if out_of_memory {
+                    (
+                        Some(format!("was killed by the kernel: out of memory{limit}")),
+                        Some(ContainerReason::OutOfMemory),
+                    )
+                } else {
+                    let reason = stop_cause.as_ref().map(|_| ContainerReason::Unhealthy);
+                    (stop_cause, reason)
+                };
                 entry.last_exit = Some(ContainerExit {
                     code: exit_code,
                     at: now,
-                    cause: entry.stop_cause.take(),
+                    cause,
+                    reason,
                 });
                 changed = true;
             } else if record.running && record.restart_after.is_some_and(|at| at <= now) {
@@ -76,7 +96,12 @@ impl PodWorkload {
                 let generation = self.next_generation(&name);
                 let old = record.clone();
                 let result = tokio::task::spawn_blocking(move || {
-                    let _ = runner.cleanup(&uid, &old);
+                    // The exited generation leaves the runtime too (its
+                    // state and cgroup), not only its files: a container
+                    // that keeps exiting must not pile up runc containers.
+                    if let Err(error) = runner.stop(&uid, &pod_spec, &old, Duration::ZERO) {
+                        tracing::warn!(container = %old.runtime_id, error = %crate::chain(&error), "cannot remove the exited container");
+                    }
                     let sandbox = pod_sandbox(&ranges, &uid, &pod_spec, &container.name, &netns)?;
                     runner.start(&uid, &pod_name, &pod_spec, &container, generation, &sandbox)
                 })
@@ -205,7 +230,8 @@ impl PodWorkload {
                         if state.liveness_failures >= threshold {
                             tracing::info!(pod = %self.record.pod.key(), container = %container.name, %error, "liveness failed; killing the container");
                             state.liveness_failures = 0;
-                            entry.stop_cause = Some(format!("liveness probe failed: {error}"));
+                            entry.stop_cause =
+                                Some(format!("was killed: its liveness probe failed: {error}"));
                             changed = true;
                             let _ = runtime
                                 .kill(&entry.runtime_id, corral_runtime::oci::Signal::SIGKILL);

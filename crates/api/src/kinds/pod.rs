@@ -300,6 +300,8 @@ pub enum ContainerReason {
     CrashLoop,
     /// Killed by the node after its liveness probe failed; restarted.
     Unhealthy,
+    /// Killed by the kernel for using more memory than its limit.
+    OutOfMemory,
     /// Exited non-zero and is not restarted (restart policy).
     Error,
     /// The node could not start it again (the runtime refused).
@@ -322,6 +324,7 @@ impl ContainerReason {
             ContainerReason::Completed => "Completed",
             ContainerReason::CrashLoop => "CrashLoop",
             ContainerReason::Unhealthy => "Unhealthy",
+            ContainerReason::OutOfMemory => "OutOfMemory",
             ContainerReason::Error => "Error",
             ContainerReason::StartFailed => "StartFailed",
         }
@@ -337,10 +340,15 @@ pub struct ContainerExit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<i32>,
     pub at: DateTime<Utc>,
-    /// Why it ended, when the node knows more than the code: the liveness
-    /// probe's error, the signal's name.
+    /// Why it ended, when the node knows more than the code, as a phrase:
+    /// "was killed: its liveness probe failed: …", "was killed by the
+    /// kernel: out of memory (limit 16Mi)".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
+    /// The reason that cause gives the container (`Unhealthy`,
+    /// `OutOfMemory`); none for a plain exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ContainerReason>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -96,11 +96,12 @@ fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 }
 
 /// The message the node writes for a container that exited: "exited with
-/// code 3", "was killed by signal 9 (exit code 137)" or "was stopped:
-/// liveness probe failed: …" (no time: `why` adds how long ago).
+/// code 3", "was killed by signal 9 (exit code 137)" or the cause the node
+/// knows ("was killed: its liveness probe failed: …"; no time: `why` adds
+/// how long ago).
 pub fn exit_message(code: Option<i32>, cause: Option<&str>) -> String {
     match (cause, code) {
-        (Some(cause), _) => format!("was stopped: {cause}"),
+        (Some(cause), _) => cause.to_string(),
         (None, Some(code)) if code > 128 && code <= 128 + 64 => {
             format!("was killed by signal {} (exit code {code})", code - 128)
         }
@@ -142,6 +143,7 @@ mod tests {
             code: Some(3),
             at: now - TimeDelta::seconds(2),
             cause: None,
+            reason: None,
         });
         looping.message = Some(exit_message(Some(3), None));
         looping.next_restart_at = Some(now + TimeDelta::seconds(14));
@@ -185,8 +187,11 @@ mod tests {
             "was killed by signal 9 (exit code 137)"
         );
         assert_eq!(
-            exit_message(Some(137), Some("liveness probe failed: connection refused")),
-            "was stopped: liveness probe failed: connection refused"
+            exit_message(
+                Some(137),
+                Some("was killed: its liveness probe failed: connection refused")
+            ),
+            "was killed: its liveness probe failed: connection refused"
         );
         assert_eq!(
             exit_message(None, None),
@@ -203,6 +208,7 @@ mod tests {
             code: Some(2),
             at: now - chrono::TimeDelta::seconds(1),
             cause: None,
+            reason: None,
         });
         let status = PodStatus {
             phase: PodPhase::Failed,
