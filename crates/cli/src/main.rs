@@ -11,7 +11,7 @@ mod target;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// mimalloc, not glibc's malloc: the server's request path, its watch fan-out
 /// and the in-process controllers allocate small JSON values from many
@@ -21,8 +21,8 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
-    apply, console, controllers, datastore, exec, get, history, image, lab, lb, node, rollout,
-    security, token, up, workflow,
+    apply, completion, console, controllers, datastore, exec, get, history, image, lab, lb, node,
+    rollout, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -128,6 +128,9 @@ enum Command {
   corral whoami                              e.g. `admin (operator, external)`
   CORRAL_CONFIG=alice.json corral whoami     the identity in another client config")]
     Whoami,
+    /// Print a shell completion script (bash, zsh or fish) for corral's
+    /// subcommands and flags.
+    Completion(completion::CompletionArgs),
     /// Print the API's OpenAPI document.
     #[command(after_help = "Examples:
   corral openapi > openapi.json              save it (docs/openapi.json is this output)
@@ -194,6 +197,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ExplainSecurity(args) => security::explain_security(config, args).await,
         Command::Token(args) => token::run(config, args).await,
         Command::Whoami => token::whoami(config).await,
+        Command::Completion(args) => completion::completion(&args, &mut Cli::command()),
         Command::Openapi => {
             println!(
                 "{}",
