@@ -11,7 +11,7 @@ mod target;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// mimalloc, not glibc's malloc: the server's request path, its watch fan-out
 /// and the in-process controllers allocate small JSON values from many
@@ -21,8 +21,8 @@ use clap::{Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
-    apply, console, controllers, datastore, exec, get, history, image, lab, lb, node, rollout,
-    security, token, up, workflow,
+    apply, completion, console, controllers, datastore, exec, get, history, image, lab, lb, node,
+    rollout, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -124,8 +124,17 @@ enum Command {
     /// Manage API tokens.
     Token(token::TokenArgs),
     /// Show who the configured token authenticates as.
+    #[command(after_help = "Examples:
+  corral whoami                              e.g. `admin (operator, external)`
+  CORRAL_CONFIG=alice.json corral whoami     the identity in another client config")]
     Whoami,
+    /// Print a shell completion script (bash, zsh or fish) for corral's
+    /// subcommands and flags.
+    Completion(completion::CompletionArgs),
     /// Print the API's OpenAPI document.
+    #[command(after_help = "Examples:
+  corral openapi > openapi.json              save it (docs/openapi.json is this output)
+  corral openapi | jq '.paths | keys'        every API path")]
     Openapi,
 }
 
@@ -210,6 +219,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ExplainSecurity(args) => security::explain_security(config, args).await,
         Command::Token(args) => token::run(config, args).await,
         Command::Whoami => token::whoami(config).await,
+        Command::Completion(args) => completion::completion(&args, &mut Cli::command()),
         Command::Openapi => {
             println!(
                 "{}",
@@ -217,5 +227,111 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::Cli;
+
+    /// Every command a person runs, with its path (`corral node forget`).
+    fn leaves(command: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+        let subcommands: Vec<&clap::Command> = command
+            .get_subcommands()
+            .filter(|c| c.get_name() != "help")
+            .collect();
+        if subcommands.is_empty() {
+            out.push((path.clone(), command.clone()));
+        }
+        for sub in subcommands {
+            leaves(sub, format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_command_has_an_example_in_its_help() {
+        let mut all = Vec::new();
+        leaves(&Cli::command(), "corral".into(), &mut all);
+        let missing: Vec<&str> = all
+            .iter()
+            .filter(|(_, command)| {
+                let help = command.clone().render_long_help().to_string();
+                !help.contains("Example")
+            })
+            .map(|(path, _)| path.as_str())
+            .collect();
+        assert!(missing.is_empty(), "no example in --help: {missing:#?}");
+    }
+
+    /// The `corral …` command of one line of an example, split into words
+    /// as a shell would (quotes, a leading `VAR=value`, `source <(…)`,
+    /// `… | corral …`); None for lines that are not a corral command.
+    fn example_command(line: &str) -> Option<Vec<String>> {
+        let line = line.trim();
+        let line = line.strip_prefix("Example:").unwrap_or(line).trim_start();
+        let line = match line.strip_prefix("source <(") {
+            Some(rest) => rest.split_once(')')?.0,
+            None => line,
+        };
+        let line = match line.find(" | corral ") {
+            Some(at) if !line.starts_with("corral ") => &line[at + 3..],
+            _ => line,
+        };
+        // Drop the comment (after two spaces), pipes and redirections.
+        let line = line.split("  ").next()?;
+        let line = line.split(" | ").next()?.split(" > ").next()?;
+        let mut words = Vec::new();
+        let mut word: Option<String> = None;
+        let mut quote = None;
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), c) => word.get_or_insert_default().push(c),
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    word.get_or_insert_default();
+                }
+                (None, c) if c.is_whitespace() => words.extend(word.take()),
+                (None, c) => word.get_or_insert_default().push(c),
+            }
+        }
+        words.extend(word);
+        let assignment = |w: &String| w.contains('=') && !w.starts_with('-');
+        let start = words.iter().position(|w| !assignment(w))?;
+        (words.get(start).map(String::as_str) == Some("corral")).then(|| words.split_off(start))
+    }
+
+    /// Every example line in every `--help`, with line continuations joined.
+    fn example_lines(command: &clap::Command, out: &mut Vec<String>) {
+        let texts = [command.get_after_help(), command.get_long_about()];
+        for text in texts.into_iter().flatten() {
+            let text = text.to_string().replace("\\\n", " ");
+            out.extend(text.lines().map(str::to_string));
+        }
+        for sub in command.get_subcommands() {
+            example_lines(sub, out);
+        }
+    }
+
+    #[test]
+    fn every_example_in_help_parses() {
+        let mut lines = Vec::new();
+        example_lines(&Cli::command(), &mut lines);
+        let commands: Vec<Vec<String>> = lines.iter().filter_map(|l| example_command(l)).collect();
+        assert!(
+            commands.len() > 50,
+            "found only {} examples",
+            commands.len()
+        );
+        let wrong: Vec<String> = commands
+            .iter()
+            .filter_map(|words| {
+                let error = Cli::try_parse_from(words).err()?;
+                Some(format!("{}: {}", words.join(" "), error.kind()))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "examples that do not parse: {wrong:#?}");
     }
 }

@@ -99,6 +99,9 @@ async fn apply_one(
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral edit pd/web -m \"more replicas\"       in $VISUAL, else $EDITOR, else vi
+  VISUAL=nano corral edit pod/web -n team-a   with nano, in namespace team-a")]
 pub struct EditArgs {
     /// The object: KIND/NAME.
     target: String,
@@ -165,6 +168,10 @@ pub async fn edit(config: Option<PathBuf>, args: EditArgs) -> anyhow::Result<()>
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral delete pod/web                         delete one object
+  corral delete pd web -m \"replaced by pd/api\"  KIND NAME, with a message for its history
+  corral delete -f web.yaml                     every object in the manifest")]
 pub struct DeleteArgs {
     /// KIND/NAME (or KIND NAME) of the object to delete.
     target: Option<String>,

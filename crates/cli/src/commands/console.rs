@@ -23,8 +23,8 @@ const DETACH: u8 = 0x1d;
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
-  corral console vm/builder                   attach (Ctrl-] detaches)
-  echo 'uname -a' | corral console vm/builder type a line, show the answer")]
+  corral console vm/builder                      attach (Ctrl-] detaches)
+  echo 'uname -a' | corral console vm/builder    type a line, show the answer")]
 pub struct ConsoleArgs {
     /// The VM: vm/NAME.
     target: String,

@@ -28,6 +28,9 @@ enum ControllersCommand {
     /// Show every registered controller (what it owns, reads and adds to
     /// workflows) and the owner of every field, built-in defaults included
     /// (people own spec, labels and annotations).
+    #[command(after_help = "Examples:
+  corral controllers list             controllers, then every field's owner and readers
+  corral controllers list -o yaml     the same, for scripts")]
     List {
         #[arg(short = 'o', long, value_enum, default_value_t)]
         output: Format,
@@ -40,6 +43,9 @@ enum ControllersCommand {
     ///
     /// A controller reading its own fields is not a cycle; step hand-offs
     /// through workflows are not field writes (a step only moves forward).
+    #[command(after_help = "Examples:
+  corral controllers check            `converges`, or every cycle (and exit 1)
+  corral controllers check -o json    the cycles as JSON, for scripts")]
     Check {
         #[arg(short = 'o', long, value_enum, default_value_t)]
         output: Format,
@@ -63,6 +69,10 @@ enum ControllersCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral explain pod.status.node                    owned by the scheduler
+  corral explain 'pod.spec.containers[*].image'     people own spec
+  corral explain node.status.prefix -o json         owner and readers, for scripts")]
 pub struct ExplainArgs {
     /// The field, as KIND.PATH: `pod.status.node`, `node.status.prefix`,
     /// `pod.spec.containers[*].image`.

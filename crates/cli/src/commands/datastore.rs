@@ -59,11 +59,16 @@ impl DatastoreArgs {
 #[command(after_help = "\
 Stop the server before migrating: writes made after the copy are not moved.
 Then start every server on the new store with the same CA, so existing
-client configs and tokens keep working:
+client configs and tokens keep working.
 
+Examples:
   corral migrate --from sqlite:/var/lib/corral/store.db --to etcd://10.0.0.1:2379,10.0.0.2:2379
-  corral server --datastore etcd://10.0.0.1:2379,10.0.0.2:2379 \\
-      --tls-dir /var/lib/corral/tls --cluster-prefix <the cluster's prefix>")]
+                                      copy the SQLite store into etcd, under /corral
+  corral migrate --from sqlite:/var/lib/corral/store.db --to 'etcd://10.0.0.1:2379?prefix=/staging'
+                                      under the prefix /staging instead
+  corral server --datastore etcd://10.0.0.1:2379,10.0.0.2:2379 --tls-dir /var/lib/corral/tls \\
+      --cluster-prefix \"$(jq -r .prefix /var/lib/corral/cluster.json)\"
+                                      then serve the same cluster from etcd")]
 pub struct MigrateArgs {
     /// The store to copy: sqlite:PATH (a corral data dir's store.db).
     #[arg(long, value_name = "URL")]

@@ -12,6 +12,10 @@ use crate::output::{Format, Table, age, print_structured, timestamp};
 use crate::target::Target;
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral get pods                         the pods in namespace default
+  corral get pods -A -l app=web -o wide   every namespace, by label, with addresses
+  corral get pod/web -o yaml              one object in full")]
 pub struct GetArgs {
     /// KIND, KIND/NAME or KIND NAME (pod, pods, pod/web, pd, vm, node, …).
     target: String,
@@ -167,6 +171,10 @@ fn load_balancer_columns(object: &Object) -> [String; 3] {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral describe pod/web               spec, status and the last 5 revisions
+  corral describe node node-1           KIND NAME works too
+  corral describe pd/web -n team-a      in namespace team-a")]
 pub struct DescribeArgs {
     /// KIND/NAME.
     target: String,

@@ -128,6 +128,10 @@ fn parse_since(text: &str) -> anyhow::Result<chrono::DateTime<Utc>> {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral diff pod/web 1 2             what changed from revision 1 to 2
+  corral diff pod/web 1               revision 1 against the current one
+  corral diff pd/web 3 4 -o json      the changes, for scripts")]
 pub struct DiffArgs {
     /// KIND/NAME.
     target: String,
@@ -167,6 +171,9 @@ pub async fn diff(config: Option<PathBuf>, args: DiffArgs) -> anyhow::Result<()>
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral rollback pod/web --to 1 -m \"back to english\"   a new revision with revision 1's spec
+  corral rollback pd/web --to 3 -n team-a               in namespace team-a")]
 pub struct RollbackArgs {
     /// KIND/NAME.
     target: String,

@@ -30,6 +30,10 @@ enum ImageCommand {
     /// oci-archive`) or a docker-archive tar (`podman save --format
     /// docker-archive`, `docker save`). Layers are unpacked once and shared
     /// by every container that uses them.
+    #[command(after_help = "Examples:
+  corral image import /tmp/image-oci.tar                 into this node's default data dir
+  corral image import web.tar --name local/web:2         stored as local/web:2
+  corral image import web.tar --data-dir /run/corral-lab/node-1   into a lab node's store")]
     Import {
         /// The archive.
         file: PathBuf,
@@ -41,12 +45,19 @@ enum ImageCommand {
     /// uses or used in its last revisions, now (it does so every 10
     /// minutes anyway; history is the GC root, hand-imported images are
     /// never deleted). Goes through the API: operators only.
+    #[command(after_help = "Examples:
+  corral image prune                   collect on the cluster's only node
+  corral image prune --node node-1     collect on node-1")]
     Prune {
         /// The node. Default: the cluster's only node.
         #[arg(long, value_name = "NAME")]
         node: Option<String>,
     },
     /// List the images on this node.
+    #[command(after_help = "Examples:
+  corral image ls                                 NAME and DIGEST of each image
+  corral image ls -o json                         the same, for scripts
+  corral image ls --data-dir /run/corral-lab/node-1   a lab node's images")]
     Ls {
         #[arg(short = 'o', long, value_enum, default_value_t)]
         output: Format,

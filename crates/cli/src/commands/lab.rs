@@ -43,6 +43,10 @@ pub struct LabArgs {
 enum LabCommand {
     /// Build N nodes (namespaces on a bridge), start the server in node-0
     /// and an agent in every node, and wait until every node is ready.
+    #[command(after_help = "Examples:
+  corral lab up                                   3 nodes, node-0 to node-2, under /run/corral-lab
+  corral lab up --nodes 3 --image /tmp/image-oci.tar   with an image imported on every node
+  corral lab up --nodes 2 --wireguard --dir /tmp/lab   pod traffic between nodes through WireGuard")]
     Up {
         #[arg(long, default_value_t = 3)]
         nodes: usize,
@@ -57,11 +61,18 @@ enum LabCommand {
         wireguard: bool,
     },
     /// Remove the lab: every process, container, mount and namespace.
+    #[command(after_help = "Examples:
+  corral lab down                   remove the lab in /run/corral-lab
+  corral lab down --dir /tmp/lab    remove the one `corral lab up --dir /tmp/lab` built")]
     Down {
         #[arg(long, default_value = DEFAULT_LAB_DIR)]
         dir: PathBuf,
     },
     /// Run a command inside a lab node (CORRAL_CONFIG set to the lab's admin config).
+    #[command(after_help = "Examples:
+  corral lab exec -- corral get nodes                 the CLI, in node-0, against the lab's API
+  corral lab exec --node node-1 -- ip -6 route        node-1's IPv6 routes
+  alias labc='corral lab exec -- corral'              then: labc apply -f web.yaml")]
     Exec {
         #[arg(long, default_value = DEFAULT_LAB_DIR)]
         dir: PathBuf,
@@ -71,12 +82,18 @@ enum LabCommand {
         command: Vec<String>,
     },
     /// Stop a node's agent (its containers keep running), as a node failure would.
+    #[command(after_help = "Examples:
+  corral lab stop-agent node-2                   as if node-2 crashed: it turns Silent
+  corral lab exec -- corral get nodes            see its status change")]
     StopAgent {
         #[arg(long, default_value = DEFAULT_LAB_DIR)]
         dir: PathBuf,
         node: String,
     },
     /// Start a node's agent again (after stop-agent); it registers and joins.
+    #[command(after_help = "Examples:
+  corral lab start-agent node-2                  node-2 heartbeats again and rejoins
+  corral lab exec -- corral why node/node-2      its join workflow, step by step")]
     StartAgent {
         #[arg(long, default_value = DEFAULT_LAB_DIR)]
         dir: PathBuf,

@@ -14,6 +14,13 @@ use corral_controllers::loadbalancer::{self, LoadBalancerConfig, plan::Frontends
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral lb-proxy --listen-v4 192.0.2.10 --listen-v6 2001:db8::10
+                                      with the controller token in $CORRAL_CONFIG
+  corral lb-proxy --token \"$TOKEN\" --listen-v6 2001:db8::10 --class internal
+                                      the config's server, this token; LoadBalancers of class internal
+  corral lb-proxy --server https://10.0.0.1:7443 --ca ca.pem --listen-v4 192.0.2.10
+                                      no config: the token comes from $CORRAL_CONTROLLER_TOKEN")]
 pub struct LbProxyArgs {
     /// The API server's URL; without it, server and token come from the
     /// client config (--config / $CORRAL_CONFIG), which must then hold a

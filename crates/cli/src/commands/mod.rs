@@ -1,6 +1,7 @@
 //! One module per group of subcommands.
 
 pub mod apply;
+pub mod completion;
 pub mod console;
 pub mod controllers;
 pub mod datastore;

@@ -20,8 +20,13 @@ enum NodeCommand {
     /// Declare the node Lost now (not waiting for --lost-after): every pod
     /// on it that is not pinned there is placed elsewhere. If the machine
     /// comes back, its agent stops those pods' old copies.
+    #[command(after_help = "Examples:
+  corral node forget node-2           node-2 is Lost now: its unpinned pods move
+  corral history node/node-2          who declared it lost, and when")]
     Forget { name: String },
     /// Undo `forget`: the node is Ready again once it heartbeats.
+    #[command(after_help = "Examples:
+  corral node remember node-2         node-2 is Ready again once it heartbeats")]
     Remember { name: String },
 }
 

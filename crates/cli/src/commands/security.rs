@@ -14,6 +14,9 @@ use crate::output::{Format, Table, print_structured};
 use crate::target::Target;
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral explain-security pod/web                 every sandbox knob and the Policy that relaxed it
+  corral explain-security web -n team-a -o json   a pod NAME alone works too")]
 pub struct ExplainSecurityArgs {
     /// The pod: pod/NAME or NAME.
     target: String,

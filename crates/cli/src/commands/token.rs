@@ -26,6 +26,10 @@ enum TokenCommand {
     /// on each new machine `corral agent --server URL --ca ca.pem
     /// --join-token TOKEN`. The agent exchanges it once for the node's own
     /// token and keeps that; the join token expires (a day by default).
+    #[command(after_help = "Examples:
+  corral token create --join                                      for new nodes, valid 24h
+  corral token create --user alice --namespace team-a --ttl 7d    alice, in team-a, for a week
+  corral token create --controller lb-l4-proxy                    for `corral lb-proxy`")]
     Create {
         /// A person limited to namespaced objects.
         #[arg(long, value_name = "NAME")]

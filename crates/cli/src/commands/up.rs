@@ -19,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 use super::default_data_dir;
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral server --listen 10.0.0.1:7443            serve agents on other machines
+  corral server --listen 10.0.0.1:7443 --tls-san corral.example.com   another name in the certificate
+  corral server --datastore etcd://10.0.0.1:2379,10.0.0.2:2379 --cluster-prefix fd12:3456:789a::/48")]
 pub struct ServerArgs {
     /// Where the store, the configs and (for `up`) the node's pods and images live.
     /// Default: /var/lib/corral as root, ~/.local/share/corral otherwise.
@@ -87,6 +91,10 @@ impl ServerArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral up                                  a cluster in the default data dir; prints the export line
+  corral up --data-dir /tmp/corral --listen 127.0.0.1:8443   state in /tmp/corral, API on port 8443
+  corral up --egress-uplink eth0             pods reach IPv4 addresses through eth0")]
 pub struct UpArgs {
     #[command(flatten)]
     server: ServerArgs,
@@ -164,6 +172,13 @@ impl NetworkArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  corral agent --server https://10.0.0.1:7443 --ca ca.pem --join-token corral_… --name node-2
+                                      join; later starts reuse node-2's own token
+  corral agent --agent-config node-2.json --listen 0.0.0.0:7444 --agent-secret \"$SECRET\"
+                                      also serve container logs and exec to the server
+  corral agent --agent-config node-2.json --address fd00::2 --wireguard
+                                      pod traffic to other nodes through WireGuard")]
 pub struct AgentArgs {
     /// The API server's URL, e.g. https://10.0.0.1:7443.
     #[arg(long, value_name = "URL", required_unless_present = "config")]
