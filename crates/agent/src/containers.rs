@@ -264,6 +264,7 @@ impl ContainerRunner {
             last_exit: None,
             stop_cause: None,
             start_error: None,
+            readiness_error: None,
         })
     }
 

@@ -146,7 +146,13 @@ pub fn container_health(record: &ContainerRecord) -> (ContainerReason, Option<St
             })
     };
     match (record.running, record.pid) {
-        (true, Some(_)) => (ContainerReason::Running, None),
+        (true, Some(_)) => match (&record.readiness_error, record.ready) {
+            (Some(error), false) => (
+                ContainerReason::NotReady,
+                Some(format!("is not ready: its readiness probe fails: {error}")),
+            ),
+            _ => (ContainerReason::Running, None),
+        },
         (true, None) => match (&record.start_error, record.restart_after, exit) {
             (Some(error), _, _) => (
                 ContainerReason::StartFailed,
@@ -214,6 +220,7 @@ mod tests {
             last_exit: None,
             stop_cause: None,
             start_error: None,
+            readiness_error: None,
         }
     }
 
@@ -223,6 +230,15 @@ mod tests {
         let now = Utc::now();
         let mut web = record(&spec, "web");
         assert_eq!(container_health(&web), (ContainerReason::Running, None));
+        web.readiness_error = Some("exit code 1".into());
+        assert_eq!(
+            container_health(&web),
+            (
+                ContainerReason::NotReady,
+                Some("is not ready: its readiness probe fails: exit code 1".into())
+            )
+        );
+        web.readiness_error = None;
         web.pid = None;
         assert_eq!(container_health(&web).0, ContainerReason::Starting);
         web.exit_code = Some(3);

@@ -95,6 +95,9 @@ pub struct ContainerRecord {
     /// Why the last attempt to start it again failed.
     #[serde(default)]
     pub start_error: Option<String>,
+    /// The readiness probe's error while it keeps the container unready.
+    #[serde(default)]
+    pub readiness_error: Option<String>,
 }
 
 /// The directory of pod records.
@@ -247,6 +250,7 @@ mod tests {
                 last_exit: None,
                 stop_cause: None,
                 start_error: None,
+                readiness_error: None,
             },
         );
         state.save(&record).unwrap();

@@ -499,6 +499,15 @@ spec:
       resources: {memory: 16Mi}
 ---
 kind: Pod
+metadata: {name: unready, namespace: default}
+spec:
+  containers:
+    - name: app
+      image: local/busybox:1
+      command: [sh, -c, 'touch /tmp/ready; sleep 4; rm /tmp/ready; exec sleep 3600']
+      readiness: {exec: {command: [sh, -c, 'test -e /tmp/ready']}, periodSeconds: 1, failureThreshold: 1}
+---
+kind: Pod
 metadata: {name: healthy, namespace: default}
 spec:
   containers:
@@ -611,6 +620,26 @@ spec:
         || (get_row(&cluster, "hungry")[2] == "OutOfMemory").then_some(()),
     );
 
+    // A container that was ready and stops being so: why names the probe.
+    let line = common::wait_for(
+        "unready to be called unhealthy",
+        Duration::from_secs(60),
+        || {
+            let line = why_line(&cluster, "pod/unready");
+            line.contains("is not healthy").then_some(line)
+        },
+    );
+    assert!(
+        line.starts_with(
+            "pod/unready (revision 1) is not healthy: container app is not ready: its readiness probe fails: "
+        ),
+        "{line}"
+    );
+    assert_eq!(
+        &get_row(&cluster, "unready")[2..5],
+        ["NotReady", "0/1", "0"]
+    );
+
     // A healthy pod keeps the workflow's verdict, and its row reads 1/1 ready.
     let line = common::wait_for("healthy to run", Duration::from_secs(30), || {
         let line = why_line(&cluster, "pod/healthy");
@@ -645,7 +674,13 @@ spec:
         "{:?}",
         watch.rows("crashing")
     );
-    for pod in ["pod/crashing", "pod/unlive", "pod/hungry", "pod/healthy"] {
+    for pod in [
+        "pod/crashing",
+        "pod/unlive",
+        "pod/hungry",
+        "pod/unready",
+        "pod/healthy",
+    ] {
         cluster.ok(&["delete", pod]);
     }
 }

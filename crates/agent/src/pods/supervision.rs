@@ -213,16 +213,23 @@ impl PodWorkload {
                 match (kind, result) {
                     ("readiness", Ok(())) => {
                         state.readiness_failures = 0;
-                        changed |= !entry.ready;
+                        changed |= !entry.ready || entry.readiness_error.is_some();
                         entry.ready = true;
+                        entry.readiness_error = None;
                     }
                     ("readiness", Err(error)) => {
                         state.readiness_failures += 1;
-                        state.last_error = Some(error);
-                        if state.readiness_failures >= threshold && entry.ready {
-                            entry.ready = false;
-                            changed = true;
+                        if state.readiness_failures >= threshold {
+                            // Written when readiness flips or its error
+                            // changes, not on every failed probe.
+                            let failing = Some(error.clone());
+                            if entry.ready || entry.readiness_error != failing {
+                                entry.ready = false;
+                                entry.readiness_error = failing;
+                                changed = true;
+                            }
                         }
+                        state.last_error = Some(error);
                     }
                     (_, Ok(())) => state.liveness_failures = 0,
                     (_, Err(error)) => {

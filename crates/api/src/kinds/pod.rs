@@ -296,6 +296,8 @@ pub enum ContainerReason {
     Starting,
     /// Exited 0 and is not restarted (restart policy).
     Completed,
+    /// Running, but its readiness probe fails: no traffic reaches it.
+    NotReady,
     /// Exited and waits for its restart backoff.
     CrashLoop,
     /// Killed by the node after its liveness probe failed; restarted.
@@ -322,6 +324,7 @@ impl ContainerReason {
             ContainerReason::Running => "Running",
             ContainerReason::Starting => "Starting",
             ContainerReason::Completed => "Completed",
+            ContainerReason::NotReady => "NotReady",
             ContainerReason::CrashLoop => "CrashLoop",
             ContainerReason::Unhealthy => "Unhealthy",
             ContainerReason::OutOfMemory => "OutOfMemory",
