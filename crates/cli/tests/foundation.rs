@@ -499,3 +499,89 @@ fn concurrent_acknowledged_writes_survive_kill_9() {
         assert!(history.len() >= last, "writer {writer}: {history:?}");
     }
 }
+
+/// `corral edit TARGET` with `EDITOR` set to `editor`.
+fn edit_with(cluster: &Cluster, editor: &std::path::Path, target: &str) -> std::process::Output {
+    std::process::Command::new(common::CORRAL)
+        .args(["edit", target, "-m", "edited"])
+        .env("CORRAL_CONFIG", &cluster.config)
+        .env("EDITOR", editor)
+        .env_remove("VISUAL")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run corral edit")
+}
+
+/// An editor script whose Nth run does `steps[N-1]` (shell, `$f` is the file).
+fn scripted_editor(dir: &std::path::Path, steps: &[&str]) -> std::path::PathBuf {
+    let mut script = format!(
+        "#!/bin/sh\nf=\"$1\"\nn=$(cat {dir}/count 2>/dev/null || echo 0)\nn=$((n+1))\necho $n > {dir}/count\ncp \"$f\" {dir}/seen-$n.yaml\ncase $n in\n",
+        dir = dir.display()
+    );
+    for (index, step) in steps.iter().enumerate() {
+        script.push_str(&format!("{}) {step} ;;\n", index + 1));
+    }
+    script.push_str("esac\n");
+    let path = dir.join("editor.sh");
+    std::fs::write(&path, script).expect("write the editor");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+#[test]
+fn a_refused_edit_reopens_the_editor_with_the_reason_and_the_buffer() {
+    let cluster = Cluster::start();
+    let v1 = cluster.manifest("v1.yaml", &pod_manifest("web", "local/busybox:1"));
+    cluster.ok(&["apply", "-f", &v1]);
+
+    // First save is invalid (an empty image); the editor opens again on the
+    // same text with the reason on top; the second save fixes it.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let editor = scripted_editor(
+        dir.path(),
+        &[
+            r#"sed -i 's|image: local/busybox:1|image: ""|' "$f""#,
+            r#"sed -i 's|image: ""|image: local/busybox:2|' "$f""#,
+        ],
+    );
+    let output = edit_with(&cluster, &editor, "pod/web");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stdout.trim(), "pod/web edited (revision 2)");
+    let second = std::fs::read_to_string(dir.path().join("seen-2.yaml")).expect("second round");
+    assert!(second.starts_with("# The edit was refused"), "{second}");
+    assert!(
+        second.contains("image"),
+        "the reason names the field:\n{second}"
+    );
+    assert!(
+        second.contains("image: \"\""),
+        "the buffer is the person's edit:\n{second}"
+    );
+    let pod = cluster.get_json("pod/web");
+    assert_eq!(pod["spec"]["containers"][0]["image"], "local/busybox:2");
+
+    // Giving up (saving the refused buffer unchanged) keeps the edit in a
+    // file and changes nothing.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let editor = scripted_editor(
+        dir.path(),
+        &[
+            r#"sed -i 's|image: local/busybox:2|image: ""|' "$f""#,
+            "true",
+        ],
+    );
+    let output = edit_with(&cluster, &editor, "pod/web");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{output:?}");
+    let kept = stderr
+        .split("your edit is kept in ")
+        .nth(1)
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let kept_text = std::fs::read_to_string(kept).expect("the kept edit");
+    assert!(kept_text.contains("image: \"\""), "{kept_text}");
+    let _ = std::fs::remove_file(kept);
+    assert_eq!(cluster.get_json("pod/web")["metadata"]["revision"], 2);
+}

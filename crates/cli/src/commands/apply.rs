@@ -122,39 +122,95 @@ pub async fn edit(config: Option<PathBuf>, args: EditArgs) -> anyhow::Result<()>
         .prefix("corral-edit-")
         .suffix(".yaml")
         .tempfile()?;
-    std::fs::write(
-        file.path(),
-        format!(
-            "# Edit {key} and save; an empty file or no change cancels.\n# resourceVersion makes the write fail if someone else changed it meanwhile.\n{original}"
-        ),
-    )?;
+    let header = format!(
+        "# Edit {key} and save; an empty file or no change cancels.\n# resourceVersion makes the write fail if someone else changed it meanwhile.\n"
+    );
+    std::fs::write(file.path(), format!("{header}{original}"))?;
     let editor = std::env::var("VISUAL")
         .or_else(|_| std::env::var("EDITOR"))
         .unwrap_or_else(|_| "vi".into());
+    // What the person was last shown: the original, or their own refused
+    // edit. Saving it unchanged gives up.
+    let mut shown = original.clone();
+    let mut refused = false;
+    loop {
+        run_editor(&editor, file.path())?;
+        let edited = std::fs::read_to_string(file.path())?;
+        let body = uncommented(&edited);
+        if body.trim().is_empty() || body.trim() == shown.trim() {
+            if refused {
+                let (_, kept) = file.keep()?;
+                bail!(
+                    "edit cancelled, nothing changed; your edit is kept in {}",
+                    kept.display()
+                );
+            }
+            println!("edit cancelled, no changes made");
+            return Ok(());
+        }
+        match apply_edit(&client, &object, &body, args.message.as_deref()).await {
+            Ok(revision) => {
+                println!("{key} edited (revision {revision})");
+                return Ok(());
+            }
+            Err(error) => {
+                // Open the buffer again with the reason on top, like kubectl.
+                let reason: String = format!("{error:#}")
+                    .lines()
+                    .map(|line| format!("# {line}\n"))
+                    .collect();
+                std::fs::write(
+                    file.path(),
+                    format!(
+                        "# The edit was refused; fix it and save, or save it unchanged to give up:\n{reason}#\n{header}{body}\n"
+                    ),
+                )?;
+                eprintln!("error: {error:#}; reopening the editor");
+                shown = body;
+                refused = true;
+            }
+        }
+    }
+}
+
+/// Runs `editor` on `path`, through the shell so `EDITOR="code --wait"` works.
+fn run_editor(editor: &str, path: &std::path::Path) -> anyhow::Result<()> {
     let status = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("{editor} \"$1\""))
         .arg("sh")
-        .arg(file.path())
+        .arg(path)
         .status()
         .with_context(|| format!("cannot run the editor {editor:?}"))?;
     if !status.success() {
         bail!("the editor {editor:?} failed ({status}); nothing changed");
     }
-    let edited = std::fs::read_to_string(file.path())?;
-    let body: String = edited
-        .lines()
+    Ok(())
+}
+
+/// The edited text without its comment lines.
+fn uncommented(text: &str) -> String {
+    text.lines()
         .filter(|l| !l.starts_with('#'))
         .collect::<Vec<_>>()
-        .join("\n");
-    if body.trim().is_empty() || body.trim() == original.trim() {
-        println!("edit cancelled, no changes made");
-        return Ok(());
-    }
-    let objects =
-        parse_manifests(&edited).context("the edited object is not valid; nothing changed")?;
+        .join("\n")
+}
+
+/// Checks and applies an edit of `read` (the object as it was read);
+/// returns the new revision. The write carries the resourceVersion read, so
+/// a concurrent change of the spec is refused; a conflict caused only by
+/// status writes (the spec revision did not move) is not one, and the edit
+/// is written again on the fresh version.
+async fn apply_edit(
+    client: &Client,
+    read: &Object,
+    body: &str,
+    message: Option<&str>,
+) -> anyhow::Result<u64> {
+    let key = read.key();
+    let objects = parse_manifests(body).context("the edited object is not valid")?;
     let [edited] = objects.as_slice() else {
-        bail!("the edited file must hold exactly one object; nothing changed");
+        bail!("the edited file must hold exactly one object");
     };
     if edited.key() != key {
         bail!(
@@ -162,9 +218,21 @@ pub async fn edit(config: Option<PathBuf>, args: EditArgs) -> anyhow::Result<()>
             edited.key()
         );
     }
-    let stored = client.apply(edited, args.message.as_deref()).await?;
-    println!("{key} edited (revision {})", stored.metadata.revision);
-    Ok(())
+    let mut edited = edited.clone();
+    for _ in 0..5 {
+        match client.apply(&edited, message).await {
+            Ok(stored) => return Ok(stored.metadata.revision),
+            Err(error) if error.status() == Some(409) => {
+                let fresh = client.get(&key).await?;
+                if fresh.metadata.revision != read.metadata.revision {
+                    return Err(error.into());
+                }
+                edited.metadata.resource_version = fresh.metadata.resource_version;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    bail!("{key} kept changing while the edit was written; try again")
 }
 
 #[derive(Debug, Args)]
