@@ -21,8 +21,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
-    apply, completion, console, controllers, datastore, exec, get, history, image, lab, lb, node,
-    rollout, security, token, up, workflow,
+    apply, completion, console, controllers, datastore, describe, exec, get, history, image, lab,
+    lb, node, rollout, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -82,7 +82,7 @@ enum Command {
     /// List objects of a kind, or show one.
     Get(get::GetArgs),
     /// Show one object in full, with its recent history.
-    Describe(get::DescribeArgs),
+    Describe(describe::DescribeArgs),
     /// Edit an object in $EDITOR and apply it (refused if it changed meanwhile).
     Edit(apply::EditArgs),
     /// Delete objects, by KIND/NAME or from a manifest.
@@ -193,7 +193,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate(args) => datastore::migrate(args).await,
         Command::Apply(args) => apply::apply(config, args).await,
         Command::Get(args) => get::get(config, args).await,
-        Command::Describe(args) => get::describe(config, args).await,
+        Command::Describe(args) => describe::describe(config, args).await,
         Command::Edit(args) => apply::edit(config, args).await,
         Command::Delete(args) => apply::delete(config, args).await,
         Command::History(args) => history::history(config, args).await,

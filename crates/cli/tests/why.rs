@@ -583,6 +583,37 @@ spec:
         (get_row(&cluster, "crashing")[2] == "CrashLoop").then_some(())
     });
 
+    // describe sums the pod up in a screen: health, containers, revisions,
+    // the last events; not the raw workflow.
+    let described = cluster.ok(&["describe", "pod/crashing"]);
+    let health = line_with(&described, "Health:");
+    assert!(
+        health.contains("not healthy: container app exited with code 3"),
+        "{described}"
+    );
+    for needle in [
+        "Kind:        Pod",
+        "Status:      ",
+        "Containers:",
+        "    image:     local/busybox:1",
+        "    last exit: code 3",
+        "Workflow:    start-1 (revision 1) succeeded",
+        "Recent revisions (of 1;",
+        "Recent events (of ",
+    ] {
+        assert!(described.contains(needle), "no {needle:?} in:\n{described}");
+    }
+    assert!(
+        !described.contains("definition:"),
+        "no raw workflow:\n{described}"
+    );
+    assert!(described.lines().count() < 50, "{described}");
+    let node = cluster.ok(&["describe", "node", &cluster.node_name()]);
+    assert!(
+        node.contains("Kind:        Node") && node.contains("Status:\n"),
+        "{node}"
+    );
+
     // A container its liveness probe kills: why says the probe did it.
     let line = common::wait_for(
         "unlive to be called unhealthy",

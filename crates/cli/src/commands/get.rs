@@ -1,4 +1,4 @@
-//! `get` and `describe`.
+//! `get`: tables of objects, one object, or a watch of them (`-w`).
 
 use std::path::PathBuf;
 
@@ -8,7 +8,7 @@ use corral_api::kinds::{LoadBalancerSpec, LoadBalancerStatus, PodStatus};
 use corral_api::{Kind, Object};
 
 use super::connect;
-use crate::output::{Format, Table, age, print_structured, timestamp};
+use crate::output::{Format, Table, age, print_structured};
 use crate::target::Target;
 
 #[derive(Debug, Args)]
@@ -168,41 +168,4 @@ fn load_balancer_columns(object: &Object) -> [String; 3] {
         status.addresses.join(",")
     };
     [addresses, ports, status.ready.to_string()]
-}
-
-#[derive(Debug, Args)]
-#[command(after_help = "Examples:
-  corral describe pod/web               spec, status and the last 5 revisions
-  corral describe node node-1           KIND NAME works too
-  corral describe pd/web -n team-a      in namespace team-a")]
-pub struct DescribeArgs {
-    /// KIND/NAME.
-    target: String,
-    name: Option<String>,
-    #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
-    namespace: String,
-}
-
-pub async fn describe(config: Option<PathBuf>, args: DescribeArgs) -> anyhow::Result<()> {
-    let key = Target::parse(&args.target, args.name.as_deref())?.key(Some(&args.namespace))?;
-    let client = connect(config)?;
-    let object = client.get(&key).await?;
-    print!("{}", serde_yaml_ng::to_string(&object)?);
-    let history = client.history(&key).await?;
-    println!(
-        "\nRecent revisions (of {}; `corral history {key}` for all):",
-        history.len()
-    );
-    let mut table = Table::new(&["REVISION", "TIME", "AUTHOR", "CLASS", "MESSAGE"]);
-    for record in history.iter().rev().take(5).rev() {
-        table.row(vec![
-            record.revision.to_string(),
-            timestamp(record.time),
-            record.author.clone(),
-            record.class.as_str().into(),
-            record.message.clone(),
-        ]);
-    }
-    table.print();
-    Ok(())
 }

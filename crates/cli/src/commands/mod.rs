@@ -5,6 +5,7 @@ pub mod completion;
 pub mod console;
 pub mod controllers;
 pub mod datastore;
+pub mod describe;
 pub mod exec;
 pub mod get;
 mod get_watch;
