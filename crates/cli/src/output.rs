@@ -47,6 +47,15 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// Writes `KIND/` before each name in column `column` (`get all`).
+    pub fn prefix_names(&mut self, kind: &str, column: usize) {
+        for row in self.rows.iter_mut().skip(1) {
+            if let Some(name) = row.get_mut(column) {
+                *name = format!("{kind}/{name}");
+            }
+        }
+    }
+
     pub fn print(&self) {
         print!("{}", self.render());
     }

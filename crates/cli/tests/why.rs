@@ -705,6 +705,27 @@ spec:
         "{:?}",
         watch.rows("crashing")
     );
+    // --sort-by a column: RESTARTS ascending; an unknown column is named.
+    let sorted = cluster.ok(&["get", "pods", "--sort-by", "restarts"]);
+    let restarts: Vec<u64> = sorted
+        .lines()
+        .skip(1)
+        .map(|line| {
+            line.split_whitespace()
+                .nth(4)
+                .unwrap_or("x")
+                .parse()
+                .expect("a count")
+        })
+        .collect();
+    assert!(restarts.windows(2).all(|w| w[0] <= w[1]), "{sorted}");
+    assert_eq!(restarts.len(), 5, "{sorted}");
+    let refused = cluster.fails(&["get", "pods", "--sort-by", "colour"]);
+    assert!(refused.contains("RESTARTS"), "{refused}");
+    // `get all` names each object KIND/NAME.
+    let all = cluster.ok(&["get", "all"]);
+    assert!(all.lines().any(|l| l.starts_with("pod/healthy ")), "{all}");
+
     for pod in [
         "pod/crashing",
         "pod/unlive",

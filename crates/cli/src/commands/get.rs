@@ -15,9 +15,13 @@ use crate::target::Target;
 #[command(after_help = "Examples:
   corral get pods                         the pods in namespace default
   corral get pods -A -l app=web -o wide   every namespace, by label, with addresses
-  corral get pod/web -o yaml              one object in full")]
+  corral get pod/web -o yaml              one object in full
+  corral get pods -w                      then a line whenever a pod's row changes
+  corral get pods --sort-by restarts      by a column: name, age, status, restarts, …
+  corral get all -n team-a                every namespaced kind in team-a")]
 pub struct GetArgs {
-    /// KIND, KIND/NAME or KIND NAME (pod, pods, pod/web, pd, vm, node, …).
+    /// KIND, KIND/NAME or KIND NAME (pod, pods, pod/web, pd, vm, node, …),
+    /// or `all` for every namespaced kind.
     target: String,
     name: Option<String>,
     #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
@@ -34,9 +38,16 @@ pub struct GetArgs {
     /// (`-o json`: each changed object), until interrupted.
     #[arg(short = 'w', long)]
     watch: bool,
+    /// Order the rows by a column of the table (NAME, REVISION, AGE,
+    /// STATUS, RESTARTS, NODE, …; any case); numbers and ages sort as such.
+    #[arg(long, value_name = "COLUMN")]
+    sort_by: Option<String>,
 }
 
 pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
+    if args.target.eq_ignore_ascii_case("all") {
+        return get_all(config, args).await;
+    }
     let target = Target::parse(&args.target, args.name.as_deref())?;
     let client = connect(config)?;
     if args.watch {
@@ -59,9 +70,12 @@ pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let namespace = (!args.all_namespaces).then_some(args.namespace.as_str());
-    let list = client
+    let mut list = client
         .list(target.kind, namespace, args.selector.as_deref())
         .await?;
+    if let Some(column) = &args.sort_by {
+        sort_by(&mut list.items, column, args.output == Format::Wide)?;
+    }
     if !print_structured(args.output, &list)? {
         if list.items.is_empty() {
             eprintln!("no {} found", target.kind.plural());
@@ -74,6 +88,92 @@ pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
                 args.output == Format::Wide,
             );
         }
+    }
+    Ok(())
+}
+
+/// `get all`: a table per namespaced kind that has objects, named
+/// `KIND/NAME` like kubectl.
+async fn get_all(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
+    if args.name.is_some() || args.watch {
+        anyhow::bail!("`get all` lists every namespaced kind: give no name and no --watch");
+    }
+    let client = connect(config)?;
+    let namespace = (!args.all_namespaces).then_some(args.namespace.as_str());
+    let mut items = Vec::new();
+    let mut printed = false;
+    for kind in Kind::ALL.into_iter().filter(|k| k.is_namespaced()) {
+        let mut list = client
+            .list(kind, namespace, args.selector.as_deref())
+            .await?;
+        if list.items.is_empty() {
+            continue;
+        }
+        if let Some(column) = &args.sort_by {
+            sort_by(&mut list.items, column, args.output == Format::Wide)?;
+        }
+        if matches!(args.output, Format::Json | Format::Yaml) {
+            items.extend(list.items);
+            continue;
+        }
+        if printed {
+            println!();
+        }
+        let mut table = table(
+            kind,
+            &list.items,
+            args.all_namespaces,
+            args.output == Format::Wide,
+        );
+        table.prefix_names(kind.short(), usize::from(args.all_namespaces));
+        table.print();
+        printed = true;
+    }
+    if matches!(args.output, Format::Json | Format::Yaml) {
+        print_structured(args.output, &serde_json::json!({ "items": items }))?;
+    } else if !printed {
+        eprintln!("nothing found");
+    }
+    Ok(())
+}
+
+/// Sorts objects by the table column named `column` (any case): numerically
+/// when every value is a number, by creation time for AGE.
+fn sort_by(objects: &mut [Object], column: &str, wide: bool) -> anyhow::Result<()> {
+    let Some(kind) = objects.first().map(|o| o.kind) else {
+        return Ok(());
+    };
+    let headers = headers(kind, false, wide);
+    let Some(index) = headers.iter().position(|h| h.eq_ignore_ascii_case(column)) else {
+        anyhow::bail!(
+            "--sort-by {column}: {} tables have the columns {}",
+            kind.short(),
+            headers.join(", ")
+        );
+    };
+    if headers[index] == "AGE" {
+        objects.sort_by_key(|o| std::cmp::Reverse(o.metadata.created_at));
+        return Ok(());
+    }
+    let now = Utc::now();
+    let mut keyed: Vec<(String, Object)> = objects
+        .iter()
+        .map(|o| (row(o, false, wide, now)[index].clone(), o.clone()))
+        .collect();
+    let numeric = keyed.iter().all(|(value, _)| value.parse::<f64>().is_ok());
+    keyed.sort_by(|(a, _), (b, _)| {
+        if numeric {
+            let (a, b) = (
+                a.parse::<f64>().unwrap_or(0.0),
+                b.parse::<f64>().unwrap_or(0.0),
+            );
+            a.total_cmp(&b)
+        } else {
+            a.cmp(b)
+        }
+    });
+    for (slot, (_, object)) in objects.iter_mut().zip(keyed) {
+        *slot = object;
     }
     Ok(())
 }
