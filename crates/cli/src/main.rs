@@ -21,8 +21,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
-    apply, completion, console, controllers, datastore, describe, exec, get, history, image, lab,
-    lb, node, rollout, security, token, up, workflow,
+    apply, completion, config, console, controllers, datastore, describe, exec, get, history,
+    image, lab, lb, node, rollout, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -123,6 +123,9 @@ enum Command {
     ExplainSecurity(security::ExplainSecurityArgs),
     /// Manage API tokens.
     Token(token::TokenArgs),
+    /// Named client configs, one per cluster or identity: add, use, list,
+    /// remove.
+    Config(config::ConfigArgs),
     /// Show who the configured token authenticates as.
     #[command(after_help = "Examples:
   corral whoami                              e.g. `admin (operator, external)`
@@ -218,6 +221,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Explain(args) => controllers::explain(config, args).await,
         Command::ExplainSecurity(args) => security::explain_security(config, args).await,
         Command::Token(args) => token::run(config, args).await,
+        Command::Config(args) => config::run(args),
         Command::Whoami => token::whoami(config).await,
         Command::Completion(args) => completion::completion(&args, &mut Cli::command()),
         Command::Openapi => {

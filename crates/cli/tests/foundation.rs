@@ -585,3 +585,68 @@ fn a_refused_edit_reopens_the_editor_with_the_reason_and_the_buffer() {
     let _ = std::fs::remove_file(kept);
     assert_eq!(cluster.get_json("pod/web")["metadata"]["revision"], 2);
 }
+
+#[test]
+fn a_token_becomes_a_client_config_and_named_configs_switch_clusters() {
+    let cluster = Cluster::start();
+    let config = cluster.ok(&[
+        "token", "create", "--user", "bob", "-n", "dev", "-o", "config",
+    ]);
+    let parsed: Value = serde_json::from_str(&config).expect("a client config");
+    assert!(
+        parsed["server"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("https://"),
+        "{config}"
+    );
+    assert!(parsed["ca"].is_string(), "{config}");
+    let home = tempfile::tempdir().expect("a temp dir");
+    let bob = home.path().join("bob.json");
+    std::fs::write(&bob, &config).expect("save bob's config");
+
+    // Commands in a shell with no --config and no $CORRAL_CONFIG.
+    let corral = |args: &[&str]| {
+        let output = std::process::Command::new(common::CORRAL)
+            .args(args)
+            .env_remove("CORRAL_CONFIG")
+            .env("XDG_CONFIG_HOME", home.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run corral");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = corral(&["--config", &bob.to_string_lossy(), "whoami"]);
+    assert!(ok && out.starts_with("bob (user, external)"), "{out}{err}");
+
+    let (ok, out, err) = corral(&["config", "add", "bob", &bob.to_string_lossy()]);
+    assert!(ok, "{out}{err}");
+    std::fs::remove_file(&bob).expect("the original may go");
+    let (ok, out, err) = corral(&["config", "use", "bob"]);
+    assert!(ok && out.contains("using config bob"), "{out}{err}");
+    let (ok, out, err) = corral(&["whoami"]);
+    assert!(ok && out.starts_with("bob (user, external)"), "{out}{err}");
+    let (_, list, _) = corral(&["config", "list"]);
+    let row = list
+        .lines()
+        .find(|l| l.contains("bob"))
+        .expect("bob is listed");
+    assert!(row.starts_with('*'), "bob is current:\n{list}");
+    assert!(
+        row.contains(parsed["server"].as_str().unwrap_or("?")),
+        "{list}"
+    );
+    // An explicit --config still wins over the named one.
+    let (ok, out, err) = corral(&["--config", &cluster.config.to_string_lossy(), "whoami"]);
+    assert!(ok && out.starts_with("admin"), "{out}{err}");
+    let (ok, _, err) = corral(&["config", "use", "nobody"]);
+    assert!(!ok && err.contains("no config named nobody"), "{err}");
+    let (ok, _, _) = corral(&["config", "use", "--none"]);
+    assert!(ok);
+    let (_, list, _) = corral(&["config", "list"]);
+    assert!(!list.lines().any(|l| l.starts_with('*')), "{list}");
+}

@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod completion;
+pub mod config;
 pub mod console;
 pub mod controllers;
 pub mod datastore;
@@ -47,9 +48,13 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// The client config to use: the one given, or the default `corral up` wrote.
+/// The client config to use: the one given (`--config`, `$CORRAL_CONFIG`),
+/// else the named one in use (`corral config use`), else the admin config
+/// `corral up` wrote.
 pub fn config_path(given: Option<PathBuf>) -> PathBuf {
-    given.unwrap_or_else(|| default_data_dir().join(ADMIN_CONFIG))
+    given
+        .or_else(config::current)
+        .unwrap_or_else(|| default_data_dir().join(ADMIN_CONFIG))
 }
 
 /// A client for the configured cluster.

@@ -6,7 +6,9 @@ use anyhow::bail;
 use clap::{Args, Subcommand};
 use corral_api::Role;
 
-use super::connect;
+use corral_client::ClientConfig;
+
+use super::{config_path, connect};
 
 #[derive(Debug, Args)]
 pub struct TokenArgs {
@@ -29,7 +31,9 @@ enum TokenCommand {
     #[command(after_help = "Examples:
   corral token create --join                                      for new nodes, valid 24h
   corral token create --user alice --namespace team-a --ttl 7d    alice, in team-a, for a week
-  corral token create --controller lb-l4-proxy                    for `corral lb-proxy`")]
+  corral token create --controller lb-l4-proxy                    for `corral lb-proxy`
+  corral token create --user bob -n dev -o config > bob.json      a ready client config for bob
+  CORRAL_CONFIG=bob.json corral whoami                            … which bob uses as it is")]
     Create {
         /// A person limited to namespaced objects.
         #[arg(long, value_name = "NAME")]
@@ -55,7 +59,20 @@ enum TokenCommand {
         /// for every namespace). A user token needs at least one.
         #[arg(long = "namespace", short = 'n', value_name = "NAMESPACE")]
         namespaces: Vec<String>,
+        /// `token` prints the token alone; `config` prints a client config
+        /// (this cluster's server and CA, the new token) to save as a file
+        /// for `--config`, `$CORRAL_CONFIG` or `corral config add`.
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: TokenOutput,
     },
+}
+
+/// What `token create` prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+enum TokenOutput {
+    #[default]
+    Token,
+    Config,
 }
 
 pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()> {
@@ -67,6 +84,7 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
         join,
         ttl,
         namespaces,
+        output,
     } = args.command;
     let chosen: Vec<(String, Role)> = [
         (user, Role::User),
@@ -86,13 +104,24 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
             "a user token needs --namespace NAME (repeat it, or `--namespace '*'` for every namespace)"
         );
     }
-    let client = connect(config)?;
+    let path = config_path(config);
+    let client = connect(Some(path.clone()))?;
     let ttl = ttl.map(|ttl| ttl.as_secs().max(1));
     let created = client.create_token(name, *role, &namespaces, ttl).await?;
     if let Some(expires_at) = created.identity.expires_at {
         eprintln!("expires at {}", expires_at.to_rfc3339());
     }
-    println!("{}", created.token);
+    match output {
+        TokenOutput::Token => println!("{}", created.token),
+        TokenOutput::Config => {
+            let mine = ClientConfig::load(&path)?;
+            let theirs = ClientConfig {
+                token: created.token,
+                ..mine
+            };
+            println!("{}", serde_json::to_string_pretty(&theirs)?);
+        }
+    }
     Ok(())
 }
 
