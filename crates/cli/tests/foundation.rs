@@ -650,3 +650,32 @@ fn a_token_becomes_a_client_config_and_named_configs_switch_clusters() {
     let (_, list, _) = corral(&["config", "list"]);
     assert!(!list.lines().any(|l| l.starts_with('*')), "{list}");
 }
+
+#[test]
+fn dry_runs_and_diffs_against_a_file_write_nothing() {
+    let cluster = Cluster::start();
+    let v1 = cluster.manifest("v1.yaml", &pod_manifest("web", "local/busybox:1"));
+    let v2 = cluster.manifest("v2.yaml", &pod_manifest("web", "local/busybox:2"));
+    let other = cluster.manifest("api.yaml", &pod_manifest("api", "local/busybox:1"));
+    cluster.ok(&["apply", "-f", &v1]);
+
+    let dry = cluster.ok(&["apply", "-f", &v2, "--dry-run"]);
+    assert!(
+        dry.starts_with("pod/web would change (revision 1 → 2):"),
+        "{dry}"
+    );
+    assert!(dry.contains("\n-  image: local/busybox:1\n"), "{dry}");
+    assert!(dry.contains("\n+  image: local/busybox:2\n"), "{dry}");
+    assert!(dry.contains("containers: web restarts"), "{dry}");
+    assert_eq!(cluster.get_json("pod/web")["metadata"]["revision"], 1);
+
+    let diff = cluster.corral(&["diff", "-f", &v2]);
+    assert_eq!(diff.status.code(), Some(1), "{diff:?}");
+    assert!(String::from_utf8_lossy(&diff.stdout).contains("containers: web restarts"));
+    let same = cluster.corral(&["diff", "-f", &v1]);
+    assert_eq!(same.status.code(), Some(0), "{same:?}");
+    assert!(String::from_utf8_lossy(&same.stdout).starts_with("pod/web unchanged (revision 1)"));
+    let new = cluster.ok(&["apply", "-f", &other, "--dry-run"]);
+    assert_eq!(new.trim(), "pod/api would be created");
+    assert!(cluster.fails(&["get", "pod/api"]).contains("api"));
+}

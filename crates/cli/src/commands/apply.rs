@@ -15,7 +15,8 @@ use crate::target::Target;
 #[command(after_help = "Examples:
   corral apply -f pod.yaml -m \"first version\"
   corral apply -f pod.yaml --wait               follow the start or update workflow live
-  corral apply -f pod.yaml --wait --timeout 10m | cat    plain lines, one per step transition")]
+  corral apply -f pod.yaml --wait --timeout 10m | cat    plain lines, one per step transition
+  corral apply -f pod.yaml --dry-run            what would change and which containers restart")]
 pub struct ApplyArgs {
     /// Manifest file (YAML or JSON; `-` reads standard input).
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
@@ -35,11 +36,18 @@ pub struct ApplyArgs {
     /// How long --wait waits in all (`90s`, `10m`).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration, requires = "wait")]
     timeout: std::time::Duration,
+    /// Write nothing: say what each object would become (created,
+    /// unchanged, or the spec's diff and which containers would restart).
+    #[arg(long, conflicts_with = "wait")]
+    dry_run: bool,
 }
 
 /// Reads and validates a whole manifest before anything is sent, so a bad
 /// document changes nothing.
-fn read_manifest(file: &PathBuf, namespace: Option<&str>) -> anyhow::Result<Vec<Object>> {
+pub(super) fn read_manifest(
+    file: &PathBuf,
+    namespace: Option<&str>,
+) -> anyhow::Result<Vec<Object>> {
     let text = if file.as_os_str() == "-" {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text)?;
@@ -60,6 +68,10 @@ fn read_manifest(file: &PathBuf, namespace: Option<&str>) -> anyhow::Result<Vec<
 pub async fn apply(config: Option<PathBuf>, args: ApplyArgs) -> anyhow::Result<()> {
     let objects = read_manifest(&args.file, args.namespace.as_deref())?;
     let client = connect(config)?;
+    if args.dry_run {
+        super::preview::preview(&client, &objects).await?;
+        return Ok(());
+    }
     let deadline = tokio::time::Instant::now() + args.timeout;
     let mut applied = Vec::new();
     for object in objects {

@@ -1,6 +1,5 @@
 //! `history`, `diff` and `rollback`.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -131,14 +130,22 @@ fn parse_since(text: &str) -> anyhow::Result<chrono::DateTime<Utc>> {
 #[command(after_help = "Examples:
   corral diff pod/web 1 2             what changed from revision 1 to 2
   corral diff pod/web 1               revision 1 against the current one
-  corral diff pd/web 3 4 -o json      the changes, for scripts")]
+  corral diff pd/web 3 4 -o json      the changes, for scripts
+  corral diff -f web.yaml             what applying web.yaml would change, and which
+                                      containers would restart (exit 1 if anything)")]
 pub struct DiffArgs {
     /// KIND/NAME.
-    target: String,
+    #[arg(required_unless_present = "file")]
+    target: Option<String>,
     /// The older revision.
-    from: u64,
+    #[arg(required_unless_present = "file")]
+    from: Option<u64>,
     /// The newer revision (default: the current one).
     to: Option<u64>,
+    /// Compare a manifest with the live objects instead (YAML or JSON; `-`
+    /// reads standard input): nothing is written.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", conflicts_with_all = ["target", "from", "to"])]
+    file: Option<PathBuf>,
     #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
     namespace: String,
     #[arg(short = 'o', long, value_enum, default_value_t)]
@@ -146,8 +153,20 @@ pub struct DiffArgs {
 }
 
 pub async fn diff(config: Option<PathBuf>, args: DiffArgs) -> anyhow::Result<()> {
-    let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
-    let diff = connect(config)?.diff(&key, args.from, args.to).await?;
+    if let Some(file) = &args.file {
+        let objects = super::apply::read_manifest(file, Some(&args.namespace))?;
+        let changes = super::preview::preview(&connect(config)?, &objects).await?;
+        // Like `diff` and `kubectl diff`: 1 when something would change.
+        if changes {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
+    let (Some(target), Some(from)) = (&args.target, args.from) else {
+        bail!("give KIND/NAME FROM [TO], or -f FILE");
+    };
+    let key = Target::parse(target, None)?.key(Some(&args.namespace))?;
+    let diff = connect(config)?.diff(&key, from, args.to).await?;
     if print_structured(args.output, &diff)? {
         return Ok(());
     }
@@ -158,15 +177,7 @@ pub async fn diff(config: Option<PathBuf>, args: DiffArgs) -> anyhow::Result<()>
         );
         return Ok(());
     }
-    let color = std::io::stdout().is_terminal();
-    for line in diff.unified.lines() {
-        match (color, line.chars().next()) {
-            (true, Some('+')) if !line.starts_with("+++") => println!("\x1b[32m{line}\x1b[0m"),
-            (true, Some('-')) if !line.starts_with("---") => println!("\x1b[31m{line}\x1b[0m"),
-            (true, Some('@')) => println!("\x1b[36m{line}\x1b[0m"),
-            _ => println!("{line}"),
-        }
-    }
+    super::preview::print_unified(&diff.unified);
     Ok(())
 }
 
