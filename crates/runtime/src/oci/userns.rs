@@ -103,9 +103,13 @@ fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     // SAFETY: between fork and exec only async-signal-safe work happens:
-    // one unshare(2) system call.
+    // one prctl(2) and one unshare(2) system call. The helper gets SIGKILL
+    // if this thread dies first (the agent killed mid-pin): it never
+    // outlives the agent.
     unsafe {
         command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(io::Error::from)?;
             nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
                 .map_err(io::Error::from)
         });
