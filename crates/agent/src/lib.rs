@@ -32,6 +32,7 @@ pub mod plan;
 pub mod plugin_volumes;
 pub mod plugins;
 pub mod pods;
+mod port_forward;
 pub mod probes;
 pub mod routes;
 pub mod sandbox;

@@ -121,6 +121,10 @@ pub fn app(ctx: Arc<AgentContext>, secret: &str, shutdown: CancellationToken) ->
     Router::new()
         .route("/v1/pods/{namespace}/{name}/logs", get(logs))
         .route("/v1/pods/{namespace}/{name}/exec", post(exec))
+        .route(
+            "/v1/pods/{namespace}/{name}/portforward",
+            post(crate::port_forward::port_forward),
+        )
         .route("/v1/vms/{namespace}/{name}/logs", get(crate::vms::io::logs))
         .route(
             "/v1/vms/{namespace}/{name}/console",
@@ -236,6 +240,30 @@ async fn find_container(
     name: &str,
     params: &BTreeMap<String, Vec<String>>,
 ) -> Result<(PodRecord, PodSpec, String), EndpointError> {
+    let (record, spec) = find_pod(endpoint, namespace, name).await?;
+    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    let container = single(params, "container").ok_or_else(|| {
+        EndpointError::BadRequest(format!(
+            "container: name one of pod/{name}'s containers: {}",
+            names.join(", ")
+        ))
+    })?;
+    if !names.contains(&container) {
+        return Err(EndpointError::NotFound(format!(
+            "pod/{name} has no container {container:?}; its containers: {}",
+            names.join(", ")
+        )));
+    }
+    let container = container.to_string();
+    Ok((record, spec, container))
+}
+
+/// The local record of a pod this node runs, and its spec.
+pub(crate) async fn find_pod(
+    endpoint: &Endpoint,
+    namespace: &str,
+    name: &str,
+) -> Result<(PodRecord, PodSpec), EndpointError> {
     let key = ObjectKey::new(Kind::Pod, Some(namespace), name);
     let state = endpoint.ctx.state.clone();
     let records = tokio::task::spawn_blocking(move || state.load_all())
@@ -256,21 +284,7 @@ async fn find_container(
             "the local record of pod {key} is unreadable: {error}"
         ))
     })?;
-    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-    let container = single(params, "container").ok_or_else(|| {
-        EndpointError::BadRequest(format!(
-            "container: name one of pod/{name}'s containers: {}",
-            names.join(", ")
-        ))
-    })?;
-    if !names.contains(&container) {
-        return Err(EndpointError::NotFound(format!(
-            "pod/{name} has no container {container:?}; its containers: {}",
-            names.join(", ")
-        )));
-    }
-    let container = container.to_string();
-    Ok((record, spec, container))
+    Ok((record, spec))
 }
 
 async fn logs(

@@ -22,7 +22,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
     apply, completion, config, console, controllers, datastore, describe, exec, get, history,
-    image, lab, lb, node, rollout, security, token, up, workflow,
+    image, lab, lb, node, port_forward, rollout, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -110,6 +110,9 @@ enum Command {
     /// Run a command in a pod's container (-i for stdin, -t for a TTY);
     /// exits with the command's exit code.
     Exec(exec::ExecArgs),
+    /// Reach a port of a pod from this machine: listens on localhost and
+    /// carries each connection to the pod through the API server.
+    PortForward(port_forward::PortForwardArgs),
     /// Attach to a VM's serial console (Ctrl-] detaches; piped input
     /// detaches once it is sent and the console is quiet).
     Console(console::ConsoleArgs),
@@ -217,6 +220,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // Exit now: a read of the terminal may still block a runtime thread.
             std::process::exit(code)
         }
+        Command::PortForward(args) => port_forward::port_forward(config, args).await,
         Command::Controllers(args) => controllers::run(config, args).await,
         Command::Explain(args) => controllers::explain(config, args).await,
         Command::ExplainSecurity(args) => security::explain_security(config, args).await,

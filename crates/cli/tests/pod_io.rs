@@ -196,3 +196,112 @@ spec:
     let message = String::from_utf8_lossy(&refused.stderr);
     assert!(message.contains("for people"), "{message}");
 }
+
+/// `corral port-forward pod/fwd 0:PORT` running; killed when dropped.
+struct Forwarder {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Forwarder {
+    fn start(cluster: &Cluster, remote: u16) -> Forwarder {
+        let mut child = Command::new(CORRAL)
+            .args(["port-forward", "pod/fwd", &format!("0:{remote}")])
+            .env("CORRAL_CONFIG", &cluster.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        // "forwarding 127.0.0.1:PORT to pod/default/fwd port REMOTE"
+        let port = first
+            .split_whitespace()
+            .nth(1)
+            .and_then(|address| address.rsplit(':').next())
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {first:?}"));
+        Forwarder { child, port }
+    }
+
+    /// Sends `request` through the forwarder and reads until it closes.
+    fn exchange(&self, request: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    }
+
+    fn stop(mut self) -> String {
+        use std::io::Read;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        stderr
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn port_forward_reaches_a_port_on_the_pods_loopback() {
+    let cluster = &common::start_node();
+    // httpd listens on the pod's loopback only: no route from outside the
+    // pod reaches it, port-forward does.
+    let pod = "kind: Pod
+metadata: {name: fwd}
+spec:
+  containers:
+    - name: web
+      image: local/busybox:1
+      command: [sh, -c, \"mkdir -p /tmp/www && echo hello-from-the-pod > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:8080 -h /tmp/www\"]
+";
+    cluster.ok(&["apply", "-f", &cluster.manifest("fwd.yaml", pod)]);
+    wait_for("pod/fwd to run", Duration::from_secs(60), || {
+        (cluster.get_json("pod/fwd")["status"]["phase"] == "Running").then_some(())
+    });
+    let forwarder = Forwarder::start(cluster, 8080);
+    let answer = wait_for(
+        "httpd to answer through the forward",
+        Duration::from_secs(20),
+        || {
+            let answer = forwarder.exchange("GET /index.html HTTP/1.0\r\n\r\n");
+            answer.contains("hello-from-the-pod").then_some(answer)
+        },
+    );
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    // Two connections at once are two streams.
+    let (first, second) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| forwarder.exchange("GET /index.html HTTP/1.0\r\n\r\n"));
+        let b = scope.spawn(|| forwarder.exchange("GET /index.html HTTP/1.0\r\n\r\n"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(first.contains("hello-from-the-pod") && second.contains("hello-from-the-pod"));
+    forwarder.stop();
+
+    // Nothing on the port: the connection closes and the reason is printed.
+    let nothing = Forwarder::start(cluster, 9999);
+    assert_eq!(nothing.exchange("hello"), "");
+    let stderr = nothing.stop();
+    assert!(
+        stderr.contains("nothing accepts connections on port 9999 in pod/fwd"),
+        "{stderr}"
+    );
+    cluster.ok(&["delete", "pod/fwd"]);
+}

@@ -166,11 +166,33 @@ impl Client {
             .await
     }
 
+    /// Opens a TCP connection to `port` inside a pod's network namespace
+    /// (its loopback), relayed by the API server and the pod's node: the
+    /// bytes of the returned stream are the connection's, unframed.
+    pub async fn port_forward(
+        &self,
+        key: &ObjectKey,
+        port: u16,
+    ) -> Result<reqwest::Upgraded, ClientError> {
+        let path = format!("{}/portforward", object_path(key));
+        self.upgraded(&path, &[("port", port.to_string())]).await
+    }
+
     async fn upgrade(
         &self,
         path: &str,
         params: &[(&str, String)],
     ) -> Result<(ExecOutput, ExecInput), ClientError> {
+        let upgraded = self.upgraded(path, params).await?;
+        let (reader, writer) = tokio::io::split(upgraded);
+        Ok((ExecOutput { reader }, ExecInput { writer }))
+    }
+
+    async fn upgraded(
+        &self,
+        path: &str,
+        params: &[(&str, String)],
+    ) -> Result<reqwest::Upgraded, ClientError> {
         let response = self
             .request(Method::POST, path)
             .query(params)
@@ -184,12 +206,10 @@ impl Client {
             let body = response.bytes().await.unwrap_or_default();
             return Err(api_error(status, &body));
         }
-        let upgraded = response
+        response
             .upgrade()
             .await
-            .map_err(|source| self.transport(source))?;
-        let (reader, writer) = tokio::io::split(upgraded);
-        Ok((ExecOutput { reader }, ExecInput { writer }))
+            .map_err(|source| self.transport(source))
     }
 }
 

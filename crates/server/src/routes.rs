@@ -155,6 +155,7 @@ fn object_routes(prefix: &str, docs: &ObjectDocs) -> Vec<Route> {
         Route::new(path("/{name}/workflows")).get(steps::instances, docs.workflows()),
         Route::new(path("/{name}/logs")).get(pods_io::logs, docs.logs()),
         Route::new(path("/{name}/exec")).post(pods_io::exec, docs.exec()),
+        Route::new(path("/{name}/portforward")).post(pods_io::port_forward, docs.port_forward()),
         Route::new(path("/{name}/console")).post(pods_io::console, docs.console()),
     ]
 }

@@ -15,6 +15,7 @@ pub mod image;
 pub mod lab;
 pub mod lb;
 pub mod node;
+pub mod port_forward;
 mod preview;
 pub mod rollout;
 pub mod security;

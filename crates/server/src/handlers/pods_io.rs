@@ -62,6 +62,7 @@ async fn route(
     let target = Target::from_params(params)?;
     let (agent_kind, what) = match (target.kind, action) {
         (Kind::Pod, "logs" | "exec") => ("pods", "container"),
+        (Kind::Pod, "portforward") => ("pods", "port"),
         (Kind::VirtualMachine, "logs" | "console") => ("vms", "console"),
         (Kind::Pod, _) => {
             return Err(ApiError::NotFound(format!(
@@ -94,7 +95,10 @@ async fn route(
             key.namespace
         ))
     })?;
-    let (node, pairs) = if key.kind == Kind::Pod {
+    let (node, pairs) = if action == "portforward" {
+        let status: PodStatus = object.typed_status().unwrap_or_default();
+        (status.node, port_query(query)?)
+    } else if key.kind == Kind::Pod {
         let status: PodStatus = object.typed_status().unwrap_or_default();
         (status.node, container_query(&object, &key, query)?)
     } else {
@@ -158,6 +162,20 @@ pub(super) async fn node_status(
 
 /// The query for a pod's agent, with the container filled in when the pod
 /// has only one and the request names none.
+/// `port=P`, a TCP port (1–65535).
+fn port_query(query: Option<&str>) -> Result<Vec<(String, String)>, ApiError> {
+    let port = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "port")
+        .map(|(_, v)| v.into_owned())
+        .ok_or_else(|| ApiError::BadRequest("port: required (the pod's TCP port)".into()))?;
+    match port.parse::<u16>() {
+        Ok(number) if number > 0 => Ok(vec![("port".into(), number.to_string())]),
+        _ => Err(ApiError::BadRequest(format!(
+            "port: {port:?} is not a TCP port (1–65535)"
+        ))),
+    }
+}
+
 fn container_query(
     pod: &corral_api::Object,
     key: &ObjectKey,
@@ -271,6 +289,19 @@ pub async fn exec(
     request: Request,
 ) -> Result<Response, ApiError> {
     relay(server, caller, params, query, request, "exec").await
+}
+
+/// `POST …/pods/{name}/portforward?port=P`: a TCP connection to the pod's
+/// port, the same upgrade and relay as exec (the bytes are the
+/// connection's, unframed).
+pub async fn port_forward(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
+    request: Request,
+) -> Result<Response, ApiError> {
+    relay(server, caller, params, query, request, "portforward").await
 }
 
 /// `POST …/virtualmachines/{name}/console`: the VM's serial console, the

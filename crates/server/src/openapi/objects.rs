@@ -150,6 +150,13 @@ impl ObjectDocs {
             "responses": {"101": {"description": "switched to the corral-exec protocol"}}})
     }
 
+    pub(crate) fn port_forward(&self) -> Value {
+        json!({"summary": "pods only, people only: a TCP connection to a port on the pod's loopback, relayed by its node. Send Connection: Upgrade and Upgrade: corral-exec; after 101 the connection carries the TCP stream's bytes unframed",
+            "parameters": self.named_and(vec![
+                json!({"name": "port", "in": "query", "required": true, "schema": {"type": "integer", "minimum": 1, "maximum": 65535}})]),
+            "responses": {"101": {"description": "switched; the bytes are the TCP connection's"}}})
+    }
+
     pub(crate) fn console(&self) -> Value {
         json!({"summary": "VMs only, people only: attach to the serial console. Send Connection: Upgrade and Upgrade: corral-exec; after 101 stdin frames are typed on the console and stdout frames carry what it prints; stdin end of file detaches once the console is quiet (exit code 0)",
             "parameters": self.named,

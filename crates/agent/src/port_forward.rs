@@ -1,0 +1,100 @@
+//! `POST /v1/pods/{namespace}/{name}/portforward?port=P` on the agent's
+//! endpoint: a TCP connection to a port on the pod's loopback, for
+//! `corral port-forward`. The socket is made on a thread inside the pod's
+//! network namespace (so a server listening on localhost only is reached,
+//! as on any machine), connected before the upgrade (so "nothing listens"
+//! is an answer, not a dropped stream), then its bytes are relayed both
+//! ways, unframed, until either side closes.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, RawQuery, Request, State};
+use axum::http::StatusCode;
+use axum::http::header::{CONNECTION, UPGRADE};
+use axum::response::Response;
+use corral_client::exec_protocol::UPGRADE_PROTOCOL;
+use corral_runtime::oci::netns;
+use hyper_util::rt::TokioIo;
+
+use crate::serve::{EndpointError, Shared, authenticate, find_pod, parse_query};
+
+/// How long connecting to the pod's port may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(crate) async fn port_forward(
+    State(endpoint): State<Shared>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+    RawQuery(query): RawQuery,
+    mut request: Request,
+) -> Result<Response, EndpointError> {
+    authenticate(&endpoint, request.headers())?;
+    let wants_upgrade = request
+        .headers()
+        .get(UPGRADE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.eq_ignore_ascii_case(UPGRADE_PROTOCOL));
+    if !wants_upgrade {
+        return Err(EndpointError::BadRequest(format!(
+            "port-forward needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"
+        )));
+    }
+    let params = parse_query(query.as_deref());
+    let port = params
+        .get("port")
+        .and_then(|values| values.last())
+        .and_then(|port| port.parse::<u16>().ok())
+        .filter(|port| *port > 0)
+        .ok_or_else(|| EndpointError::BadRequest("port: a TCP port (1–65535)".into()))?;
+    let (record, _) = find_pod(&endpoint, &namespace, &name).await?;
+    let netns = record.netns.clone().ok_or_else(|| {
+        EndpointError::Conflict(format!(
+            "pod/{name} has no network namespace yet (see `corral why pod/{name}`)"
+        ))
+    })?;
+    let stream = tokio::task::spawn_blocking(move || connect_in(&netns, port))
+        .await
+        .map_err(|error| EndpointError::Internal(error.to_string()))?
+        .map_err(|error| {
+            EndpointError::Conflict(format!(
+                "nothing accepts connections on port {port} in pod/{name}: {error}"
+            ))
+        })?;
+    let mut pod = tokio::net::TcpStream::from_std(stream)
+        .map_err(|error| EndpointError::Internal(error.to_string()))?;
+    let upgrade = hyper::upgrade::on(&mut request);
+    tracing::info!(pod = %format!("{namespace}/{name}"), port, "port-forward");
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(upgraded) => {
+                let mut client = TokioIo::new(upgraded);
+                if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut pod).await {
+                    tracing::debug!(%error, "port-forward ended");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "the port-forward connection was not upgraded"),
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(CONNECTION, "Upgrade")
+        .header(UPGRADE, UPGRADE_PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_default())
+}
+
+/// Connects to `port` on the loopback of the namespace at `netns`: IPv6
+/// first, then IPv4. The socket stays in that namespace wherever it is used.
+fn connect_in(netns: &Path, port: u16) -> std::io::Result<TcpStream> {
+    let connected = netns::run_in(netns, || {
+        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        TcpStream::connect_timeout(&v6, CONNECT_TIMEOUT)
+            .or_else(|_| TcpStream::connect_timeout(&v4, CONNECT_TIMEOUT))
+    })
+    .map_err(std::io::Error::other)??;
+    connected.set_nonblocking(true)?;
+    Ok(connected)
+}
