@@ -97,12 +97,8 @@ impl Workload for JoinWorkload {
         &self.node
     }
 
-    fn set_desired(&mut self, object: Object) {
-        self.node = object;
-    }
-
-    fn remember(&mut self, work: &NodeWork) {
-        work.remember_in(&mut self.node);
+    fn desired_mut(&mut self) -> &mut Object {
+        &mut self.node
     }
 
     /// A node has no revision to admit without its join workflow.

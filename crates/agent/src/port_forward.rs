@@ -10,16 +10,15 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Path as UrlPath, RawQuery, Request, State};
-use axum::http::StatusCode;
-use axum::http::header::{CONNECTION, UPGRADE};
 use axum::response::Response;
-use corral_client::exec_protocol::UPGRADE_PROTOCOL;
 use corral_runtime::oci::netns;
 use hyper_util::rt::TokioIo;
 
-use crate::serve::{EndpointError, Shared, authenticate, find_pod, parse_query};
+use crate::serve::{
+    EndpointError, Shared, authenticate, find_pod, parse_query, require_upgrade,
+    switching_protocols,
+};
 
 /// How long connecting to the pod's port may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,16 +30,7 @@ pub(crate) async fn port_forward(
     mut request: Request,
 ) -> Result<Response, EndpointError> {
     authenticate(&endpoint, request.headers())?;
-    let wants_upgrade = request
-        .headers()
-        .get(UPGRADE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.eq_ignore_ascii_case(UPGRADE_PROTOCOL));
-    if !wants_upgrade {
-        return Err(EndpointError::BadRequest(format!(
-            "port-forward needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"
-        )));
-    }
+    require_upgrade(request.headers(), "port-forward")?;
     let params = parse_query(query.as_deref());
     let port = params
         .get("port")
@@ -77,12 +67,7 @@ pub(crate) async fn port_forward(
             Err(error) => tracing::warn!(%error, "the port-forward connection was not upgraded"),
         }
     });
-    Ok(Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(CONNECTION, "Upgrade")
-        .header(UPGRADE, UPGRADE_PROTOCOL)
-        .body(Body::empty())
-        .unwrap_or_default())
+    Ok(switching_protocols())
 }
 
 /// Connects to `port` on the loopback of the namespace at `netns`: IPv6

@@ -189,6 +189,32 @@ pub(crate) fn authenticate(endpoint: &Endpoint, headers: &HeaderMap) -> Result<(
 }
 
 /// Query parameters, repeated ones in order.
+/// Refuses a request for `what` that does not ask to upgrade to the exec
+/// protocol.
+pub(crate) fn require_upgrade(headers: &HeaderMap, what: &str) -> Result<(), EndpointError> {
+    let asked = headers
+        .get(UPGRADE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.eq_ignore_ascii_case(UPGRADE_PROTOCOL));
+    if asked {
+        Ok(())
+    } else {
+        Err(EndpointError::BadRequest(format!(
+            "{what} needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"
+        )))
+    }
+}
+
+/// The `101 Switching Protocols` answer of an upgraded session.
+pub(crate) fn switching_protocols() -> Response {
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(CONNECTION, "Upgrade")
+        .header(UPGRADE, UPGRADE_PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_default()
+}
+
 pub(crate) fn parse_query(query: Option<&str>) -> BTreeMap<String, Vec<String>> {
     let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
@@ -322,16 +348,7 @@ async fn exec(
     mut request: Request,
 ) -> Result<Response, EndpointError> {
     authenticate(&endpoint, request.headers())?;
-    let wants_upgrade = request
-        .headers()
-        .get(UPGRADE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.eq_ignore_ascii_case(UPGRADE_PROTOCOL));
-    if !wants_upgrade {
-        return Err(EndpointError::BadRequest(format!(
-            "exec needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"
-        )));
-    }
+    require_upgrade(request.headers(), "exec")?;
     let params = parse_query(query.as_deref());
     let tty = flag(&params, "tty")?;
     let args = params.get("cmd").cloned().unwrap_or_default();
@@ -416,12 +433,7 @@ async fn exec(
             }
         }
     });
-    Ok(Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(CONNECTION, "Upgrade")
-        .header(UPGRADE, UPGRADE_PROTOCOL)
-        .body(Body::empty())
-        .unwrap_or_default())
+    Ok(switching_protocols())
 }
 
 #[cfg(test)]

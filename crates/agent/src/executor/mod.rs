@@ -86,11 +86,18 @@ pub trait Workload: Send + 'static {
     /// admit, its workflow instances say which steps are ready.
     fn desired(&self) -> &Object;
 
+    /// The desired object, to change in place.
+    fn desired_mut(&mut self) -> &mut Object;
+
     /// Replaces the desired object (a newer view from the API).
-    fn set_desired(&mut self, object: Object);
+    fn set_desired(&mut self, object: Object) {
+        *self.desired_mut() = object;
+    }
 
     /// Puts a fresh instance from the step API into the desired object.
-    fn remember(&mut self, work: &NodeWork);
+    fn remember(&mut self, work: &NodeWork) {
+        work.remember_in(self.desired_mut());
+    }
 
     /// Admits the desired revision when no workflow instance serves it
     /// (revisions written before workflows existed).

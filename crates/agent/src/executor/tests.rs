@@ -83,12 +83,8 @@ impl Workload for FakeWorkload {
         &self.desired
     }
 
-    fn set_desired(&mut self, object: Object) {
-        self.desired = object;
-    }
-
-    fn remember(&mut self, work: &NodeWork) {
-        work.remember_in(&mut self.desired);
+    fn desired_mut(&mut self) -> &mut Object {
+        &mut self.desired
     }
 
     async fn admit_without_workflow(&mut self) {

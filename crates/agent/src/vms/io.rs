@@ -19,11 +19,10 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::HeaderMap;
-use axum::http::StatusCode;
-use axum::http::header::{CONNECTION, CONTENT_TYPE, UPGRADE};
+use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use corral_api::{Kind, ObjectKey};
-use corral_client::exec_protocol::{self, Frame, UPGRADE_PROTOCOL};
+use corral_client::exec_protocol::{self, Frame};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -33,7 +32,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::state::{VmRecord, VmState};
 use crate::logs::LogReader;
-use crate::serve::{EndpointError, Shared, authenticate, flag, parse_query, tail};
+use crate::serve::{
+    EndpointError, Shared, authenticate, flag, parse_query, require_upgrade, switching_protocols,
+    tail,
+};
 
 /// After the client's stdin ends, the session lasts until the console has
 /// printed nothing for this long…
@@ -108,16 +110,7 @@ pub(crate) async fn console(
     mut request: Request,
 ) -> Result<Response, EndpointError> {
     authenticate(&endpoint, request.headers())?;
-    let wants_upgrade = request
-        .headers()
-        .get(UPGRADE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.eq_ignore_ascii_case(UPGRADE_PROTOCOL));
-    if !wants_upgrade {
-        return Err(EndpointError::BadRequest(format!(
-            "console needs Connection: Upgrade and Upgrade: {UPGRADE_PROTOCOL}"
-        )));
-    }
+    require_upgrade(request.headers(), "console")?;
     let (record, dir) = find_vm(&endpoint, &namespace, &name).await?;
     if record.pid.is_none() {
         return Err(EndpointError::Conflict(format!(
@@ -140,12 +133,7 @@ pub(crate) async fn console(
             Err(error) => tracing::warn!(%error, "console: the connection was not upgraded"),
         }
     });
-    Ok(Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(CONNECTION, "Upgrade")
-        .header(UPGRADE, UPGRADE_PROTOCOL)
-        .body(Body::empty())
-        .unwrap_or_default())
+    Ok(switching_protocols())
 }
 
 /// Relays one console session (see the module doc) until the client

@@ -425,12 +425,8 @@ impl Workload for VmWorkload {
         &self.desired
     }
 
-    fn set_desired(&mut self, object: Object) {
-        self.desired = object;
-    }
-
-    fn remember(&mut self, work: &NodeWork) {
-        work.remember_in(&mut self.desired);
+    fn desired_mut(&mut self) -> &mut Object {
+        &mut self.desired
     }
 
     /// A revision without a workflow (written before workflows existed)
