@@ -79,6 +79,18 @@ pub enum Message {
     Remove,
 }
 
+/// The node-owned `fields` of a status value, each present (`null` when the
+/// value lacks it) so that a write clears what the node no longer reports.
+pub fn owned_fields(value: &Value, fields: &[&str]) -> Map<String, Value> {
+    fields
+        .iter()
+        .map(|field| {
+            let value = value.get(*field).cloned().unwrap_or(Value::Null);
+            (field.to_string(), value)
+        })
+        .collect()
+}
+
 /// What one kind of object does on this node; the executor decides when.
 #[async_trait]
 pub trait Workload: Send + 'static {

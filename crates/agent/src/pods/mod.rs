@@ -383,15 +383,7 @@ impl Workload for PodWorkload {
 
     fn status(&self) -> Option<Map<String, Value>> {
         let value = serde_json::to_value(self.pod_status()).unwrap_or_default();
-        Some(
-            STATUS_FIELDS
-                .iter()
-                .map(|field| {
-                    let value = value.get(*field).cloned().unwrap_or(Value::Null);
-                    (field.to_string(), value)
-                })
-                .collect(),
-        )
+        Some(crate::executor::owned_fields(&value, &STATUS_FIELDS))
     }
 
     async fn remove(&mut self) {

@@ -471,15 +471,7 @@ impl Workload for VmWorkload {
 
     fn status(&self) -> Option<Map<String, Value>> {
         let value = self.status_value();
-        Some(
-            STATUS_FIELDS
-                .iter()
-                .map(|field| {
-                    let value = value.get(*field).cloned().unwrap_or(Value::Null);
-                    (field.to_string(), value)
-                })
-                .collect(),
-        )
+        Some(crate::executor::owned_fields(&value, &STATUS_FIELDS))
     }
 
     async fn remove(&mut self) {
