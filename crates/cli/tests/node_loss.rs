@@ -238,6 +238,16 @@ fn ha_pods_move_off_a_silent_node_and_the_stale_copy_is_fenced() {
     });
     let best = placed(&nodes, "best");
     assert_eq!(best.0, "node-b", "the best-effort pod stays bound");
+    // The node itself, and what runs on it, answer for now.
+    let why_node = nodes.corral(&["why", "node/node-b"]);
+    assert!(
+        why_node
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains("is not healthy: it is silent since"),
+        "{why_node}"
+    );
     // Its start succeeded long ago; why answers for now: its node.
     let why_best = nodes.corral(&["why", "pod/best"]);
     let verdict = why_best.lines().next().unwrap_or_default();

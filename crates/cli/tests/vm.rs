@@ -176,6 +176,33 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
     let refused = cluster.fails(&["console", &format!("pod/{pod}")]);
     assert!(refused.contains("only VMs"), "{refused}");
 
+    // QEMU dies: why answers for now (not the start that succeeded), and
+    // the node starts it again.
+    let status = cluster.get_json(&target);
+    let pid: i32 = status["status"]["message"]
+        .as_str()
+        .and_then(|m| m.strip_prefix("qemu pid "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no QEMU pid in {status}"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill QEMU");
+    let verdict = common::wait_for("why to see QEMU gone", Duration::from_secs(30), || {
+        let why = cluster.ok(&["why", &target]);
+        let first = why.lines().next().unwrap_or_default().to_string();
+        first.contains("is not healthy").then_some(first)
+    });
+    assert!(
+        verdict.contains("is not healthy: it is not running: "),
+        "{verdict}"
+    );
+    common::wait_for("the VM to run again", Duration::from_secs(180), || {
+        (cluster.get_json(&target)["status"]["phase"] == "Running").then_some(())
+    });
+
     // Edit the memory: the same VM restarts in place with its disk.
     let path = cluster.manifest(
         "vm2.yaml",

@@ -388,7 +388,10 @@ impl VmWorkload {
                 },
                 self.record.restarts
             ),
-            None => format!("qemu not running (last exit {:?})", self.record.last_exit),
+            None => match self.record.last_exit {
+                Some(code) => format!("QEMU exited with code {code}; the node starts it again"),
+                None => "QEMU is not running (its exit code was not collected); the node starts it again".to_string(),
+            },
         };
         let mut status = serde_json::json!({"phase": phase, "message": message});
         if self.record.admitted_revision > 0 {

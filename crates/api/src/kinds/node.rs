@@ -105,6 +105,13 @@ impl NodeStatus {
     /// Why the node cannot vouch for its pods now, in a sentence for `why`
     /// of a pod bound to it (`name` is the node's); `None` when it is Ready.
     pub fn unhealthy(&self, name: &str, now: DateTime<Utc>) -> Option<String> {
+        self.problem(now)
+            .map(|problem| format!("its node {name} is {problem}"))
+    }
+
+    /// What is wrong with the node now ("silent since …"), for `why` of the
+    /// node itself and of what runs on it; `None` when it is Ready.
+    pub fn problem(&self, now: DateTime<Utc>) -> Option<String> {
         let since = |at: Option<DateTime<Utc>>| {
             at.map(|at| {
                 format!(
@@ -117,14 +124,12 @@ impl NodeStatus {
         };
         match self.phase {
             NodePhase::Ready => None,
-            NodePhase::Joining => Some(format!("its node {name} is still joining")),
+            NodePhase::Joining => Some("still joining".to_string()),
             NodePhase::Silent => Some(format!(
-                "its node {name} is silent{} (no heartbeat): what it last reported may be stale",
+                "silent{} (no heartbeat): what it last reported may be stale",
                 since(self.silent_since)
             )),
-            NodePhase::Lost => Some(format!(
-                "its node {name} is lost: its containers are gone or unreachable"
-            )),
+            NodePhase::Lost => Some("lost: its containers are gone or unreachable".to_string()),
         }
     }
 }

@@ -88,22 +88,51 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
 /// node first (what the node reported is only as fresh as the node), then
 /// its containers.
 async fn unhealthy_now(client: &Client, object: &Object, now: DateTime<Utc>) -> Option<String> {
-    if object.kind != Kind::Pod {
-        return None;
-    }
-    let status = object.typed_status::<PodStatus>().ok()?;
-    if let Some(node) = &status.node {
-        let key = ObjectKey::new(Kind::Node, None, node);
-        if let Ok(node_status) = client
-            .get(&key)
-            .await
-            .map(|node| node.typed_status::<NodeStatus>().unwrap_or_default())
-            && let Some(problem) = node_status.unhealthy(node, now)
-        {
-            return Some(problem);
+    match object.kind {
+        Kind::Node => {
+            let status = object.typed_status::<NodeStatus>().ok()?;
+            status
+                .problem(now)
+                .map(|problem| format!("it is {problem}"))
         }
+        Kind::Pod => {
+            let status = object.typed_status::<PodStatus>().ok()?;
+            if let Some(problem) = node_problem(client, status.node.as_deref(), now).await {
+                return Some(problem);
+            }
+            status.unhealthy(now)
+        }
+        Kind::VirtualMachine => {
+            let node = object.status.get("node").and_then(|n| n.as_str());
+            if let Some(problem) = node_problem(client, node, now).await {
+                return Some(problem);
+            }
+            // The node reports `Running` only while QEMU runs and the guest
+            // booted; anything else says why in its message.
+            let phase = object.status.get("phase").and_then(|p| p.as_str());
+            let message = object.status.get("message").and_then(|m| m.as_str());
+            (node.is_some() && phase != Some("Running")).then(|| {
+                format!(
+                    "it is not running: {}",
+                    message.unwrap_or("its node reported no reason")
+                )
+            })
+        }
+        _ => None,
     }
-    status.unhealthy(now)
+}
+
+/// What is wrong with `node` now, for something bound to it.
+async fn node_problem(client: &Client, node: Option<&str>, now: DateTime<Utc>) -> Option<String> {
+    let node = node?;
+    let key = ObjectKey::new(Kind::Node, None, node);
+    let status = client
+        .get(&key)
+        .await
+        .ok()?
+        .typed_status::<NodeStatus>()
+        .unwrap_or_default();
+    status.unhealthy(node, now)
 }
 
 #[derive(Debug, Args)]
