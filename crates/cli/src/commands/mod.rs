@@ -74,3 +74,55 @@ fn load_config(path: &Path) -> anyhow::Result<ClientConfig> {
         )
     })
 }
+
+/// Reads `key`'s spec as `S`, changes it with `change` and writes it back
+/// carrying the resourceVersion read, so a concurrent edit of the spec is
+/// refused rather than overwritten. A conflict caused only by status writes
+/// (a controller or node reporting; the spec revision did not move) is not
+/// an edit: the change is made again on the fresh object, a few times.
+/// Returns the written object, the spec written and what `change` returned.
+pub async fn update_spec<S, T>(
+    client: &Client,
+    key: &corral_api::ObjectKey,
+    message: impl Fn(&S) -> String,
+    change: impl Fn(&mut S) -> anyhow::Result<T>,
+) -> anyhow::Result<(corral_api::Object, S, T)>
+where
+    S: serde::Serialize + serde::de::DeserializeOwned + Clone,
+{
+    const ATTEMPTS: usize = 5;
+    let read = |object: &corral_api::Object| -> anyhow::Result<S> {
+        let spec = if object.spec.is_null() {
+            serde_json::json!({})
+        } else {
+            object.spec.clone()
+        };
+        serde_json::from_value(spec).with_context(|| format!("{key} has an unreadable spec"))
+    };
+    let mut object = client.get(key).await?;
+    let mut spec = read(&object)?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut changed = spec.clone();
+        let outcome = change(&mut changed)?;
+        let mut request = object.clone();
+        request.spec = serde_json::to_value(&changed)?;
+        match client.apply(&request, Some(&message(&spec))).await {
+            Ok(written) => return Ok((written, changed, outcome)),
+            Err(error) if error.status() == Some(409) && attempt < ATTEMPTS => {
+                let fresh = client.get(key).await?;
+                if fresh.metadata.revision != object.metadata.revision {
+                    anyhow::bail!(
+                        "{key} changed meanwhile (revision {} → {}); run the command again",
+                        object.metadata.revision,
+                        fresh.metadata.revision
+                    );
+                }
+                spec = read(&fresh)?;
+                object = fresh;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}

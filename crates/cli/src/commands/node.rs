@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
 use corral_api::kinds::NodeSpec;
 use corral_api::{Kind, ObjectKey};
@@ -37,21 +36,21 @@ pub async fn run(config: Option<PathBuf>, args: NodeArgs) -> anyhow::Result<()> 
     };
     let client = connect(config)?;
     let key = ObjectKey::new(Kind::Node, None, &name);
-    let mut node = client.get(&key).await?;
-    let mut spec: NodeSpec = if node.spec.is_null() {
-        NodeSpec::default()
-    } else {
-        node.typed_spec()
-            .with_context(|| format!("{key} has an unreadable spec"))?
-    };
-    spec.forgotten = forgotten;
-    node.spec = serde_json::to_value(&spec)?;
     let message = if forgotten {
         "node forget: declared lost by an operator"
     } else {
         "node remember: no longer declared lost"
     };
-    client.apply(&node, Some(message)).await?;
+    super::update_spec::<NodeSpec, _>(
+        &client,
+        &key,
+        |_| message.to_string(),
+        |spec| {
+            spec.forgotten = forgotten;
+            Ok(())
+        },
+    )
+    .await?;
     if forgotten {
         println!("{key} forgotten: it is Lost, and its pods (pinned ones excepted) move");
     } else {

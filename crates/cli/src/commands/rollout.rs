@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
 use corral_api::kinds::{PinnedDeploymentSpec, PinnedDeploymentStatus};
 use corral_api::{Kind, Object, ObjectKey};
@@ -66,57 +66,11 @@ pub async fn rollout(config: Option<PathBuf>, args: RolloutArgs) -> anyhow::Resu
     }
 }
 
-async fn read(client: &Client, key: &ObjectKey) -> anyhow::Result<(Object, PinnedDeploymentSpec)> {
-    let object = client.get(key).await?;
-    let spec = object
-        .typed_spec()
-        .with_context(|| format!("{key} has an unreadable spec"))?;
-    Ok((object, spec))
-}
-
-/// Reads the spec, changes it with `change` and writes it back carrying the
-/// resourceVersion read, so a concurrent edit of the spec is refused rather
-/// than overwritten. A conflict caused only by status writes (the
-/// controller reporting progress; the spec revision did not move) is not
-/// an edit: the change is made again on the fresh object, a few times.
-async fn update_spec<T>(
-    client: &Client,
-    key: &ObjectKey,
-    message: impl Fn(&PinnedDeploymentSpec) -> String,
-    change: impl Fn(&mut PinnedDeploymentSpec) -> anyhow::Result<T>,
-) -> anyhow::Result<(Object, PinnedDeploymentSpec, T)> {
-    const ATTEMPTS: usize = 5;
-    let (mut object, mut spec) = read(client, key).await?;
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let mut changed = spec.clone();
-        let outcome = change(&mut changed)?;
-        let mut request = object.clone();
-        request.spec = serde_json::to_value(&changed)?;
-        match client.apply(&request, Some(&message(&spec))).await {
-            Ok(written) => return Ok((written, changed, outcome)),
-            Err(error) if error.status() == Some(409) && attempt < ATTEMPTS => {
-                let (fresh, fresh_spec) = read(client, key).await?;
-                if fresh.metadata.revision != object.metadata.revision {
-                    bail!(
-                        "{key} changed meanwhile (revision {} → {}); run the command again",
-                        object.metadata.revision,
-                        fresh.metadata.revision
-                    );
-                }
-                (object, spec) = (fresh, fresh_spec);
-            }
-            Err(error) => return Err(error.into()),
-        }
-    }
-}
-
 async fn set_percent(client: &Client, key: &ObjectKey, percent: u8) -> anyhow::Result<()> {
     if percent > 100 {
         bail!("--percent {percent}: expected 0–100");
     }
-    let (written, spec, ()) = update_spec(
+    let (written, spec, ()) = super::update_spec::<PinnedDeploymentSpec, _>(
         client,
         key,
         |spec| format!("rollout {}% → {percent}%", spec.replicas_percent_next),
@@ -137,7 +91,7 @@ async fn set_percent(client: &Client, key: &ObjectKey, percent: u8) -> anyhow::R
 }
 
 async fn promote(client: &Client, key: &ObjectKey) -> anyhow::Result<()> {
-    let (written, _, ()) = update_spec(
+    let (written, _, ()) = super::update_spec::<PinnedDeploymentSpec, _>(
         client,
         key,
         |_| "rollout promote: previous := next".to_string(),
