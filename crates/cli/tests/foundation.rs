@@ -679,3 +679,28 @@ fn dry_runs_and_diffs_against_a_file_write_nothing() {
     assert_eq!(new.trim(), "pod/api would be created");
     assert!(cluster.fails(&["get", "pod/api"]).contains("api"));
 }
+
+#[test]
+fn node_forget_and_remember_change_the_spec_despite_status_writes() {
+    let cluster = Cluster::start();
+    let name = common::wait_for("the node to register", Duration::from_secs(30), || {
+        let nodes: Value =
+            serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).ok()?;
+        nodes["items"][0]["metadata"]["name"]
+            .as_str()
+            .map(str::to_string)
+    });
+    let out = cluster.ok(&["node", "forget", &name]);
+    assert!(out.contains("forgotten"), "{out}");
+    let node = cluster.get_json(&format!("node/{name}"));
+    assert_eq!(node["spec"]["forgotten"], true, "{node}");
+    let out = cluster.ok(&["node", "remember", &name]);
+    assert!(out.contains("remembered"), "{out}");
+    let node = cluster.get_json(&format!("node/{name}"));
+    assert_ne!(node["spec"]["forgotten"], true, "{node}");
+    let history = cluster.ok(&["history", &format!("node/{name}")]);
+    assert!(
+        history.contains("node forget: declared lost by an operator"),
+        "{history}"
+    );
+}
