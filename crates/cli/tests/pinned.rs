@@ -90,6 +90,12 @@ fn pinned_deployment_rolls_out_in_place_and_promotes() {
     let out = settle(cluster);
     assert!(out.contains("rollout settled"), "{out}");
     assert!(out.contains("previous 3/3 current, 3 ready"), "{out}");
+    // A settled PinnedDeployment answers `why` with its versions' counts.
+    let why = cluster.ok(&["why", "pd/web"]);
+    assert!(
+        why.starts_with("pd/web (revision 1) is healthy: previous 3/3 ready (3 current), next 1/1 ready (1 current)"),
+        "{why}"
+    );
     let before = pods(cluster);
     assert_eq!(
         before.keys().cloned().collect::<Vec<_>>(),
@@ -171,4 +177,51 @@ spec:
     );
     assert!(why.contains("1000Ti requested"), "{why}");
     assert!(why.contains("0/1 nodes can run pod/huge"), "{why}");
+}
+
+#[test]
+fn why_of_a_pinned_deployment_names_the_pod_that_is_not_healthy() {
+    let cluster = &common::start_node();
+    let manifest = "kind: PinnedDeployment
+metadata: {name: flaky}
+spec:
+  replicas: 2
+  replicasPercentNext: 50
+  selector: {app: flaky}
+  templates:
+    previous:
+      metadata: {labels: {app: flaky}}
+      spec:
+        terminationGraceSeconds: 0
+        containers:
+          - {name: app, image: local/busybox:1, command: [sleep, \"3600\"]}
+    next:
+      metadata: {labels: {app: flaky}}
+      spec:
+        terminationGraceSeconds: 0
+        containers:
+          - {name: app, image: local/busybox:1, command: [sh, -c, \"sleep 1; exit 3\"]}
+";
+    cluster.ok(&["apply", "-f", &cluster.manifest("flaky.yaml", manifest)]);
+    let why = wait_for(
+        "why pd/flaky to name the crashing pod",
+        Duration::from_secs(60),
+        || {
+            let why = cluster.ok(&["why", "pd/flaky"]);
+            why.contains("exited with code 3").then_some(why)
+        },
+    );
+    let first = why.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("pd/flaky (revision 1) is not healthy: previous 1/1 ready"),
+        "{why}"
+    );
+    assert!(
+        first.contains("; pod/flaky-1: container app exited with code 3"),
+        "{why}"
+    );
+    cluster.ok(&["delete", "pd/flaky"]);
+    for pod in ["pod/flaky-0", "pod/flaky-1"] {
+        let _ = cluster.corral(&["delete", pod]);
+    }
 }

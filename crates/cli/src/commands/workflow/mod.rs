@@ -6,6 +6,7 @@
 mod logs;
 mod wait;
 mod why;
+mod why_pd;
 
 pub use logs::{LogsArgs, logs};
 pub use wait::follow;

@@ -50,6 +50,9 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     let args = args.object;
     let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
     let client = connect(config)?;
+    if key.kind == Kind::PinnedDeployment {
+        return super::why_pd::why_pd(&client, &key, args.output).await;
+    }
     let (object, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
     let name = display_name(&key);
     let now = Utc::now();
@@ -87,7 +90,11 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
 /// Why the object is not healthy now, if it is a pod that is not: its
 /// node first (what the node reported is only as fresh as the node), then
 /// its containers.
-async fn unhealthy_now(client: &Client, object: &Object, now: DateTime<Utc>) -> Option<String> {
+pub(super) async fn unhealthy_now(
+    client: &Client,
+    object: &Object,
+    now: DateTime<Utc>,
+) -> Option<String> {
     match object.kind {
         Kind::Node => {
             let status = object.typed_status::<NodeStatus>().ok()?;
