@@ -735,4 +735,16 @@ spec:
     ] {
         cluster.ok(&["delete", pod]);
     }
+    // The watch says when a pod is deleted.
+    common::wait_for(
+        "get -w to print the deletion",
+        Duration::from_secs(10),
+        || {
+            watch
+                .rows("healthy")
+                .iter()
+                .any(|row| row[2] == "Deleted")
+                .then_some(())
+        },
+    );
 }

@@ -120,10 +120,15 @@ impl Printer {
         let uid = &object.metadata.uid;
         if deleted {
             self.shown.remove(uid);
-            // The row's first column after the name and revision says so.
-            let status = if self.show_namespace { 3 } else { 2 };
-            if let Some(cell) = cells.get_mut(status) {
-                *cell = "Deleted".into();
+            // A pod's STATUS says so; other kinds have none: their name does.
+            let name = usize::from(self.show_namespace);
+            let (column, text) = if self.kind == Kind::Pod {
+                (name + 2, "Deleted".to_string())
+            } else {
+                (name, format!("{} (deleted)", object.metadata.name))
+            };
+            if let Some(cell) = cells.get_mut(column) {
+                *cell = text;
             }
         } else if self.shown.get(uid) == Some(&cells) {
             return;
