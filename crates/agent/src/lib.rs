@@ -119,6 +119,16 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the data directory {path} is below {ancestor} (mode {mode:04o}), which pod users cannot \
+         enter: containers run as unprivileged host uids in user namespaces and would fail to reach \
+         their root filesystems. Fix: `chmod o+x {ancestor}`, or choose a --data-dir outside it"
+    )]
+    Untraversable {
+        path: PathBuf,
+        ancestor: PathBuf,
+        mode: u32,
+    },
     #[error("cannot become the reaper of container processes")]
     Reap(#[from] reap::ReapError),
     #[error("cannot set up the pod network")]
@@ -141,6 +151,33 @@ pub fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
+}
+
+/// Refuses a data directory that pod users could not reach: every
+/// directory above it must let others traverse it (`o+x`); the data
+/// directory itself and those the agent makes below are made traversable.
+/// `corral up` and `corral agent` check this before they start anything.
+pub fn check_data_dir(dir: &std::path::Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::PermissionsExt;
+    let absolute = std::path::absolute(dir).map_err(|source| AgentError::DataDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for ancestor in absolute.ancestors().skip(1) {
+        // Directories not made yet are made by the agent, traversable.
+        let Ok(metadata) = std::fs::metadata(ancestor) else {
+            continue;
+        };
+        let mode = metadata.permissions().mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            return Err(AgentError::Untraversable {
+                path: absolute.clone(),
+                ancestor: ancestor.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Creates `dir` if needed and lets every user traverse it (mode `o+x`,
@@ -172,6 +209,7 @@ pub fn context(
 ) -> Result<AgentContext, AgentError> {
     let data = &config.data_dir;
     let pods_dir = data.join("pods");
+    check_data_dir(data)?;
     traversable(data)?;
     traversable(&pods_dir)?;
     let runc: Arc<dyn OciRuntime> = Arc::new(RuncCli::new("runc", data.join("runc")));
@@ -340,5 +378,33 @@ async fn image_gc_loop(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
             Ok(Err(error)) => tracing::warn!(error = %chain(&error), "image collection failed"),
             Err(error) => tracing::warn!(%error, "image collection task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::{AgentError, check_data_dir};
+
+    #[test]
+    fn a_data_dir_below_a_closed_directory_is_refused_with_the_fix() {
+        let closed = tempfile::tempdir().expect("a temp dir");
+        std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod 0700");
+        let data = closed.path().join("data");
+        let error = check_data_dir(&data).expect_err("refused");
+        assert!(
+            matches!(&error, AgentError::Untraversable { ancestor, mode: 0o700, .. } if ancestor == closed.path()),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("chmod o+x {}", closed.path().display())),
+            "{message}"
+        );
+        std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod 0711");
+        check_data_dir(&data).expect("traversable now");
     }
 }

@@ -704,3 +704,44 @@ fn node_forget_and_remember_change_the_spec_despite_status_writes() {
         "{history}"
     );
 }
+
+#[test]
+fn up_refuses_a_data_dir_pod_users_cannot_reach_and_says_how_to_fix_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let closed = tempfile::tempdir().expect("a temp dir");
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod 0700, like mktemp -d");
+    let data = closed.path().join("data");
+    let mut child = std::process::Command::new(common::CORRAL)
+        .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run corral up");
+    let began = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if began.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("corral up started below a 0700 directory instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().expect("its output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!("chmod o+x {}", closed.path().display())),
+        "{stderr}"
+    );
+    assert!(
+        !data.exists(),
+        "nothing was started or written: {}",
+        data.display()
+    );
+}

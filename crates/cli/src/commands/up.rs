@@ -242,6 +242,7 @@ pub struct AgentArgs {
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     init_logging();
     let data_dir = args.server.data_dir();
+    corral_agent::check_data_dir(&data_dir)?;
     let plane = ControlPlane::start(args.server.control_plane()).await?;
     let node = args.node_name.clone().unwrap_or_else(default_node_name);
     let node_config = plane
@@ -319,6 +320,7 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         },
     };
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    corral_agent::check_data_dir(&data_dir)?;
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
         .create(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;

@@ -32,7 +32,10 @@ pub enum ImageError {
     NotFound(String),
     #[error(transparent)]
     Reference(#[from] InvalidReference),
-    #[error("image reference {0} names no registry host to pull from")]
+    #[error(
+        "image {0} is not on this node and names no registry to pull it from: import it \
+         (`corral image import FILE`) or use a registry reference (registry.example.com/app:1)"
+    )]
     NoRegistryHost(String),
     #[error("archive {0:?} is neither an OCI layout nor a docker archive")]
     UnknownArchive(PathBuf),
