@@ -23,8 +23,12 @@ pub enum RegistryError {
         #[source]
         source: reqwest::Error,
     },
-    #[error("{url} answered {status}")]
-    Status { url: String, status: u16 },
+    #[error("registry {host} answered {status} to {url}: {}", status_meaning(*status))]
+    Status {
+        host: String,
+        url: String,
+        status: u16,
+    },
     #[error("failed to write body of {url}")]
     Body {
         url: String,
@@ -33,6 +37,27 @@ pub enum RegistryError {
     },
     #[error("failed to build HTTP client")]
     Client(#[source] reqwest::Error),
+}
+
+/// What a registry's refusal means for a pull, in words.
+fn status_meaning(status: u16) -> &'static str {
+    match status {
+        401 => "401 Unauthorized: it wants credentials (this node pulls anonymously)",
+        403 => "403 Forbidden: these credentials may not read this repository",
+        404 => "404 Not Found: no such repository, tag or digest there",
+        429 => "429 Too Many Requests: the registry's rate limit; the step retries",
+        500..=599 => "the registry failed; the step retries",
+        _ => "unexpected answer",
+    }
+}
+
+/// The `host[:port]` of a registry URL, for errors.
+fn host_of(url: &str) -> String {
+    url.split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or(url)
+        .to_string()
 }
 
 /// A manifest as a registry served it.
@@ -100,6 +125,7 @@ impl HttpRegistry {
         })?;
         if !response.status().is_success() {
             return Err(RegistryError::Status {
+                host: host_of(url),
                 url: url.to_string(),
                 status: response.status().as_u16(),
             });
@@ -291,6 +317,22 @@ mod tests {
             bytes: br#"{"schemaVersion":2,"config":{}}"#.to_vec(),
         };
         assert_eq!(manifest_media_type(&fetched), MEDIA_DOCKER_MANIFEST);
+    }
+
+    #[test]
+    fn refusals_name_the_registry_and_what_the_status_means() {
+        let url = "http://registry.example.com:5000/v2/app/manifests/1";
+        let error = RegistryError::Status {
+            host: host_of(url),
+            url: url.to_string(),
+            status: 401,
+        };
+        assert_eq!(
+            error.to_string(),
+            "registry registry.example.com:5000 answered 401 to http://registry.example.com:5000/v2/app/manifests/1: 401 Unauthorized: it wants credentials (this node pulls anonymously)"
+        );
+        assert!(status_meaning(404).starts_with("404 Not Found"));
+        assert!(status_meaning(403).starts_with("403 Forbidden"));
     }
 
     #[test]

@@ -348,6 +348,7 @@ impl Registry for FakeRegistry {
             .get(reference)
             .cloned()
             .ok_or_else(|| RegistryError::Status {
+                host: registry.to_string(),
                 url: reference.to_string(),
                 status: 404,
             })
@@ -365,6 +366,7 @@ impl Registry for FakeRegistry {
             .blobs
             .get(digest)
             .ok_or_else(|| RegistryError::Status {
+                host: "reg.test:5000".to_string(),
                 url: digest.to_string(),
                 status: 404,
             })?;
