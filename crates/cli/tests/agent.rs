@@ -199,3 +199,65 @@ fn twenty_pods_started_and_deleted_leave_no_zombies() {
         "uncollected children of corral up: {zombies:#?}"
     );
 }
+
+#[test]
+fn a_directory_packed_from_the_hosts_busybox_runs_as_a_pod() {
+    corral_testkit::require_root();
+    corral_testkit::require_tool("runc");
+    let busybox = corral_testkit::require_tool("/bin/busybox");
+    let cluster = Cluster::start();
+    // The README tour's first image, without building anything.
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("bb");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
+    // Its applets as relative links (`busybox --install -s` would point
+    // them at this host's path of busybox).
+    let listed = std::process::Command::new(&busybox)
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+    }
+    let archive = work.path().join("busybox.tar");
+    let packed = cluster.ok(&[
+        "image",
+        "pack",
+        &root.to_string_lossy(),
+        "--name",
+        "local/packed:1",
+        "-o",
+        &archive.to_string_lossy(),
+    ]);
+    assert!(packed.starts_with("packed local/packed:1 ("), "{packed}");
+    let data_dir = cluster.data_dir.path().to_string_lossy().into_owned();
+    cluster.ok(&[
+        "image",
+        "import",
+        &archive.to_string_lossy(),
+        "--data-dir",
+        &data_dir,
+    ]);
+    let pod = "kind: Pod
+metadata: {name: packed}
+spec:
+  terminationGraceSeconds: 0
+  containers:
+    - {name: c, image: local/packed:1, command: [sh, -c, \"echo from-the-packed-image; exec sleep 3600\"]}
+";
+    cluster.ok(&["apply", "-f", &cluster.manifest("packed.yaml", pod)]);
+    wait_for(
+        "the packed image's pod to run",
+        Duration::from_secs(60),
+        || (cluster.get_json("pod/packed")["status"]["phase"] == "Running").then_some(()),
+    );
+    let logs = wait_for("its output", Duration::from_secs(20), || {
+        let logs = cluster.ok(&["logs", "pod/packed"]);
+        logs.contains("from-the-packed-image").then_some(logs)
+    });
+    assert!(logs.contains("from-the-packed-image"));
+    cluster.ok(&["delete", "pod/packed"]);
+}

@@ -41,6 +41,30 @@ enum ImageCommand {
         #[arg(long, value_name = "NAME:TAG")]
         name: Option<String>,
     },
+    /// Make an image from a directory: one layer with its files,
+    /// directories and symbolic links (owned by root), written as an OCI
+    /// layout archive for `corral image import`. The same directory makes
+    /// the same image digest.
+    #[command(after_help = "Examples:
+  corral image pack ./rootfs --name local/app:1 -o app.tar      then corral image import app.tar
+  corral image pack ./rootfs --name local/app:1 -o app.tar --cmd /bin/app --cmd serve
+  # a busybox image from the host's busybox-static (what the README tour uses):
+  mkdir -p bb/bin && cp /bin/busybox bb/bin/
+  for a in $(bb/bin/busybox --list); do [ \"$a\" = busybox ] || ln -sf busybox bb/bin/$a; done
+  corral image pack bb --name local/busybox:1 -o busybox.tar")]
+    Pack {
+        /// The directory whose contents become the image's root.
+        dir: PathBuf,
+        /// The image's name, NAME:TAG (`local/app:1`).
+        #[arg(long, value_name = "NAME:TAG")]
+        name: String,
+        /// The archive to write.
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: PathBuf,
+        /// The image's default command, one argument per `--cmd`.
+        #[arg(long = "cmd", value_name = "ARG")]
+        command: Vec<String>,
+    },
     /// Have a node's agent delete the pulled images no pod on the node
     /// uses or used in its last revisions, now (it does so every 10
     /// minutes anyway; history is the GC root, hand-imported images are
@@ -80,6 +104,27 @@ pub async fn run(config: Option<PathBuf>, args: ImageArgs) -> anyhow::Result<()>
             for image in images {
                 println!("imported {} ({})", image.reference, image.manifest_digest);
             }
+        }
+        ImageCommand::Pack {
+            dir,
+            name,
+            output,
+            command,
+        } => {
+            let out = output.clone();
+            let packed = tokio::task::spawn_blocking(move || {
+                corral_runtime::image::pack::pack_dir(&dir, &name, &command, &out)
+            })
+            .await?
+            .context("pack failed")?;
+            println!(
+                "packed {} ({} entries, layer {} bytes) into {}: `corral image import {}`",
+                packed.reference,
+                packed.entries,
+                packed.layer_bytes,
+                output.display(),
+                output.display()
+            );
         }
         ImageCommand::Prune { node } => {
             let client = connect(config)?;

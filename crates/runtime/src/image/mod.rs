@@ -16,6 +16,7 @@ mod archive;
 pub mod digest;
 pub mod layer;
 pub mod layout;
+pub mod pack;
 pub mod reference;
 pub mod registry;
 pub mod rootfs;
