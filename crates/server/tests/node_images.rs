@@ -10,28 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use chrono::Utc;
-use corral_api::{AuthorClass, Kind, Object, Role};
-use corral_server::SharedServer;
-use corral_store::ChangeMeta;
-use serde_json::{Value, json};
+use corral_api::{Kind, Role};
+use serde_json::json;
 
 const PRUNE: &str = "/v1/nodes/node-1/images/prune";
-
-async fn node(server: &SharedServer, status: Value) {
-    let mut object = Object::new(Kind::Node, None, "node-1", json!({}));
-    object.metadata.uid = "uid-node-1".into();
-    object.metadata.created_at = Some(Utc::now());
-    object.status = status;
-    let change = ChangeMeta {
-        author: "test".into(),
-        class: AuthorClass::External,
-        message: String::new(),
-        time: Utc::now(),
-        always_record: false,
-    };
-    server.store.create(object, &change).await.unwrap();
-}
 
 /// An agent endpoint that answers a prune with a fixed report and keeps
 /// the `Authorization` headers it was sent.
@@ -65,7 +47,14 @@ async fn an_operator_has_the_nodes_agent_collect_its_images() {
     server.agent_secret.set("s3cret".into()).unwrap();
     let admin = common::token(&server, "admin", Role::Operator).await;
     let (url, seen) = fake_agent().await;
-    node(&server, json!({"agentEndpoint": url})).await;
+    common::put(
+        &server,
+        Kind::Node,
+        "node-1",
+        json!({}),
+        json!({"agentEndpoint": url}),
+    )
+    .await;
 
     let (status, body) = common::call(&server, "POST", PRUNE, Some(&admin), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -90,7 +79,7 @@ async fn refusals_name_the_reason_before_any_agent_is_asked() {
         "{body}"
     );
 
-    node(&server, json!({})).await;
+    common::put(&server, Kind::Node, "node-1", json!({}), json!({})).await;
     let (status, body) = common::call(&server, "POST", PRUNE, Some(&admin), None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(

@@ -4,15 +4,17 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
+
+use common::put;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use chrono::Utc;
-use corral_api::{AuthorClass, Identity, Kind, Object, Role};
+use corral_api::{Identity, Kind, Role};
 use corral_server::clock::SequentialIds;
 use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
-use corral_store::ChangeMeta;
 use corral_store::sqlite::SqliteStore;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -36,22 +38,6 @@ async fn server() -> (SharedServer, String, String) {
     let admin = issue(Identity::new("admin", Role::Operator)).await;
     let node = issue(Identity::new("node-1", Role::Node)).await;
     (server, admin, node)
-}
-
-async fn put(server: &SharedServer, kind: Kind, name: &str, spec: Value, status: Value) {
-    let namespace = kind.is_namespaced().then_some("default");
-    let mut object = Object::new(kind, namespace, name, spec);
-    object.metadata.uid = format!("uid-{name}");
-    object.metadata.created_at = Some(Utc::now());
-    object.status = status;
-    let change = ChangeMeta {
-        author: "test".into(),
-        class: AuthorClass::External,
-        message: String::new(),
-        time: Utc::now(),
-        always_record: false,
-    };
-    server.store.create(object, &change).await.unwrap();
 }
 
 fn containers(names: &[&str]) -> Value {

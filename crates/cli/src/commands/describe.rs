@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use corral_api::kinds::{ContainerStatus, NodeStatus, PodSpec, PodStatus};
+use corral_api::kinds::{ContainerStatus, PodSpec, PodStatus};
 use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{Kind, Object, manager_of};
 use corral_client::{Client, StepLogQuery};
@@ -109,17 +109,8 @@ async fn pod(out: &mut String, client: &Client, object: &Object, now: DateTime<U
             status.restarts()
         ),
     );
-    let node_problem = match &status.node {
-        Some(node) => client
-            .get(&corral_api::ObjectKey::new(Kind::Node, None, node))
-            .await
-            .ok()
-            .and_then(|n| n.typed_status::<NodeStatus>().ok())
-            .and_then(|n| n.unhealthy(node, now)),
-        None => None,
-    };
     // Health is judged once the newest operation succeeded; until then the
-    // operation is the answer (as in `why`).
+    // operation is the answer (as in `why`, which judges it the same way).
     let operation = StoredWorkflows::of(&object.status)
         .ok()
         .and_then(|w| w.latest().map(|i| (i.workflow.clone(), i.outcome)));
@@ -128,10 +119,12 @@ async fn pod(out: &mut String, client: &Client, object: &Object, now: DateTime<U
             "its {workflow} workflow is {}: see Workflow below",
             outcome.as_str()
         ),
-        _ => node_problem.or_else(|| status.unhealthy(now)).map_or_else(
-            || "healthy".to_string(),
-            |problem| format!("not healthy: {problem}"),
-        ),
+        _ => super::workflow::unhealthy_now(client, object, now)
+            .await
+            .map_or_else(
+                || "healthy".to_string(),
+                |problem| format!("not healthy: {problem}"),
+            ),
     };
     line(out, "Health", &health);
     let _ = writeln!(out, "Containers:");

@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use corral_api::{Identity, Role};
+use chrono::Utc;
+use corral_api::{AuthorClass, Identity, Kind, Object, Role};
 use corral_server::clock::SequentialIds;
 use corral_server::{Server, SharedServer, SystemClock, TokenIssuer, app};
+use corral_store::ChangeMeta;
 use corral_store::sqlite::SqliteStore;
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -71,4 +73,26 @@ pub async fn call(
     let value = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, value)
+}
+
+/// Stores `kind/name` (in namespace `default` when namespaced) with `spec`
+/// and `status`, uid `uid-NAME`, straight into the store.
+pub async fn put(server: &SharedServer, kind: Kind, name: &str, spec: Value, status: Value) {
+    let namespace = kind.is_namespaced().then_some("default");
+    let mut object = Object::new(kind, namespace, name, spec);
+    object.metadata.uid = format!("uid-{name}");
+    object.metadata.created_at = Some(Utc::now());
+    object.status = status;
+    let change = ChangeMeta {
+        author: "test".into(),
+        class: AuthorClass::External,
+        message: String::new(),
+        time: Utc::now(),
+        always_record: false,
+    };
+    server
+        .store
+        .create(object, &change)
+        .await
+        .expect("the test object is stored");
 }

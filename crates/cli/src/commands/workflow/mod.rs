@@ -10,6 +10,7 @@ mod why_pd;
 
 pub use logs::{LogsArgs, logs};
 pub use wait::follow;
+pub(crate) use why::unhealthy_now;
 pub use why::{AnalyzeArgs, WhyArgs, analyze, why};
 
 use std::collections::HashMap;

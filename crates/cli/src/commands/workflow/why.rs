@@ -90,7 +90,7 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
 /// Why the object is not healthy now, if it is a pod that is not: its
 /// node first (what the node reported is only as fresh as the node), then
 /// its containers.
-pub(super) async fn unhealthy_now(
+pub(crate) async fn unhealthy_now(
     client: &Client,
     object: &Object,
     now: DateTime<Utc>,
