@@ -234,9 +234,22 @@ pub struct StepInstance {
     /// `attempts + 1`.
     #[serde(default)]
     pub attempts: u32,
+    /// Attempts made before a person's retry (`corral retry`) gave the step
+    /// a fresh budget: it may run until attempt `retryBase + maxAttempts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_base: u32,
     /// When the first attempt started; kept across retries for durations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_started_at: Option<DateTime<Utc>>,
+}
+
+impl StepInstance {
+    /// The number of the last attempt the step may make: its policy's
+    /// `maxAttempts`, counted from the last person's retry.
+    pub fn max_attempts(&self) -> u32 {
+        self.retry_base
+            .saturating_add(self.definition.retry.max_attempts)
+    }
 }
 
 /// How an instance ended, or that it has not.
@@ -404,6 +417,9 @@ pub struct StoredStep {
     /// Attempts started so far (claims).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempts: u32,
+    /// Attempts made before a person's retry gave the step a fresh budget.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_base: u32,
     /// When the first attempt started, when a retry made it earlier than
     /// the current attempt's start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -568,6 +584,7 @@ mod tests {
                 deadline: None,
             },
             attempts: 1,
+            retry_base: 0,
             first_started_at: Some(since),
         };
         let json = serde_json::to_value(&step).expect("serializes");

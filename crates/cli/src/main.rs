@@ -37,6 +37,7 @@ use crate::commands::{
 ///   corral rollback pod/web --to 1
 ///   corral history --since 1h --external
 ///   corral why pod/web
+///   corral retry pod/web
 ///   corral logs pod/web --steps
 ///   corral logs pod/web -f
 ///   corral exec pod/web -- id
@@ -96,6 +97,9 @@ enum Command {
     /// Explain an object's newest operation: a verdict line, then every step
     /// of its workflow (done, running, failed, waiting, blocked).
     Why(workflow::WhyArgs),
+    /// Run the failed steps of an object's newest workflow again (after
+    /// fixing the cause); done steps stay done.
+    Retry(workflow::RetryArgs),
     /// Nodes: `forget NAME` declares one lost so its pods move.
     Node(node::NodeArgs),
     /// Move a PinnedDeployment's share to its next template (`--percent`),
@@ -205,6 +209,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::History(args) => history::history(config, args).await,
         Command::Diff(args) => history::diff(config, args).await,
         Command::Rollback(args) => history::rollback(config, args).await,
+        Command::Retry(args) => workflow::retry(config, args).await,
         Command::Why(args) => workflow::why(config, args).await,
         Command::Node(args) => node::run(config, args).await,
         Command::Rollout(args) => rollout::rollout(config, args).await,

@@ -86,6 +86,15 @@ impl Client {
         self.step_action(key, &request).await
     }
 
+    /// Runs the failed steps of the object's newest workflow instance again
+    /// (each with a fresh retry budget), or brings forward the retry of
+    /// steps waiting out their backoff; returns the instance afterwards.
+    /// 409 when nothing failed.
+    pub async fn retry(&self, key: &ObjectKey) -> Result<WorkflowInstance, ClientError> {
+        let path = format!("{}/retry", object_path(key));
+        self.call(self.request(Method::POST, &path)).await
+    }
+
     /// The object's kept workflow instances whole (each joined with its
     /// definition; finished ones replayed from the step log), oldest
     /// first: what `why` and `analyze` render.

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use corral_api::workflow::{
-    LogLevel, RetryPolicy, StepDefinition, StepInstance, StepKind, StepLogEntry, StepState,
-    WorkflowInstance, WorkflowOutcome, WorkflowStatus,
+    LogLevel, RetryPolicy, StepInstance, StepKind, StepLogEntry, StepState, WorkflowInstance,
+    WorkflowOutcome, WorkflowStatus,
 };
 use serde_json::Value;
 
@@ -41,6 +41,7 @@ pub fn instantiate(
             definition: definition.steps[index].clone(),
             state: StepState::Waiting { on: Vec::new() },
             attempts: 0,
+            retry_base: 0,
             first_started_at: None,
         })
         .collect();
@@ -189,13 +190,17 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32) -> TimeDelta {
     TimeDelta::milliseconds(i64::try_from(millis).unwrap_or(i64::MAX))
 }
 
-/// When a failed attempt is retried, or `None` if it was the last.
+/// When a failed attempt of `step` is retried, or `None` if it was the
+/// last. The backoff counts attempts since the last person's retry.
 pub(crate) fn retry_at(
-    definition: &StepDefinition,
+    step: &StepInstance,
     attempt: u32,
     at: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    (attempt < definition.retry.max_attempts).then(|| at + backoff(&definition.retry, attempt))
+    (attempt < step.max_attempts()).then(|| {
+        let round = attempt.saturating_sub(step.retry_base);
+        at + backoff(&step.definition.retry, round)
+    })
 }
 
 /// How a dependency stands, seen from its dependents.
@@ -242,7 +247,6 @@ fn next_state(
     now: DateTime<Utc>,
 ) -> Next {
     let step = &instance.steps[index];
-    let definition = &step.definition;
     match &step.state {
         StepState::Running {
             since,
@@ -250,12 +254,12 @@ fn next_state(
             deadline: Some(deadline),
             ..
         } if *deadline <= now => {
-            let next_retry_at = retry_at(definition, *attempt, *deadline);
+            let next_retry_at = retry_at(step, *attempt, *deadline);
             let took = format_duration(*deadline - *since);
             let message = match next_retry_at {
                 Some(at) => format!(
                     "timed out after {took} (attempt {attempt} of {}), retry in {}",
-                    definition.retry.max_attempts,
+                    step.max_attempts(),
                     format_duration(at - *deadline)
                 ),
                 None => format!("timed out after {took} (attempt {attempt}, the last)"),

@@ -7,9 +7,10 @@
 //!   merging of steps registered by `Controller` objects ([`definition_for`]);
 //! - validation: unknown references and ordering cycles are errors that name
 //!   them ([`validate`]);
-//! - the engine ([`instantiate`], [`tick`]) and the owners' transitions
-//!   ([`claim`], [`complete`], [`fail`], [`append_log`]), with the rule of who
-//!   may move which step ([`may_act`], [`check_write`]);
+//! - the engine ([`instantiate`], [`tick`]), the owners' transitions
+//!   ([`claim`], [`complete`], [`fail`], [`append_log`]) and a person's
+//!   [`retry`], with the rule of who may move which step ([`may_act`],
+//!   [`check_write`]);
 //! - the verdict and the renderers ([`why_text`], [`blame_text`],
 //!   [`critical_chain_text`], [`dot`], and their JSON forms).
 //!
@@ -26,6 +27,7 @@ mod node_step;
 mod owner;
 mod registration;
 mod render;
+mod retry;
 mod stored;
 mod transition;
 mod verdict;
@@ -45,6 +47,7 @@ pub use render::{
     blame_json, blame_text, critical_chain_json, critical_chain_text, dot, verdict_line, why_json,
     why_text,
 };
+pub use retry::retry;
 pub use stored::{
     definition_from_spec, definition_name, definition_spec, dehydrate, hydrate, stored_deadline,
 };

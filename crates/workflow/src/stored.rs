@@ -74,12 +74,15 @@ pub fn dehydrate(instance: &WorkflowInstance, definition: &str) -> StoredInstanc
         .iter()
         .filter(|_| keeps_steps)
         .filter(|step| step.definition.kind == StepKind::Step)
-        .filter(|step| !matches!(step.state, StepState::Waiting { .. }))
+        // A waiting step is derived from the graph, unless it ran before
+        // (a person's retry reset it): its attempts must survive.
+        .filter(|step| !matches!(step.state, StepState::Waiting { .. }) || step.attempts > 0)
         .map(|step| {
             let started = started_at(&step.state);
             let stored = StoredStep {
                 state: step.state.clone(),
                 attempts: step.attempts,
+                retry_base: step.retry_base,
                 first_started_at: step
                     .first_started_at
                     .filter(|first| Some(*first) != started),
@@ -140,6 +143,7 @@ pub fn hydrate(
                     definition: step.clone(),
                     state: record.state.clone(),
                     attempts: record.attempts,
+                    retry_base: record.retry_base,
                     first_started_at: record
                         .first_started_at
                         .or_else(|| started_at(&record.state)),
@@ -148,6 +152,7 @@ pub fn hydrate(
                     definition: step.clone(),
                     state: StepState::Waiting { on: Vec::new() },
                     attempts: 0,
+                    retry_base: 0,
                     first_started_at: None,
                 },
             }
@@ -226,6 +231,7 @@ fn replay(stored: &StoredInstance, logs: &[StepLogEntry]) -> BTreeMap<String, St
         let step = steps.entry(entry.step.clone()).or_insert(StoredStep {
             state: state.clone(),
             attempts: 0,
+            retry_base: 0,
             first_started_at: Some(entry.time),
         });
         step.state = state;

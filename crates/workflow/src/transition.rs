@@ -40,6 +40,8 @@ pub enum TransitionError {
         phase: &'static str,
         expected: &'static str,
     },
+    #[error("workflow {id} has nothing to retry: {why}")]
+    NothingToRetry { id: String, why: String },
     #[error("cannot {action} step {step}: it was claimed by {claimed_by}, not {actor}")]
     NotClaimant {
         step: String,
@@ -147,8 +149,8 @@ pub fn fail(
     let mut logs = tick(instance, now);
     let index = authorize(instance, step, actor, bound_node, "fail")?;
     let (since, attempt) = running_claim(instance, index, actor, "fail")?;
-    let next_retry_at = retry_at(&instance.steps[index].definition, attempt, now);
-    let max = instance.steps[index].definition.retry.max_attempts;
+    let next_retry_at = retry_at(&instance.steps[index], attempt, now);
+    let max = instance.steps[index].max_attempts();
     let message = match next_retry_at {
         Some(at) => format!(
             "failed (attempt {attempt} of {max}), retry in {}: {error}",

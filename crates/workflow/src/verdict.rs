@@ -93,7 +93,7 @@ fn failed(instance: &WorkflowInstance) -> Verdict {
         );
     };
     let name = &cause.definition.name;
-    let max = cause.definition.retry.max_attempts;
+    let max = cause.max_attempts();
     let message = match &cause.state {
         StepState::Failed { error, attempt, .. } => {
             format!("step {name} failed: {error} (attempt {attempt} of {max})")
@@ -133,7 +133,7 @@ fn running(instance: &WorkflowInstance, now: DateTime<Utc>, stuck_after: TimeDel
         return about(VerdictState::Stuck, step, message);
     }
     for step in &instance.steps {
-        let max = step.definition.retry.max_attempts;
+        let max = step.max_attempts();
         let name = &step.definition.name;
         let message = match &step.state {
             StepState::Failed {

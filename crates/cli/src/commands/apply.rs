@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{Object, parse_manifests};
 use corral_client::Client;
 
@@ -93,7 +94,7 @@ async fn apply_one(
 ) -> anyhow::Result<Object> {
     let key = object.key();
     let before = match client.get(&key).await {
-        Ok(existing) => Some(existing.metadata.resource_version),
+        Ok(existing) => Some(existing),
         Err(error) if error.status() == Some(404) => None,
         Err(error) => return Err(error).with_context(|| format!("cannot read {key}")),
     };
@@ -101,13 +102,31 @@ async fn apply_one(
         .apply(object, message)
         .await
         .with_context(|| format!("{key} was not applied"))?;
-    let verb = match before {
-        None => "created",
-        Some(version) if version == stored.metadata.resource_version => "unchanged",
-        Some(_) => "configured",
-    };
-    println!("{key} {verb} (revision {})", stored.metadata.revision);
+    let revision = stored.metadata.revision;
+    match before {
+        None => println!("{key} created (revision {revision})"),
+        Some(before) if before.metadata.revision == revision => match retried(&before, &stored) {
+            // An unchanged apply of a failed object runs its failed steps again.
+            Some(id) => println!("{key} unchanged (revision {revision}); retrying failed {id}"),
+            None => println!("{key} unchanged (revision {revision})"),
+        },
+        Some(_) => println!("{key} configured (revision {revision})"),
+    }
     Ok(stored)
+}
+
+/// The id of the newest workflow instance if it failed in `before` and runs
+/// again in `after`.
+fn retried(before: &Object, after: &Object) -> Option<String> {
+    let newest = |object: &Object| {
+        StoredWorkflows::of(&object.status)
+            .ok()
+            .and_then(|stored| stored.latest().map(|i| (i.id.clone(), i.outcome)))
+    };
+    let (id, was) = newest(before)?;
+    let (now_id, now) = newest(after)?;
+    (id == now_id && was == WorkflowOutcome::Failed && now == WorkflowOutcome::Running)
+        .then_some(id)
 }
 
 #[derive(Debug, Args)]

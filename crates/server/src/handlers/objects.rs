@@ -68,6 +68,8 @@ pub(crate) fn fresh(server: &crate::Server, mut object: Object) -> Object {
 /// its spec, labels and annotations and keeps its status. When the body
 /// carries `metadata.resourceVersion`, the write happens only at that
 /// version (409 otherwise); without it, the latest version is replaced.
+/// Applying an unchanged object whose newest workflow failed retries that
+/// workflow's failed steps (people only).
 pub async fn apply(
     State(server): State<SharedServer>,
     Caller(caller): Caller,
@@ -112,7 +114,10 @@ pub async fn apply(
             current.metadata.resource_version
         };
         if next == current && expected == current.metadata.resource_version {
-            return Ok(Json(current));
+            // Applying it again asks again: a failed start (an image that
+            // was missing, say) runs its failed steps once more.
+            let retried = crate::workflows::retry_failed(&server, &caller, &current).await?;
+            return Ok(Json(retried.unwrap_or(current)));
         }
         match ownership::update(&server, &caller, &current, next, expected, &change).await {
             Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,

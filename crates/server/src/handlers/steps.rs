@@ -1,5 +1,6 @@
 //! The step API: `POST …/{name}/steps` (claim, complete, fail, log) and
-//! `GET …/{name}/steplogs?step=&owner=&workflow=`. Parsing only; the
+//! `GET …/{name}/steplogs?step=&owner=&workflow=`, and a person's
+//! `POST …/{name}/retry`. Parsing only; the
 //! behaviour is in [`crate::workflows`].
 
 use std::collections::HashMap;
@@ -55,6 +56,17 @@ pub async fn act(
     })?;
     let action = StepAction::try_from(request)?;
     Ok(Json(workflows::act(&server, &caller, &key, action).await?))
+}
+
+/// `POST …/{name}/retry`: a person asks for the newest workflow instance's
+/// failed steps to run again; returns the instance afterwards.
+pub async fn retry(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+) -> Result<Json<WorkflowInstance>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    Ok(Json(workflows::retry(&server, &caller, &key).await?))
 }
 
 /// `GET …/{name}/workflows`: the object's kept workflow instances whole —

@@ -70,7 +70,7 @@ impl ObjectDocs {
     }
 
     pub(crate) fn apply(&self) -> Value {
-        json!({"summary": "apply: create, or replace spec, labels and annotations (compare-and-swap when metadata.resourceVersion is set)",
+        json!({"summary": "apply: create, or replace spec, labels and annotations (compare-and-swap when metadata.resourceVersion is set); an unchanged apply by a person of an object whose newest workflow failed retries it",
             "parameters": self.named_and(vec![message()]), "requestBody": body(), "responses": ok(schema_ref("Object"), "the stored object")})
     }
 
@@ -114,6 +114,12 @@ impl ObjectDocs {
         json!({"summary": "a step owner claims, completes, fails or logs for a step of the object's workflow (403: not the owner; 409: the step's state does not allow it); a batch of actions and owned status fields is applied in one write, all or none",
             "parameters": self.named,
             "requestBody": {"required": true, "content": {"application/json": {"schema": {"oneOf": [schema_ref("StepActionRequest"), schema_ref("StepBatchRequest")]}}}},
+            "responses": ok(schema_ref("WorkflowInstance"), "the workflow instance afterwards")})
+    }
+
+    pub(crate) fn retry(&self) -> Value {
+        json!({"summary": "people only: run the failed steps of the object's newest workflow instance again, each with a fresh retry budget (done steps stay done), or bring forward the retry of steps waiting out their backoff (409: nothing failed)",
+            "parameters": self.named,
             "responses": ok(schema_ref("WorkflowInstance"), "the workflow instance afterwards")})
     }
 

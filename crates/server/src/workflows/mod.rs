@@ -13,7 +13,10 @@
 //!   steps would break a workflow (unknown reference, duplicate, cycle).
 //! - [`drive`] is the background loop that ticks each object at its
 //!   nearest deadline; [`tick_all`] ticks everything once (tests).
-//! - [`act`] executes a step owner's claim / complete / fail / log.
+//! - [`act`] executes a step owner's claim / complete / fail / log;
+//!   [`retry`] a person's request to run failed steps again (also made by
+//!   an unchanged re-apply of an object whose newest instance failed,
+//!   [`retry_failed`]).
 //!
 //! Deletion is still immediate: the `stop` workflow needs the node agent to
 //! stop containers and release resources, so it is instantiated when the
@@ -25,6 +28,7 @@
 
 pub mod definitions;
 mod driver;
+mod retry;
 pub mod rollback;
 mod steps;
 
@@ -39,6 +43,7 @@ use corral_workflow::RegisteredController;
 use serde_json::{Map, Value};
 
 pub use driver::{drive, tick_all};
+pub use retry::{retry, retry_failed};
 pub use steps::{StepAction, act, act_batch, step_logs};
 
 use crate::Server;

@@ -328,6 +328,7 @@ fn refusal(error: TransitionError) -> ApiError {
         }
         TransitionError::UnknownStep { .. } => ApiError::NotFound(message),
         TransitionError::Finished { .. }
+        | TransitionError::NothingToRetry { .. }
         | TransitionError::Target { .. }
         | TransitionError::WrongState { .. } => ApiError::Conflict(message),
     }

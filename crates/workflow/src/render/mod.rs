@@ -90,7 +90,7 @@ pub(crate) fn step_view(
         blocked_by: None,
         cause: None,
         attempt: (step.attempts > 0).then_some(step.attempts),
-        max_attempts: definition.retry.max_attempts,
+        max_attempts: step.max_attempts(),
         next_retry_at: None,
         claimed_by: None,
         note: None,

@@ -4,6 +4,7 @@
 mod engine;
 mod ownership;
 mod render;
+mod retry;
 mod stored;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};

@@ -1,14 +1,16 @@
 //! Workflow commands: `why`, `analyze blame|critical-chain|dot`,
-//! `logs --steps`, and the follower behind `apply --wait`. They fetch the
+//! `logs --steps`, `retry`, and the follower behind `apply --wait`. They fetch the
 //! object and render with `corral_workflow`'s pure renderers, with `now` the
 //! client's clock.
 
 mod logs;
+mod retry;
 mod wait;
 mod why;
 mod why_pd;
 
 pub use logs::{LogsArgs, logs};
+pub use retry::{RetryArgs, retry};
 pub use wait::follow;
 pub(crate) use why::unhealthy_now;
 pub use why::{AnalyzeArgs, WhyArgs, analyze, why};

@@ -84,6 +84,15 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
         }
         None => print!("{text}"),
     }
+    if args.workflow.is_none() && instance.outcome == WorkflowOutcome::Failed {
+        let namespace = match key.namespace.as_str() {
+            "" | "default" => String::new(),
+            ns => format!(" -n {ns}"),
+        };
+        println!(
+            "\nOnce the cause is fixed, `corral retry {name}{namespace}` (or applying it again) runs the failed steps again."
+        );
+    }
     Ok(())
 }
 
