@@ -102,6 +102,9 @@ pub(crate) async fn import(store: &EtcdStore, dump: &Dump) -> Result<(), ImportE
     for token in &dump.tokens {
         records::put_token(store, token.clone()).await?;
     }
+    for chunk in dump.sealed.chunks(records::MAX_TXN_OPS) {
+        records::write_sealed(store, chunk, &[]).await?;
+    }
     for chunk in step_log_chunks(&dump.step_logs) {
         records::append_step_logs(store, chunk).await?;
     }

@@ -8,6 +8,7 @@
 //! | `P/revisions/{uid}/{revision:020}`    | a revision's record (author, time, …)  |
 //! | `P/specs/{uid}/{revision:020}`        | the codec payload of its spec          |
 //! | `P/tokens/{hash}`                     | a token record as JSON                 |
+//! | `P/sealed/{name}`                     | a sealed value (encrypted bytes)       |
 //! | `P/steplogs/{uid}/{uuid}`             | one append's step log entries (JSON)   |
 //! | `P/leases/{node}`                     | a node's lease renewal (JSON)          |
 //! | `P/leader`                            | the controller leader election         |
@@ -98,6 +99,11 @@ impl Keys {
 
     pub fn token(&self, hash: &str) -> String {
         format!("{}/tokens/{hash}", self.prefix)
+    }
+
+    /// A sealed value's key; with an empty name, the prefix of them all.
+    pub fn sealed(&self, name: &str) -> String {
+        format!("{}/sealed/{name}", self.prefix)
     }
 
     pub fn step_log(&self, uid: &str, batch: &str) -> String {

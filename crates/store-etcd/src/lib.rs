@@ -40,7 +40,8 @@ use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::conformance::EventRetention;
 use corral_store::{
     ChangeMeta, CompactionReport, EventWindow, HistorySize, LeaseRecord, ListContinue, ListPage,
-    ListResult, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
+    ListResult, SealedRecord, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter,
+    WatchStream,
 };
 use etcd_client::{Client, GetOptions, KeyValue};
 
@@ -366,6 +367,22 @@ impl Store for EtcdStore {
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         records::find_token(self, hash).await
+    }
+
+    async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        records::get_sealed(self, name).await
+    }
+
+    async fn list_sealed(&self, prefix: &str) -> Result<Vec<SealedRecord>, StoreError> {
+        records::list_sealed(self, prefix).await
+    }
+
+    async fn write_sealed(
+        &self,
+        put: &[SealedRecord],
+        remove: &[String],
+    ) -> Result<(), StoreError> {
+        records::write_sealed(self, put, remove).await
     }
 
     async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {

@@ -1,4 +1,4 @@
-//! Tokens, node leases and workflow step logs: plain keys outside the
+//! Tokens, node leases, sealed values and workflow step logs: plain keys outside the
 //! object space, so they never show up in watches.
 //!
 //! One `append_step_logs` call writes one key per object uid it mentions
@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use corral_api::workflow::StepLogEntry;
-use corral_store::{LeaseRecord, StepLogFilter, StoreError, TokenRecord};
+use corral_store::{LeaseRecord, SealedRecord, StepLogFilter, StoreError, TokenRecord};
 use etcd_client::{Txn, TxnOp};
 
 use crate::{EtcdStore, corrupt_json, unavailable};
@@ -68,6 +68,71 @@ pub(crate) async fn find_token(
         .first()
         .map(|kv| serde_json::from_slice(kv.value()).map_err(corrupt_json("token")))
         .transpose()
+}
+
+pub(crate) async fn get_sealed(
+    store: &EtcdStore,
+    name: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let mut response = store
+        .kv()
+        .get(store.keys.sealed(name), None)
+        .await
+        .map_err(unavailable)?;
+    Ok(response.take_kvs().first().map(|kv| kv.value().to_vec()))
+}
+
+pub(crate) async fn list_sealed(
+    store: &EtcdStore,
+    prefix: &str,
+) -> Result<Vec<SealedRecord>, StoreError> {
+    let root = store.keys.sealed("");
+    let mut records = Vec::new();
+    for kv in store.range(&store.keys.sealed(prefix)).await? {
+        let key = kv.key_str().map_err(|error| {
+            StoreError::Corrupt(format!("etcd: a sealed value's key is not UTF-8: {error}"))
+        })?;
+        let name = key.strip_prefix(&root).unwrap_or(key).to_string();
+        records.push(SealedRecord {
+            name,
+            value: kv.value().to_vec(),
+        });
+    }
+    records.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(records)
+}
+
+/// All or none: one transaction, refused when it would exceed etcd's limit
+/// of operations per transaction.
+pub(crate) async fn write_sealed(
+    store: &EtcdStore,
+    put: &[SealedRecord],
+    remove: &[String],
+) -> Result<(), StoreError> {
+    let mut operations: Vec<TxnOp> = put
+        .iter()
+        .map(|record| TxnOp::put(store.keys.sealed(&record.name), record.value.clone(), None))
+        .collect();
+    operations.extend(
+        remove
+            .iter()
+            .map(|name| TxnOp::delete(store.keys.sealed(name), None)),
+    );
+    if operations.is_empty() {
+        return Ok(());
+    }
+    if operations.len() > MAX_TXN_OPS {
+        return Err(StoreError::Unavailable(format!(
+            "etcd: {} sealed values in one write; etcd takes at most {MAX_TXN_OPS} per transaction",
+            operations.len()
+        )));
+    }
+    store
+        .kv()
+        .txn(Txn::new().and_then(operations))
+        .await
+        .map_err(unavailable)?;
+    Ok(())
 }
 
 pub(crate) async fn append_step_logs(

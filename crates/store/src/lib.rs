@@ -158,6 +158,30 @@ pub struct TokenRecord {
     pub created_at: DateTime<Utc>,
 }
 
+/// One sealed value: an opaque name and the bytes kept under it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedRecord {
+    pub name: String,
+    #[serde(with = "sealed_bytes")]
+    pub value: Vec<u8>,
+}
+
+/// Sealed bytes as base64 in JSON (dumps, etcd values).
+mod sealed_bytes {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(value))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        STANDARD.decode(text).map_err(serde::de::Error::custom)
+    }
+}
+
 /// A node's lease: the last time it said it is alive. Soft state: kept
 /// apart from objects (renewing it is no object write, no watch event, no
 /// history), and a store may lose it on restart — a node that is alive
@@ -347,6 +371,18 @@ pub trait Store: Send + Sync + 'static {
     async fn find_lease(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError>;
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
+
+    /// Sealed values (a Secret's encrypted data) by name: bytes kept without
+    /// history or watch events, never interpreted by the store.
+    async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Every sealed value whose name starts with `prefix`, ordered by name.
+    async fn list_sealed(&self, prefix: &str) -> Result<Vec<SealedRecord>, StoreError>;
+
+    /// Writes every record of `put` and removes the names in `remove`, all
+    /// or none, durably before it returns.
+    async fn write_sealed(&self, put: &[SealedRecord], remove: &[String])
+    -> Result<(), StoreError>;
 
     /// Appends workflow step log entries (engine transitions and lines step
     /// owners wrote), all or none. They outlive the object they are about.

@@ -17,7 +17,7 @@ use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::{
     ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListContinue, ListPage, ListResult,
-    StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
+    SealedRecord, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
 };
 
 /// A store that remembers the newest object write made through it.
@@ -151,6 +151,22 @@ impl Store for Tracked {
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         self.inner.find_token(hash).await
+    }
+
+    async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get_sealed(name).await
+    }
+
+    async fn list_sealed(&self, prefix: &str) -> Result<Vec<SealedRecord>, StoreError> {
+        self.inner.list_sealed(prefix).await
+    }
+
+    async fn write_sealed(
+        &self,
+        put: &[SealedRecord],
+        remove: &[String],
+    ) -> Result<(), StoreError> {
+        self.inner.write_sealed(put, remove).await
     }
 
     async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {

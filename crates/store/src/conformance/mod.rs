@@ -15,6 +15,7 @@
 //!   deletion's store revision and keep the last spec revision.
 //! - step log entries are kept per object uid and read back ordered by
 //!   time, ties in the order they were appended.
+//! - sealed values are opaque bytes by name, outside the object space.
 //! - `compact_history` keeps a live object's current revision whatever the
 //!   policy; a deleted object's records may all go.
 //! - `list_page` walks cover every object present throughout exactly once,
@@ -26,6 +27,7 @@
 mod history;
 mod objects;
 mod pages;
+mod sealed;
 mod steplogs;
 mod watch;
 mod window;
@@ -49,6 +51,7 @@ pub use objects::{
     check_create_get_list, check_delete_and_recreate, check_spec_revisions, check_update_cas,
 };
 pub use pages::{check_list_continue_after_changes, check_list_pages};
+pub use sealed::check_sealed;
 pub use steplogs::check_step_logs;
 pub use watch::{check_watch_expired, check_watch_filtered, check_watch_live, check_watch_replay};
 pub use window::{check_event_window_age, check_event_window_count};
@@ -91,6 +94,7 @@ where
     check_tokens(&fresh().await).await;
     check_leases(&fresh().await).await;
     check_step_logs(&fresh().await).await;
+    check_sealed(&fresh().await).await;
 }
 
 /// How long a check waits for an event that must come.

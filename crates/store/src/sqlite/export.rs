@@ -12,7 +12,7 @@ use super::objects::parse_object;
 use super::schema::{corrupt_json, time_from_text};
 use super::steplogs::level_from_text;
 use crate::dump::Dump;
-use crate::{StoreError, TokenRecord};
+use crate::{SealedRecord, StoreError, TokenRecord};
 
 pub(super) fn export(conn: &mut Connection) -> Result<Dump, StoreError> {
     let tx = conn.transaction()?;
@@ -53,6 +53,17 @@ pub(super) fn export(conn: &mut Connection) -> Result<Dump, StoreError> {
             identity: serde_json::from_str(&row.get::<_, String>(1)?)
                 .map_err(corrupt_json("token identity"))?,
             created_at: time_from_text(&row.get::<_, String>(2)?)?,
+        });
+    }
+    drop(rows);
+    drop(statement);
+
+    let mut statement = tx.prepare("SELECT name, value FROM sealed ORDER BY name")?;
+    let mut rows = statement.query([])?;
+    while let Some(row) = rows.next()? {
+        dump.sealed.push(SealedRecord {
+            name: row.get(0)?,
+            value: row.get(1)?,
         });
     }
     drop(rows);

@@ -47,8 +47,8 @@ use tokio::sync::{broadcast, oneshot};
 use crate::conformance::EventRetention;
 use crate::{
     ChangeMeta, CompactionReport, EventWindow, HistorySize, LeaseRecord, ListContinue, ListPage,
-    ListResult, StepLogFilter, Store, StoreError, TokenRecord, WatchEvent, WatchFilter,
-    WatchStream,
+    ListResult, SealedRecord, StepLogFilter, Store, StoreError, TokenRecord, WatchEvent,
+    WatchFilter, WatchStream,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -455,6 +455,59 @@ impl Store for SqliteStore {
                 created_at: schema::time_from_text(&created_at)?,
                 hash,
             }))
+        })
+        .await
+    }
+
+    async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let name = name.to_string();
+        self.read(move |conn| {
+            Ok(conn
+                .query_row("SELECT value FROM sealed WHERE name = ?1", [&name], |row| {
+                    row.get(0)
+                })
+                .optional()?)
+        })
+        .await
+    }
+
+    async fn list_sealed(&self, prefix: &str) -> Result<Vec<SealedRecord>, StoreError> {
+        let prefix = prefix.to_string();
+        self.read(move |conn| {
+            let mut statement = conn.prepare(
+                "SELECT name, value FROM sealed WHERE substr(name, 1, length(?1)) = ?1 ORDER BY name",
+            )?;
+            let rows = statement.query_map([&prefix], |row| {
+                Ok(SealedRecord {
+                    name: row.get(0)?,
+                    value: row.get(1)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn write_sealed(
+        &self,
+        put: &[SealedRecord],
+        remove: &[String],
+    ) -> Result<(), StoreError> {
+        let (put, remove) = (put.to_vec(), remove.to_vec());
+        self.maintain(move |conn| {
+            let tx = conn.transaction()?;
+            for record in &put {
+                tx.execute(
+                    "INSERT INTO sealed (name, value) VALUES (?1, ?2)
+                     ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    params![record.name, record.value],
+                )?;
+            }
+            for name in &remove {
+                tx.execute("DELETE FROM sealed WHERE name = ?1", [name])?;
+            }
+            tx.commit()?;
+            Ok(())
         })
         .await
     }

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use crate::StoreError;
 
 /// The schema this code writes; kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -110,8 +110,17 @@ UPDATE events SET time = CAST(strftime('%s', 'now') AS INTEGER) * 1000;
 CREATE INDEX events_time ON events (time);
 ";
 
+/// Version 4: sealed values (Secrets' encrypted data), outside history and
+/// watch events.
+const SCHEMA_V4: &str = "
+CREATE TABLE sealed (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+";
+
 /// The migrations, in order: entry `n` brings version `n` to `n + 1`.
-const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
+const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
 
 /// Applies the connection settings and brings the schema up to date.
 /// `durable` is false only for in-memory databases, which have no WAL.
