@@ -62,6 +62,14 @@ pub struct Identity {
     /// When the token stops working (join tokens); never when unset.
     #[serde(default, rename = "expiresAt", skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// For users: whether they may read Secrets' values (`corral get
+    /// secret/x --reveal`) in their namespaces. Operators always may.
+    #[serde(
+        default,
+        rename = "readSecrets",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub read_secrets: bool,
 }
 
 impl Identity {
@@ -71,6 +79,7 @@ impl Identity {
             role,
             namespaces: Vec::new(),
             expires_at: None,
+            read_secrets: false,
         }
     }
 
@@ -83,6 +92,12 @@ impl Identity {
     /// The identity limited to (for users) `namespaces`.
     pub fn with_namespaces(mut self, namespaces: Vec<String>) -> Self {
         self.namespaces = namespaces;
+        self
+    }
+
+    /// The identity with (for users) the right to read Secrets' values.
+    pub fn reading_secrets(mut self, read_secrets: bool) -> Self {
+        self.read_secrets = read_secrets;
         self
     }
 

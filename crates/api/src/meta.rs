@@ -24,19 +24,21 @@ pub enum Kind {
     VirtualMachine,
     LoadBalancer,
     WorkflowDefinition,
+    Secret,
+    Config,
 }
 
 /// A kind name that matches no kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd)"
+    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config"
 )]
 pub struct UnknownKind {
     pub given: String,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Pod,
         Kind::Node,
         Kind::PinnedDeployment,
@@ -45,6 +47,8 @@ impl Kind {
         Kind::VirtualMachine,
         Kind::LoadBalancer,
         Kind::WorkflowDefinition,
+        Kind::Secret,
+        Kind::Config,
     ];
 
     /// The canonical name, as written in manifests (`Pod`).
@@ -58,6 +62,8 @@ impl Kind {
             Kind::VirtualMachine => "VirtualMachine",
             Kind::LoadBalancer => "LoadBalancer",
             Kind::WorkflowDefinition => "WorkflowDefinition",
+            Kind::Secret => "Secret",
+            Kind::Config => "Config",
         }
     }
 
@@ -72,6 +78,8 @@ impl Kind {
             Kind::VirtualMachine => "virtualmachines",
             Kind::LoadBalancer => "loadbalancers",
             Kind::WorkflowDefinition => "workflowdefinitions",
+            Kind::Secret => "secrets",
+            Kind::Config => "configs",
         }
     }
 
@@ -86,6 +94,8 @@ impl Kind {
             Kind::VirtualMachine => "vm",
             Kind::LoadBalancer => "lb",
             Kind::WorkflowDefinition => "wfd",
+            Kind::Secret => "secret",
+            Kind::Config => "config",
         }
     }
 
@@ -94,7 +104,12 @@ impl Kind {
     pub fn is_namespaced(self) -> bool {
         matches!(
             self,
-            Kind::Pod | Kind::PinnedDeployment | Kind::VirtualMachine | Kind::LoadBalancer
+            Kind::Pod
+                | Kind::PinnedDeployment
+                | Kind::VirtualMachine
+                | Kind::LoadBalancer
+                | Kind::Secret
+                | Kind::Config
         )
     }
 }
@@ -120,6 +135,8 @@ impl FromStr for Kind {
             "virtualmachine" | "virtualmachines" | "vm" | "vms" => Kind::VirtualMachine,
             "loadbalancer" | "loadbalancers" | "lb" | "lbs" => Kind::LoadBalancer,
             "workflowdefinition" | "workflowdefinitions" | "wfd" => Kind::WorkflowDefinition,
+            "secret" | "secrets" => Kind::Secret,
+            "config" | "configs" | "cfg" => Kind::Config,
             _ => {
                 return Err(UnknownKind {
                     given: given.to_string(),

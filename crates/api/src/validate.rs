@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ControllerSpec, LoadBalancerSpec, NodeSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe,
-    VirtualMachineSpec,
+    ConfigSpec, ControllerSpec, LoadBalancerSpec, MAX_DATA_BYTES, NodeSpec, PinnedDeploymentSpec,
+    PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -166,6 +166,18 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
         Kind::WorkflowDefinition => {
             decode_spec::<crate::workflow::WorkflowDefinitionSpec>(&mut checker, &object.spec);
         }
+        Kind::Secret => {
+            if let Some(spec) = decode_secret(&mut checker, &object.spec) {
+                check_secret(&mut checker, &spec);
+            }
+        }
+        Kind::Config => {
+            if let Some(spec) = decode_spec::<ConfigSpec>(&mut checker, &object.spec) {
+                check_data_keys(&mut checker, "spec.data", spec.data.keys());
+                let size: usize = spec.data.values().map(String::len).sum();
+                check_data_size(&mut checker, size);
+            }
+        }
     }
     if checker.errors.is_empty() {
         Ok(())
@@ -196,6 +208,8 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
         Kind::VirtualMachine => round_trip::<VirtualMachineSpec>(&spec),
         Kind::LoadBalancer => round_trip::<LoadBalancerSpec>(&spec),
         Kind::WorkflowDefinition => round_trip::<crate::workflow::WorkflowDefinitionSpec>(&spec),
+        Kind::Secret => round_trip::<SecretSpec>(&spec),
+        Kind::Config => round_trip::<ConfigSpec>(&spec),
     };
     canonical.unwrap_or(spec)
 }
@@ -218,6 +232,86 @@ fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Val
             checker.fail(path, error.into_inner().to_string());
             None
         }
+    }
+}
+
+/// A Secret's spec, decoded without ever quoting a value: serde's messages
+/// may (`invalid type: integer 1234`), so only the path is kept.
+fn decode_secret(checker: &mut Checker, spec: &Value) -> Option<SecretSpec> {
+    let spec = if spec.is_null() {
+        Value::Object(Default::default())
+    } else {
+        spec.clone()
+    };
+    match serde_path_to_error::deserialize::<_, SecretSpec>(spec) {
+        Ok(typed) => Some(typed),
+        Err(error) => {
+            let inner = error.path().to_string();
+            let path = if inner == "." {
+                "spec".to_string()
+            } else {
+                format!("spec.{inner}")
+            };
+            checker.fail(
+                path,
+                "is not part of a Secret (type, data: {KEY: base64}, stringData: {KEY: text}), or a value that is not a string; values are not shown",
+            );
+            None
+        }
+    }
+}
+
+fn check_secret(checker: &mut Checker, spec: &SecretSpec) {
+    use base64::Engine;
+    check_data_keys(checker, "spec.data", spec.data.keys());
+    check_data_keys(checker, "spec.stringData", spec.string_data.keys());
+    check_data_keys(checker, "spec.keys", spec.keys.keys());
+    if let Some(kind) = &spec.secret_type {
+        checker.non_empty("spec.type", kind);
+    }
+    let mut size = 0;
+    for (key, value) in &spec.data {
+        match base64::engine::general_purpose::STANDARD.decode(value) {
+            Ok(bytes) => size += bytes.len(),
+            Err(_) => checker.fail(
+                format!("spec.data.{key}"),
+                "is not valid base64 (put text in stringData instead); the value is not shown",
+            ),
+        }
+        if spec.string_data.contains_key(key) {
+            checker.fail(
+                format!("spec.stringData.{key}"),
+                "is also in spec.data: give each key once",
+            );
+        }
+    }
+    size += spec.string_data.values().map(String::len).sum::<usize>();
+    check_data_size(checker, size);
+    if spec.has_values() && !spec.keys.is_empty() {
+        checker.fail(
+            "spec.keys",
+            "is the server's record of stored values: give values in data or stringData, without keys",
+        );
+    }
+}
+
+fn check_data_keys<'a>(checker: &mut Checker, path: &str, keys: impl Iterator<Item = &'a String>) {
+    for key in keys {
+        if !is_data_key(key) {
+            checker.fail(
+                format!("{path}.{key}"),
+                "is not a valid key: letters, digits, '-', '_' and '.' only (it becomes a file name), at most 253, not '.' or '..'",
+            );
+        }
+    }
+}
+
+fn check_data_size(checker: &mut Checker, size: usize) {
+    if size > MAX_DATA_BYTES {
+        checker.fail(
+            "spec",
+            format!("holds {size} bytes of data; the limit is {MAX_DATA_BYTES} (1 MiB)"),
+        );
     }
 }
 

@@ -21,10 +21,14 @@ impl Client {
         role: Role,
         namespaces: &[String],
         ttl_seconds: Option<u64>,
+        read_secrets: bool,
     ) -> Result<TokenResponse, ClientError> {
         let mut body = serde_json::json!({"name": name, "role": role, "namespaces": namespaces});
         if let Some(ttl) = ttl_seconds {
             body["ttlSeconds"] = ttl.into();
+        }
+        if read_secrets {
+            body["readSecrets"] = true.into();
         }
         self.call(self.request(Method::POST, "/v1/tokens").json(&body))
             .await

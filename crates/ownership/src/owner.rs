@@ -249,6 +249,9 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
         // Written once by the server when an instance first needs it, and
         // never changed: an instance refers to it by name.
         Kind::WorkflowDefinition => people_meta(controller(WORKFLOW)),
+        // Written by people; a Secret's values are sealed by the server on
+        // the way in, which keeps only their sizes and hashes in the spec.
+        Kind::Secret | Kind::Config => people_meta(Owner::People),
     }
 }
 

@@ -29,6 +29,7 @@ pub mod render;
 pub mod retention;
 pub mod routes;
 pub mod scope;
+pub mod secrets;
 pub mod security;
 pub mod tls;
 pub mod watchcache;
@@ -65,6 +66,8 @@ pub struct Server {
     pub cache: Arc<watchcache::WatchCache>,
     /// Workflow definitions: stored ones by name, and the current ones.
     pub definitions: workflows::definitions::Definitions,
+    /// The keys that seal Secrets' values.
+    pub secrets: secrets::Secrets,
 }
 
 impl std::fmt::Debug for Server {
@@ -103,6 +106,7 @@ impl Server {
             agent_secret: std::sync::OnceLock::new(),
             cache,
             definitions: workflows::definitions::Definitions::default(),
+            secrets: secrets::Secrets::default(),
         })
     }
 }

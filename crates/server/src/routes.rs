@@ -96,7 +96,7 @@ impl Route {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use crate::handlers::{history, lease, node_images, system};
+    use crate::handlers::{history, lease, node_images, secrets, system};
     use crate::ownership;
 
     let mut table = vec![
@@ -107,6 +107,7 @@ pub fn table() -> Vec<Route> {
         Route::new("/v1/tokens").post(system::create_token, docs::create_token()),
         Route::new("/v1/join").post(system::join, docs::join()),
         Route::new("/v1/history").get(history::cluster_history, docs::cluster_history()),
+        Route::new("/v1/secrets/rotate-key").post(secrets::rotate_key, docs::rotate_key()),
         Route::new("/v1/controllers/{name}/transfer").post(ownership::transfer, docs::transfer()),
         Route::new("/v1/nodes/{name}/lease")
             .get(lease::read, docs::read_lease())
@@ -134,7 +135,7 @@ pub fn table() -> Vec<Route> {
 /// `/v1/namespaces/{namespace}`, cluster-wide kinds (and lists across
 /// namespaces) under `/v1`.
 fn object_routes(prefix: &str, docs: &ObjectDocs) -> Vec<Route> {
-    use crate::handlers::{history, objects, pods_io, steps, watch};
+    use crate::handlers::{history, objects, pods_io, secrets, steps, watch};
 
     let path = |suffix: &str| format!("{prefix}/{{plural}}{suffix}");
     vec![
@@ -152,6 +153,7 @@ fn object_routes(prefix: &str, docs: &ObjectDocs) -> Vec<Route> {
         Route::new(path("/{name}/rollback")).post(history::rollback, docs.rollback()),
         Route::new(path("/{name}/steps")).post(steps::act, docs.steps()),
         Route::new(path("/{name}/retry")).post(steps::retry, docs.retry()),
+        Route::new(path("/{name}/reveal")).get(secrets::reveal, docs.reveal()),
         Route::new(path("/{name}/steplogs")).get(steps::logs, docs.steplogs()),
         Route::new(path("/{name}/workflows")).get(steps::instances, docs.workflows()),
         Route::new(path("/{name}/logs")).get(pods_io::logs, docs.logs()),

@@ -11,6 +11,7 @@ mod pinned;
 mod pod;
 mod pod_health;
 mod policy;
+mod secret;
 mod vm;
 
 pub use controller::{ControllerSpec, StepRegistration};
@@ -30,6 +31,7 @@ pub use pod::{
 };
 pub use pod_health::exit_message;
 pub use policy::PolicySpec;
+pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSpec, is_data_key};
 pub use vm::{BootSource, VirtualMachineSpec, VmDisk};
 
 use crate::meta::Kind;
@@ -47,5 +49,7 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         Kind::WorkflowDefinition => {
             generator.subschema_for::<crate::workflow::WorkflowDefinitionSpec>()
         }
+        Kind::Secret => generator.subschema_for::<SecretSpec>(),
+        Kind::Config => generator.subschema_for::<ConfigSpec>(),
     }
 }

@@ -123,6 +123,7 @@ impl HollowCluster {
                 Role::Joiner,
                 &[],
                 Some(24 * 3600),
+                false,
             )
             .await
             .context("cannot mint a join token")?;

@@ -33,6 +33,7 @@ enum TokenCommand {
   corral token create --user alice --namespace team-a --ttl 7d    alice, in team-a, for a week
   corral token create --controller lb-l4-proxy                    for `corral lb-proxy`
   corral token create --user bob -n dev -o config > bob.json      a ready client config for bob
+  corral token create --user ci -n prod --read-secrets            may also reveal Secrets in prod
   CORRAL_CONFIG=bob.json corral whoami                            … which bob uses as it is")]
     Create {
         /// A person limited to namespaced objects.
@@ -59,6 +60,11 @@ enum TokenCommand {
         /// for every namespace). A user token needs at least one.
         #[arg(long = "namespace", short = 'n', value_name = "NAMESPACE")]
         namespaces: Vec<String>,
+        /// With --user: may also read Secrets' values in those namespaces
+        /// (`corral get secret/x --reveal`). Without it a user sees only
+        /// which keys a Secret has.
+        #[arg(long, requires = "user")]
+        read_secrets: bool,
         /// `token` prints the token alone; `config` prints a client config
         /// (this cluster's server and CA, the new token) to save as a file
         /// for `--config`, `$CORRAL_CONFIG` or `corral config add`.
@@ -84,6 +90,7 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
         join,
         ttl,
         namespaces,
+        read_secrets,
         output,
     } = args.command;
     let chosen: Vec<(String, Role)> = [
@@ -107,7 +114,9 @@ pub async fn run(config: Option<PathBuf>, args: TokenArgs) -> anyhow::Result<()>
     let path = config_path(config);
     let client = connect(Some(path.clone()))?;
     let ttl = ttl.map(|ttl| ttl.as_secs().max(1));
-    let created = client.create_token(name, *role, &namespaces, ttl).await?;
+    let created = client
+        .create_token(name, *role, &namespaces, ttl, read_secrets)
+        .await?;
     if let Some(expires_at) = created.identity.expires_at {
         eprintln!("expires at {}", expires_at.to_rfc3339());
     }

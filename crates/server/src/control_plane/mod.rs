@@ -84,6 +84,8 @@ pub enum ControlPlaneError {
     },
     #[error(transparent)]
     Files(#[from] files::FilesError),
+    #[error(transparent)]
+    Keyring(#[from] crate::secrets::KeyringError),
     #[error("the built-in controller {0} has no token")]
     MissingToken(String),
     #[error("cannot make a client for the built-in controller {name}")]
@@ -163,6 +165,11 @@ impl ControlPlane {
         }
         let prefix = files::cluster_prefix(&data_dir, config.cluster_prefix.as_deref())?;
         let _ = server.agent_secret.set(files::agent_secret(&data_dir)?);
+        server
+            .secrets
+            .install(crate::secrets::Keyring::open_or_create(
+                &data_dir.join(crate::secrets::KEYRING_FILE),
+            )?);
         let plane = ControlPlane {
             server,
             listener,

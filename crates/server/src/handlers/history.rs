@@ -120,6 +120,7 @@ pub async fn rollback(
             current.metadata.revision, request.to
         )));
     }
+    crate::secrets::check_restorable(&server, &key, &spec).await?;
     let message = match request.message.filter(|m| !m.is_empty()) {
         Some(message) => format!("rollback to revision {}: {message}", request.to),
         None => format!("rollback to revision {}", request.to),

@@ -6,6 +6,7 @@ pub mod lease;
 pub mod node_images;
 pub mod objects;
 pub mod pods_io;
+pub mod secrets;
 pub mod steps;
 pub mod system;
 pub mod watch;

@@ -46,7 +46,8 @@ pub async fn create(
 ) -> Result<Json<Object>, ApiError> {
     let target = Target::from_params(&params)?;
     let params = Params::parse(query.as_deref());
-    let object = parse_object(&target, &body)?;
+    let mut object = parse_object(&target, &body)?;
+    crate::secrets::seal_incoming(&server, &mut object).await?;
     let change = change(&server, &caller, params.get("message"));
     let created = ownership::create(&server, &caller, fresh(&server, object), &change).await?;
     Ok(Json(created))
@@ -79,7 +80,8 @@ pub async fn apply(
 ) -> Result<Json<Object>, ApiError> {
     let target = Target::from_params(&params)?;
     let params = Params::parse(query.as_deref());
-    let desired = parse_object(&target, &body)?;
+    let mut desired = parse_object(&target, &body)?;
+    crate::secrets::seal_incoming(&server, &mut desired).await?;
     let key = desired.key();
     let change = change(&server, &caller, params.get("message"));
     let pinned_version = desired.metadata.resource_version;
@@ -121,7 +123,11 @@ pub async fn apply(
         }
         match ownership::update(&server, &caller, &current, next, expected, &change).await {
             Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,
-            other => return Ok(Json(other?)),
+            other => {
+                let updated = other?;
+                prune_secret(&server, &key, true).await;
+                return Ok(Json(updated));
+            }
         }
     }
     Err(ApiError::Conflict(format!(
@@ -200,7 +206,16 @@ pub async fn delete(
     let params = Params::parse(query.as_deref());
     let expected = params.number("resourceVersion")?;
     let change = change(&server, &caller, params.get("message"));
-    Ok(Json(
-        ownership::delete(&server, &caller, &key, expected, &change).await?,
-    ))
+    let deleted = ownership::delete(&server, &caller, &key, expected, &change).await?;
+    prune_secret(&server, &key, false).await;
+    Ok(Json(deleted))
+}
+
+/// Drops a Secret's sealed values no revision names any more. The write
+/// that made them unneeded has happened: a failure here only leaves
+/// unreadable bytes behind, so it is logged, not returned.
+async fn prune_secret(server: &crate::Server, key: &corral_api::ObjectKey, live: bool) {
+    if let Err(error) = crate::secrets::prune(server, key, live).await {
+        tracing::warn!(%key, %error, "cannot drop a Secret's unneeded sealed values");
+    }
 }

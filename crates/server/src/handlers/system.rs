@@ -52,6 +52,13 @@ pub struct TokenRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "ttlSeconds")]
     pub ttl_seconds: Option<u64>,
+    /// For a user: may read Secrets' values in their namespaces.
+    #[serde(
+        default,
+        rename = "readSecrets",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub read_secrets: bool,
 }
 
 /// How long a join token works unless the request says otherwise.
@@ -97,8 +104,15 @@ pub async fn create_token(
         }
         (_, true) => {}
     }
-    let mut identity =
-        Identity::new(request.name, request.role).with_namespaces(request.namespaces);
+    if request.read_secrets && request.role != Role::User {
+        return Err(ApiError::BadRequest(format!(
+            "readSecrets: a right of user tokens; {:?} tokens read Secrets by their role's rule (operators always, controllers by a read declaration, nodes for their pods)",
+            request.role
+        )));
+    }
+    let mut identity = Identity::new(request.name, request.role)
+        .with_namespaces(request.namespaces)
+        .reading_secrets(request.read_secrets);
     let ttl = match (request.role, request.ttl_seconds) {
         (_, Some(0)) => {
             return Err(ApiError::BadRequest(

@@ -63,6 +63,8 @@ pub fn document() -> Value {
     generator.subschema_for::<corral_api::workflow::StepLogEntry>();
     generator.subschema_for::<crate::handlers::lease::Lease>();
     generator.subschema_for::<corral_api::kinds::ImagePruneReport>();
+    generator.subschema_for::<corral_api::kinds::RevealedSecret>();
+    generator.subschema_for::<crate::secrets::RotationReport>();
     for kind in Kind::ALL {
         corral_api::kinds::spec_schema(kind, &mut generator);
     }

@@ -117,6 +117,12 @@ impl ObjectDocs {
             "responses": ok(schema_ref("WorkflowInstance"), "the workflow instance afterwards")})
     }
 
+    pub(crate) fn reveal(&self) -> Value {
+        json!({"summary": "Secrets only: the values (base64) of the current revision or of `revision`; operators, users with the read-secrets right in their namespaces, controllers that declare they read Secret spec.data (403 otherwise, naming the rule)",
+            "parameters": self.named_and(vec![query("revision", json!({"type": "integer"}), "default: the current revision")]),
+            "responses": ok(schema_ref("RevealedSecret"), "the values")})
+    }
+
     pub(crate) fn retry(&self) -> Value {
         json!({"summary": "people only: run the failed steps of the object's newest workflow instance again, each with a fresh retry budget (done steps stay done), or bring forward the retry of steps waiting out their backoff (409: nothing failed)",
             "parameters": self.named,

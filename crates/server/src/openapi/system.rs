@@ -51,6 +51,11 @@ pub(crate) fn join() -> Value {
         "responses": ok(token_response(), "the node's token, shown once")})
 }
 
+pub(crate) fn rotate_key() -> Value {
+    json!({"summary": "operators only: make a new secrets data key current, encrypt every Secret's values again with it, and forget the old keys",
+        "responses": ok(schema_ref("RotationReport"), "the new key, how many values were sealed again, the keys retired")})
+}
+
 pub(crate) fn cluster_history() -> Value {
     json!({"summary": "cluster-wide history, oldest first",
         "parameters": [

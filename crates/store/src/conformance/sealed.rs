@@ -44,7 +44,10 @@ pub async fn check_sealed(store: &dyn Store) {
     let listed = store.list_sealed("default/db/").await.expect("list");
     assert_eq!(
         listed,
-        [record("default/db/a", &binary), record("default/db/b", b"bee")],
+        [
+            record("default/db/a", &binary),
+            record("default/db/b", b"bee")
+        ],
         "a prefix lists only its names, by name"
     );
     assert_eq!(store.list_sealed("").await.expect("list all").len(), 4);
@@ -52,14 +55,20 @@ pub async fn check_sealed(store: &dyn Store) {
     // Replace one, add one, remove one: one write.
     store
         .write_sealed(
-            &[record("default/db/b", b"new"), record("default/db/c", b"sea")],
+            &[
+                record("default/db/b", b"new"),
+                record("default/db/c", b"sea"),
+            ],
             &["default/db/a".to_string(), "default/db/missing".to_string()],
         )
         .await
         .expect("replace");
     assert_eq!(
         store.list_sealed("default/db/").await.expect("list"),
-        [record("default/db/b", b"new"), record("default/db/c", b"sea")]
+        [
+            record("default/db/b", b"new"),
+            record("default/db/c", b"sea")
+        ]
     );
     assert_eq!(store.get_sealed("default/db/a").await.expect("get"), None);
 }
