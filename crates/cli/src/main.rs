@@ -22,7 +22,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
     apply, completion, config, console, controllers, datastore, describe, exec, get, history,
-    image, lab, lb, node, port_forward, rollout, security, token, up, workflow,
+    image, lab, lb, node, port_forward, rollout, secrets, security, token, up, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -128,6 +128,8 @@ enum Command {
     Explain(controllers::ExplainArgs),
     /// Show a pod's effective sandbox and which Policy granted each relaxation.
     ExplainSecurity(security::ExplainSecurityArgs),
+    /// Secrets' encryption: rotate-key.
+    Secrets(secrets::SecretsArgs),
     /// Manage API tokens.
     Token(token::TokenArgs),
     /// Named client configs, one per cluster or identity: add, use, list,
@@ -210,6 +212,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Diff(args) => history::diff(config, args).await,
         Command::Rollback(args) => history::rollback(config, args).await,
         Command::Retry(args) => workflow::retry(config, args).await,
+        Command::Secrets(args) => secrets::run(config, args).await,
         Command::Why(args) => workflow::why(config, args).await,
         Command::Node(args) => node::run(config, args).await,
         Command::Rollout(args) => rollout::rollout(config, args).await,

@@ -133,6 +133,27 @@ impl Client {
             .await
     }
 
+    /// A Secret's values (of revision `revision`, default the current
+    /// one), for callers who may read them.
+    pub async fn reveal(
+        &self,
+        key: &ObjectKey,
+        revision: Option<u64>,
+    ) -> Result<corral_api::kinds::RevealedSecret, ClientError> {
+        let path = format!("{}/reveal", object_path(key));
+        let mut request = self.request(Method::GET, &path);
+        if let Some(revision) = revision {
+            request = request.query(&[("revision", revision)]);
+        }
+        self.call(request).await
+    }
+
+    /// Operators: a new secrets data key; every value sealed again.
+    pub async fn rotate_secrets_key(&self) -> Result<serde_json::Value, ClientError> {
+        self.call(self.request(Method::POST, "/v1/secrets/rotate-key"))
+            .await
+    }
+
     pub async fn rollback(
         &self,
         key: &ObjectKey,

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use corral_api::kinds::{LoadBalancerSpec, LoadBalancerStatus, PodStatus};
+use corral_api::kinds::{
+    ConfigSpec, LoadBalancerSpec, LoadBalancerStatus, PodStatus, RevealedSecret, SecretSpec,
+};
 use corral_api::{Kind, Object};
 
 use super::connect;
@@ -18,7 +20,9 @@ use crate::target::Target;
   corral get pod/web -o yaml              one object in full
   corral get pods -w                      then a line whenever a pod's row changes
   corral get pods --sort-by restarts      by a column: name, age, status, restarts, …
-  corral get all -n team-a                every namespaced kind in team-a")]
+  corral get all -n team-a                every namespaced kind in team-a
+  corral get secret/db                    its keys and sizes, never the values
+  corral get secret/db --reveal           the values (needs the right to read them)")]
 pub struct GetArgs {
     /// KIND, KIND/NAME or KIND NAME (pod, pods, pod/web, pd, vm, node, …),
     /// or `all` for every namespaced kind.
@@ -42,6 +46,11 @@ pub struct GetArgs {
     /// STATUS, RESTARTS, NODE, …; any case); numbers and ages sort as such.
     #[arg(long, value_name = "COLUMN")]
     sort_by: Option<String>,
+    /// With one Secret: print its values (`KEY: VALUE`, binary values as
+    /// base64) instead of their sizes. Operators, users whose token has
+    /// --read-secrets, and controllers that declare they read them.
+    #[arg(long, conflicts_with = "watch")]
+    reveal: bool,
 }
 
 pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
@@ -61,6 +70,17 @@ pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
             show_namespace: args.all_namespaces && target.kind.is_namespaced(),
         };
         return watch.run(&client).await;
+    }
+    if args.reveal {
+        let key = target.key(Some(&args.namespace))?;
+        if key.kind != Kind::Secret || target.name.is_none() {
+            anyhow::bail!("--reveal shows one Secret's values: corral get secret/NAME --reveal");
+        }
+        let revealed = client.reveal(&key, None).await?;
+        if !print_structured(args.output, &revealed)? {
+            print_revealed(&revealed);
+        }
+        return Ok(());
     }
     if target.name.is_some() {
         let object = client.get(&target.key(Some(&args.namespace))?).await?;
@@ -90,6 +110,26 @@ pub async fn get(config: Option<PathBuf>, args: GetArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `KEY: VALUE` per key: text as it is, anything else as base64.
+fn print_revealed(revealed: &RevealedSecret) {
+    use base64::Engine;
+    for (key, encoded) in &revealed.data {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap_or_default();
+        match String::from_utf8(bytes) {
+            Ok(text)
+                if !text
+                    .chars()
+                    .any(|c| c.is_control() && c != '\n' && c != '\t') =>
+            {
+                println!("{key}: {text}");
+            }
+            _ => println!("{key} (base64): {encoded}"),
+        }
+    }
 }
 
 /// `get all`: a table per namespaced kind that has objects, named
@@ -208,6 +248,16 @@ fn headers(kind: Kind, show_namespace: bool, wide: bool) -> Vec<&'static str> {
         if wide {
             headers.push("UID");
         }
+    } else if kind == Kind::Secret {
+        headers.extend(["TYPE", "KEYS"]);
+        if wide {
+            headers.push("UID");
+        }
+    } else if kind == Kind::Config {
+        headers.push("KEYS");
+        if wide {
+            headers.push("UID");
+        }
     } else if wide {
         headers.push("UID");
     }
@@ -242,11 +292,34 @@ pub(super) fn row(
     if kind == Kind::LoadBalancer {
         row.extend(load_balancer_columns(object));
     }
+    if kind == Kind::Secret {
+        let spec: SecretSpec = object.typed_spec().unwrap_or_default();
+        row.push(spec.secret_type.unwrap_or_else(|| "-".into()));
+        let keys: Vec<String> = spec
+            .keys
+            .iter()
+            .map(|(key, info)| format!("{key} ({} B)", info.size))
+            .collect();
+        row.push(list_or_dash(&keys));
+    }
+    if kind == Kind::Config {
+        let spec: ConfigSpec = object.typed_spec().unwrap_or_default();
+        let keys: Vec<String> = spec.data.keys().cloned().collect();
+        row.push(list_or_dash(&keys));
+    }
     if wide {
         row.push(object.metadata.uid.clone());
     }
     row.push(age(object.metadata.created_at, now));
     row
+}
+
+fn list_or_dash(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(", ")
+    }
 }
 
 /// ADDRESSES, PORTS (`port→targetPort`) and READY of a LoadBalancer.

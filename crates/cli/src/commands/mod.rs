@@ -18,6 +18,7 @@ pub mod node;
 pub mod port_forward;
 mod preview;
 pub mod rollout;
+pub mod secrets;
 pub mod security;
 pub mod token;
 pub mod up;

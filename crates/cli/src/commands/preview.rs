@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 
 use corral_agent::plan::config_hash;
-use corral_api::kinds::PodSpec;
+use corral_api::kinds::{PodSpec, SecretSpec};
 use corral_api::{Kind, Object, canonical_spec};
 use corral_client::Client;
 
@@ -28,6 +28,10 @@ pub async fn preview(client: &Client, objects: &[Object]) -> anyhow::Result<bool
             }
             Err(error) => return Err(error.into()),
         };
+        if object.kind == Kind::Secret {
+            any |= secret_preview(client, object, &live).await?;
+            continue;
+        }
         if live.spec == new_spec {
             println!("{key} unchanged (revision {})", live.metadata.revision);
             continue;
@@ -51,6 +55,72 @@ pub async fn preview(client: &Client, objects: &[Object]) -> anyhow::Result<bool
         }
     }
     Ok(any)
+}
+
+/// A Secret's preview names keys, never values: compared exactly when the
+/// caller may read the live values, by key and size otherwise. Returns
+/// whether it would (or may) change.
+async fn secret_preview(client: &Client, object: &Object, live: &Object) -> anyhow::Result<bool> {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    let key = object.key();
+    let revision = live.metadata.revision;
+    let new: SecretSpec = serde_json::from_value(object.spec.clone())?;
+    let old: SecretSpec = serde_json::from_value(live.spec.clone())?;
+    if !new.has_values() {
+        let same = new.keys == old.keys && new.secret_type == old.secret_type;
+        let verb = if same { "unchanged" } else { "would change" };
+        println!("{key} {verb} (revision {revision})");
+        return Ok(!same);
+    }
+    let mut values: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
+    for (name, text) in &new.data {
+        values.insert(name, STANDARD.decode(text).unwrap_or_default());
+    }
+    for (name, text) in &new.string_data {
+        values.insert(name, text.as_bytes().to_vec());
+    }
+    let live_values = client.reveal(&key, None).await.ok().map(|revealed| {
+        revealed
+            .data
+            .into_iter()
+            .map(|(name, text)| (name, STANDARD.decode(text).unwrap_or_default()))
+            .collect::<BTreeMap<String, Vec<u8>>>()
+    });
+    let mut changes = Vec::new();
+    for (name, value) in &values {
+        let change = match (old.keys.get(*name), &live_values) {
+            (None, _) => Some("added"),
+            (Some(_), Some(live)) if live.get(*name) != Some(value) => Some("changes"),
+            (Some(info), None) if info.size != value.len() as u64 => Some("changes"),
+            (Some(_), None) => Some("may change"),
+            _ => None,
+        };
+        if let Some(change) = change {
+            changes.push(format!("{name} {change}"));
+        }
+    }
+    for name in old.keys.keys() {
+        if !values.contains_key(name.as_str()) {
+            changes.push(format!("{name} is removed"));
+        }
+    }
+    if new.secret_type != old.secret_type {
+        changes.push("type changes".into());
+    }
+    if changes.is_empty() {
+        println!("{key} unchanged (revision {revision})");
+        return Ok(false);
+    }
+    println!(
+        "{key} would change (revision {revision} → {}): {}",
+        revision + 1,
+        changes.join("; ")
+    );
+    if live_values.is_none() && changes.iter().any(|c| c.ends_with("may change")) {
+        println!("  (values are compared only by size: this token may not read the live ones)");
+    }
+    Ok(true)
 }
 
 /// "containers: web restarts; side keeps running; log is added".
