@@ -44,6 +44,11 @@ pub struct ServerArgs {
     /// absent). Servers of one cluster share it. Default: DATA/tls.
     #[arg(long, value_name = "DIR")]
     tls_dir: Option<PathBuf>,
+    /// The keys that encrypt Secrets' values (made there if absent, mode
+    /// 0600). Servers of one cluster share it; back it up with the store.
+    /// Default: DATA/secrets-keyring.
+    #[arg(long, value_name = "FILE")]
+    secrets_keyring: Option<PathBuf>,
     /// Seconds without a heartbeat before a node is Silent.
     #[arg(long, value_name = "SECONDS", default_value_t = 20)]
     silent_after: u64,
@@ -79,6 +84,7 @@ impl ServerArgs {
             cluster_prefix: self.cluster_prefix.clone(),
             tls_sans: self.tls_sans.clone(),
             tls_dir: self.tls_dir.clone(),
+            secrets_keyring: self.secrets_keyring.clone(),
             timing: corral_controllers::lifecycle::Timing {
                 silent_after: seconds(self.silent_after),
                 lost_after: seconds(self.lost_after),

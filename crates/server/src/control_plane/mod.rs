@@ -48,6 +48,8 @@ pub struct ControlPlaneConfig {
     pub tls_sans: Vec<String>,
     /// Where the cluster CA lives; `None`: `DATA/tls`.
     pub tls_dir: Option<PathBuf>,
+    /// The keyring of Secrets' values; `None`: `DATA/secrets-keyring`.
+    pub secrets_keyring: Option<PathBuf>,
     /// Node-lifecycle's and the scheduler's silences and graces.
     pub timing: Timing,
     /// Which spec revisions history keeps (compacted at start and hourly).
@@ -165,11 +167,13 @@ impl ControlPlane {
         }
         let prefix = files::cluster_prefix(&data_dir, config.cluster_prefix.as_deref())?;
         let _ = server.agent_secret.set(files::agent_secret(&data_dir)?);
+        let keyring = config
+            .secrets_keyring
+            .clone()
+            .unwrap_or_else(|| data_dir.join(crate::secrets::KEYRING_FILE));
         server
             .secrets
-            .install(crate::secrets::Keyring::open_or_create(
-                &data_dir.join(crate::secrets::KEYRING_FILE),
-            )?);
+            .install(crate::secrets::Keyring::open_or_create(&keyring)?);
         let plane = ControlPlane {
             server,
             listener,
