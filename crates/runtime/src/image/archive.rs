@@ -109,22 +109,34 @@ impl ImageStore {
         tar_path: &Path,
         name_override: Option<&str>,
     ) -> Result<Vec<Image>, ImageError> {
-        let override_ref = name_override.map(str::parse::<Reference>).transpose()?;
         let file = File::open(tar_path).map_err(io_err("open", tar_path))?;
-        let staged = self.stage_archive(file)?;
-        let result = self.import_staged(tar_path, &staged, override_ref);
+        self.import_reader(file, tar_path, name_override)
+    }
+
+    /// [`ImageStore::import`] of an archive read from a stream (an upload):
+    /// `source` names it in errors. Reads until the archive ends, not
+    /// necessarily to the stream's end.
+    pub fn import_reader(
+        &self,
+        reader: impl Read,
+        source: &Path,
+        name_override: Option<&str>,
+    ) -> Result<Vec<Image>, ImageError> {
+        let override_ref = name_override.map(str::parse::<Reference>).transpose()?;
+        let staged = self.stage_archive(reader, source)?;
+        let result = self.import_staged(source, &staged, override_ref);
         for file in staged.files.values() {
             let _ = fs::remove_file(&file.path);
         }
         result
     }
 
-    fn stage_archive(&self, reader: impl Read) -> Result<StagedArchive, ImageError> {
+    fn stage_archive(&self, reader: impl Read, source: &Path) -> Result<StagedArchive, ImageError> {
         let mut archive = tar::Archive::new(io::BufReader::new(reader));
         let mut staged = StagedArchive::default();
         let read_err = |e: io::Error| ImageError::Io {
             op: "read archive",
-            path: PathBuf::new(),
+            path: source.to_path_buf(),
             source: e,
         };
         let result = (|| {
