@@ -63,6 +63,7 @@ pub fn document() -> Value {
     generator.subschema_for::<corral_api::workflow::StepLogEntry>();
     generator.subschema_for::<crate::handlers::lease::Lease>();
     generator.subschema_for::<corral_api::kinds::ImagePruneReport>();
+    generator.subschema_for::<corral_api::kinds::NodeImagesReport>();
     for kind in Kind::ALL {
         corral_api::kinds::spec_schema(kind, &mut generator);
     }
