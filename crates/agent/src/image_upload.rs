@@ -113,7 +113,8 @@ pub(crate) async fn import(
                 crate::chain(&error)
             );
             match error {
-                ImageError::Io { .. } => EndpointError::Internal(message),
+                // The node's disk, not the archive.
+                ImageError::Io { .. } | ImageError::Mount(_) => EndpointError::Internal(message),
                 _ => EndpointError::BadRequest(message),
             }
         })?;
@@ -195,7 +196,133 @@ fn users(reference: &str, records: &[PodRecord]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use tokio_util::sync::CancellationToken;
+    use tower::ServiceExt;
+
     use super::*;
+    use crate::steps::fake::FakeApi;
+
+    /// The agent's endpoint on a fresh data dir under `dir`.
+    fn endpoint(dir: &Path) -> axum::Router {
+        let config = crate::AgentConfig {
+            node: "node-1".into(),
+            data_dir: dir.join("data"),
+            address: None,
+            image_revisions: 3,
+            heartbeat: Duration::from_secs(5),
+            endpoint: None,
+            network: None,
+            volume_plugin_dir: None,
+        };
+        let steps = Arc::new(FakeApi::new(crate::steps::fake::pod("start", &[])));
+        let ctx = crate::context(&config, None, steps).expect("agent context");
+        crate::serve::app(Arc::new(ctx), "s3cret", CancellationToken::new())
+    }
+
+    /// Sends `body` in chunks of 4 KiB; the status and the JSON answer.
+    async fn send(
+        app: &axum::Router,
+        method: &str,
+        uri: &str,
+        secret: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, serde_json::Value) {
+        let chunks: Vec<Result<Bytes, io::Error>> = body
+            .chunks(4096)
+            .map(|chunk| Ok(Bytes::copy_from_slice(chunk)))
+            .collect();
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {secret}"))
+            .body(Body::from_stream(futures::stream::iter(chunks)))
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn an_upload_is_imported_into_the_nodes_store_and_listed() {
+        corral_testkit::require_root();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::write(root.join("bin/hello"), b"#!/bin/sh\necho hello\n").unwrap();
+        let tar = dir.path().join("app.tar");
+        corral_runtime::image::pack::pack_dir(&root, "local/app:1", &[], &tar).unwrap();
+        let archive = std::fs::read(&tar).unwrap();
+        let app = endpoint(dir.path());
+
+        let (status, _) = send(&app, "POST", "/v1/images/import", "wrong", archive.clone()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, body) = send(
+            &app,
+            "POST",
+            "/v1/images/import?name=Bad%20Name",
+            "s3cret",
+            archive.clone(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("name: \"Bad Name\""),
+            "{body}"
+        );
+        let (status, body) = send(
+            &app,
+            "POST",
+            "/v1/images/import",
+            "s3cret",
+            b"junk".repeat(4000),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("import failed, nothing was imported"),
+            "{body}"
+        );
+
+        let (status, body) = send(
+            &app,
+            "POST",
+            "/v1/images/import?name=local%2Frenamed%3A2",
+            "s3cret",
+            archive,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body[0]["reference"], "local/renamed:2");
+        assert!(body[0]["digest"].as_str().unwrap().starts_with("sha256:"));
+
+        let (status, body) = send(&app, "GET", "/v1/images", "s3cret", Vec::new()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let listed: Vec<&str> = body
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|image| image["reference"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            listed,
+            ["local/renamed:2"],
+            "the junk and the refusals left nothing"
+        );
+        assert!(body[0]["size"].as_u64().unwrap() > 0, "{body}");
+    }
 
     #[test]
     fn the_reader_hands_on_chunks_then_the_end_or_the_break() {

@@ -116,7 +116,7 @@ fn an_import_with_only_the_client_config_lands_on_the_clusters_node() {
     // A cut archive: the node says why, nothing is imported, the command fails.
     let cut = cluster.data_dir.path().join("cut.tar");
     let bytes = std::fs::read(&tar).unwrap();
-    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2 + 100]).unwrap();
     let cut_name = format!("local/{}:1", unique_name("cut"));
     let error = cluster.fails(&[
         "image",

@@ -227,10 +227,15 @@ fn a_streamed_archive_imports_and_a_cut_one_stores_nothing() {
     let bytes = fs::read(&tar).expect("read tar");
     let store = store(dir.path());
     let upload = Path::new("the upload");
-    let cut = &bytes[..bytes.len() / 2];
-    store
+    // Not on a 512-byte block boundary: the archive is cut mid-block.
+    let cut = &bytes[..bytes.len() / 2 + 100];
+    let error = store
         .import_reader(cut, upload, None)
         .expect_err("half an archive");
+    assert!(
+        matches!(&error, ImageError::ReadArchive { path, .. } if path == upload),
+        "a cut archive is a read error, not the disk's: {error:?}"
+    );
     assert!(store.list().expect("list").is_empty());
     assert_eq!(
         fs::read_dir(store.root().join("tmp")).expect("ls").count(),
