@@ -21,6 +21,7 @@ pub mod exec;
 pub mod executor;
 pub mod heartbeat;
 pub mod idranges;
+pub mod image_upload;
 pub mod images;
 pub mod join;
 pub mod logs;

@@ -28,6 +28,10 @@
 //! - `POST /v1/images/prune` collects unused images now (see
 //!   [`crate::images`]) and answers what it removed.
 //!
+//! - `GET /v1/images` lists the node's images and `POST
+//!   /v1/images/import?name=REF` imports the archive in the body (see
+//!   [`crate::image_upload`]).
+//!
 //! Errors before the upgrade are JSON `{"code", "message"}` bodies, the
 //! API's error shape, so the API server can pass them on unchanged.
 
@@ -130,6 +134,8 @@ pub fn app(ctx: Arc<AgentContext>, secret: &str, shutdown: CancellationToken) ->
             "/v1/vms/{namespace}/{name}/console",
             post(crate::vms::io::console),
         )
+        .route("/v1/images", get(crate::image_upload::list))
+        .route("/v1/images/import", post(crate::image_upload::import))
         .route("/v1/images/prune", post(crate::images::prune))
         .with_state(endpoint)
 }

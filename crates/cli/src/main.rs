@@ -75,7 +75,8 @@ enum Command {
     /// LoadBalancer:status and proxy TCP from IPv4/IPv6 frontends to the
     /// ready pods (needs a controller token).
     LbProxy(lb::LbProxyArgs),
-    /// Import, list and prune the images on this node.
+    /// Import, list and prune the images on the cluster's nodes (through
+    /// the API), or pack one from a directory.
     Image(image::ImageArgs),
     /// Create or update the objects in a manifest (YAML or JSON, several
     /// documents allowed). Each spec change becomes a numbered revision.

@@ -1,7 +1,10 @@
 //! Calls about the cluster rather than one object: who the caller is,
 //! tokens and joins, node leases and images, field transfers.
 
-use corral_api::kinds::ImagePruneReport;
+use std::path::Path;
+use std::time::Duration;
+
+use corral_api::kinds::{ImagePruneReport, NodeImagesReport};
 use corral_api::{Identity, Role};
 use reqwest::Method;
 
@@ -82,4 +85,68 @@ impl Client {
         let path = format!("/v1/nodes/{node}/images/prune");
         self.call(self.request(Method::POST, &path)).await
     }
+
+    /// Every image on `nodes` (each asked, whatever its phase), or on
+    /// every Ready node when `nodes` is empty; node by node, through the
+    /// API server, which asks each node's agent.
+    pub async fn list_images(&self, nodes: &[String]) -> Result<NodeImagesReport, ClientError> {
+        let request = self
+            .request(Method::GET, "/v1/images")
+            .query(&nodes_query(nodes, None));
+        self.call(request).await
+    }
+
+    /// Uploads the image archive `file` (an OCI layout or docker-archive
+    /// tar) to the API server, which has the agent of each of `nodes` (of
+    /// every Ready node when empty) import it (operators only). The file
+    /// is streamed, not read into memory; the request may take 60 s plus a
+    /// second per MiB. `name` stores the archive's only image under that
+    /// name. The answer says per node what it imported, or its error.
+    pub async fn import_image(
+        &self,
+        file: &Path,
+        name: Option<&str>,
+        nodes: &[String],
+    ) -> Result<NodeImagesReport, ClientError> {
+        let opened = tokio::fs::File::open(file)
+            .await
+            .map_err(|source| ClientError::Upload {
+                file: file.to_path_buf(),
+                source,
+            })?;
+        let size = opened
+            .metadata()
+            .await
+            .map_err(|source| ClientError::Upload {
+                file: file.to_path_buf(),
+                source,
+            })?
+            .len();
+        let timeout = Duration::from_secs(60 + size / (1024 * 1024));
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(opened));
+        let request = self
+            .request(Method::POST, "/v1/images/import")
+            .query(&nodes_query(nodes, name))
+            .header(reqwest::header::CONTENT_TYPE, "application/x-tar")
+            .header(reqwest::header::CONTENT_LENGTH, size)
+            .body(body)
+            .timeout(timeout);
+        let response = self.execute(request).await?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|source| self.transport(source))?;
+        if !status.is_success() {
+            return Err(crate::api_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(ClientError::Decode)
+    }
+}
+
+/// `node=A&node=B&name=REF` as query pairs.
+fn nodes_query<'a>(nodes: &'a [String], name: Option<&'a str>) -> Vec<(&'static str, &'a str)> {
+    let mut pairs: Vec<(&str, &str)> = nodes.iter().map(|node| ("node", node.as_str())).collect();
+    pairs.extend(name.map(|name| ("name", name)));
+    pairs
 }

@@ -55,6 +55,13 @@ pub enum ClientError {
     /// An exec session failed after it started.
     #[error("exec failed: {0}")]
     Exec(String),
+    /// A file to upload could not be read.
+    #[error("cannot read {file:?} to upload it")]
+    Upload {
+        file: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ClientError {
@@ -244,7 +251,7 @@ impl Client {
     }
 }
 
-fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+pub(crate) fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ErrorBody>(body) {
         Ok(error) => ClientError::Api {
             status: status.as_u16(),

@@ -96,7 +96,7 @@ impl Route {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use crate::handlers::{history, lease, node_images, secrets, system};
+    use crate::handlers::{history, image_import, lease, node_images, secrets, system};
     use crate::ownership;
 
     let mut table = vec![
@@ -113,6 +113,8 @@ pub fn table() -> Vec<Route> {
             .get(lease::read, docs::read_lease())
             .put(lease::renew, docs::renew_lease()),
         Route::new("/v1/nodes/{name}/images/prune").post(node_images::prune, docs::prune_images()),
+        Route::new("/v1/images").get(image_import::list, docs::list_images()),
+        Route::new("/v1/images/import").post(image_import::import, docs::import_images()),
     ];
     let namespaced: Vec<&str> = corral_api::Kind::ALL
         .iter()

@@ -7,6 +7,7 @@
 mod controller;
 mod loadbalancer;
 mod node;
+mod node_images;
 mod pinned;
 mod pod;
 mod pod_health;
@@ -19,6 +20,7 @@ pub use loadbalancer::{
     DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
 };
 pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
+pub use node_images::{NodeImage, NodeImages, NodeImagesReport, SkippedNode};
 pub use pinned::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
     Templates, VersionStatus,

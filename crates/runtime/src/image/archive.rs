@@ -94,6 +94,21 @@ fn normalise(path: &Path) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// A reader that remembers whether reading failed, so that a copy's error
+/// is told from the archive (reading) or the disk (writing).
+struct ReadTracker<R> {
+    inner: R,
+    failed: bool,
+}
+
+impl<R: Read> Read for ReadTracker<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.inner.read(buf);
+        self.failed |= read.is_err();
+        read
+    }
+}
+
 /// An image found in an archive, before it is named.
 struct Found {
     name: Option<String>,
@@ -109,22 +124,33 @@ impl ImageStore {
         tar_path: &Path,
         name_override: Option<&str>,
     ) -> Result<Vec<Image>, ImageError> {
-        let override_ref = name_override.map(str::parse::<Reference>).transpose()?;
         let file = File::open(tar_path).map_err(io_err("open", tar_path))?;
-        let staged = self.stage_archive(file)?;
-        let result = self.import_staged(tar_path, &staged, override_ref);
+        self.import_reader(file, tar_path, name_override)
+    }
+
+    /// [`ImageStore::import`] of an archive read from a stream (an upload):
+    /// `source` names it in errors. Reads until the archive ends, not
+    /// necessarily to the stream's end.
+    pub fn import_reader(
+        &self,
+        reader: impl Read,
+        source: &Path,
+        name_override: Option<&str>,
+    ) -> Result<Vec<Image>, ImageError> {
+        let override_ref = name_override.map(str::parse::<Reference>).transpose()?;
+        let staged = self.stage_archive(reader, source)?;
+        let result = self.import_staged(source, &staged, override_ref);
         for file in staged.files.values() {
             let _ = fs::remove_file(&file.path);
         }
         result
     }
 
-    fn stage_archive(&self, reader: impl Read) -> Result<StagedArchive, ImageError> {
+    fn stage_archive(&self, reader: impl Read, source: &Path) -> Result<StagedArchive, ImageError> {
         let mut archive = tar::Archive::new(io::BufReader::new(reader));
         let mut staged = StagedArchive::default();
-        let read_err = |e: io::Error| ImageError::Io {
-            op: "read archive",
-            path: PathBuf::new(),
+        let read_err = |e: io::Error| ImageError::ReadArchive {
+            path: source.to_path_buf(),
             source: e,
         };
         let result = (|| {
@@ -136,7 +162,18 @@ impl ImageStore {
                 };
                 let kind = entry.header().entry_type();
                 if kind.is_file() {
-                    let (path, digest, size) = self.stage(&mut entry)?;
+                    let mut tracked = ReadTracker {
+                        inner: &mut entry,
+                        failed: false,
+                    };
+                    let (path, digest, size) = match self.stage(&mut tracked) {
+                        Ok(staged) => staged,
+                        // A cut or corrupt archive, not a failing disk.
+                        Err(ImageError::Io { source, .. }) if tracked.failed => {
+                            return Err(read_err(source));
+                        }
+                        Err(error) => return Err(error),
+                    };
                     staged.files.insert(name, Staged { path, digest, size });
                 } else if (kind.is_symlink() || kind.is_hard_link())
                     && let Some(target) = entry.link_name().map_err(read_err)?

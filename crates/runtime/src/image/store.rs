@@ -28,6 +28,14 @@ pub enum ImageError {
         #[source]
         source: io::Error,
     },
+    /// The archive could not be read: cut short, corrupt, or its stream
+    /// broke off.
+    #[error("failed to read archive {path:?}")]
+    ReadArchive {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("image {0} not found")]
     NotFound(String),
     #[error(transparent)]

@@ -218,6 +218,39 @@ fn tampered_docker_layer_fails_digest_check() {
 }
 
 #[test]
+fn a_streamed_archive_imports_and_a_cut_one_stores_nothing() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tar = two_layer_image("local/t:1")
+        .write_tar(dir.path(), ImageFormat::OciLayout)
+        .expect("tar");
+    let bytes = fs::read(&tar).expect("read tar");
+    let store = store(dir.path());
+    let upload = Path::new("the upload");
+    // Not on a 512-byte block boundary: the archive is cut mid-block.
+    let cut = &bytes[..bytes.len() / 2 + 100];
+    let error = store
+        .import_reader(cut, upload, None)
+        .expect_err("half an archive");
+    assert!(
+        matches!(&error, ImageError::ReadArchive { path, .. } if path == upload),
+        "a cut archive is a read error, not the disk's: {error:?}"
+    );
+    assert!(store.list().expect("list").is_empty());
+    assert_eq!(
+        fs::read_dir(store.root().join("tmp")).expect("ls").count(),
+        0,
+        "staging is cleaned up"
+    );
+    let imported = store
+        .import_reader(&bytes[..], upload, Some("local/streamed:2"))
+        .expect("whole archive");
+    assert_eq!(imported.len(), 1);
+    assert_eq!(imported[0].reference.to_string(), "local/streamed:2");
+    assert!(store.resolve("local/streamed:2").is_ok());
+}
+
+#[test]
 fn unknown_archive_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tar = dir.path().join("junk.tar");

@@ -2,6 +2,7 @@
 //! domain values, call the store, and map failures through [`ApiError`].
 
 pub mod history;
+pub mod image_import;
 pub mod lease;
 pub mod node_images;
 pub mod objects;

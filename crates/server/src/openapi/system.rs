@@ -96,3 +96,22 @@ pub(crate) fn prune_images() -> Value {
         "parameters": [name_param("the node")],
         "responses": ok(schema_ref("ImagePruneReport"), "what was removed")})
 }
+
+fn nodes_param() -> Value {
+    json!({"name": "node", "in": "query", "schema": {"type": "string"},
+        "description": "repeatable: ask these nodes (each is asked, whatever its phase); default: every Ready node, the others listed as skipped"})
+}
+
+pub(crate) fn list_images() -> Value {
+    json!({"summary": "operators and users: each node's images (reference, digest, size, the pods using it), asked of its agent; a node that cannot answer has an error",
+        "parameters": [nodes_param()],
+        "responses": ok(schema_ref("NodeImagesReport"), "one entry per node")})
+}
+
+pub(crate) fn import_images() -> Value {
+    json!({"summary": "operators only: import the image archive in the body (an OCI layout or docker-archive tar, any size, streamed) on each node, by its agent; each node answers what it imported, or its error (then it imported nothing)",
+        "parameters": [nodes_param(),
+            {"name": "name", "in": "query", "schema": {"type": "string"}, "description": "store the archive's only image under this NAME:TAG"}],
+        "requestBody": {"required": true, "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+        "responses": ok(schema_ref("NodeImagesReport"), "one entry per node")})
+}
