@@ -12,7 +12,7 @@ use corral_runtime::bundle::{
     ContainerConfig, NetworkNamespace, ProcessOverrides, merge_process, resolve_user_in_rootfs,
     write_bundle,
 };
-use corral_runtime::image::{Image, ImageError, ImageStore, Registry, RegistryError};
+use corral_runtime::image::{Image, ImageError, ImageStore, PullOptions, Registry, RegistryError};
 use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status, reap};
 
 use crate::plan::config_hash;
@@ -122,20 +122,28 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ContainerError + '_ {
 impl ContainerRunner {
     /// The image, from the local store or pulled from its registry.
     pub fn ensure_image(&self, reference: &str) -> Result<Image, ContainerError> {
+        self.ensure_image_with(reference, PullOptions::default())
+    }
+
+    /// The image: the one on the node under the name as given (or, for a
+    /// name with no registry host, its Docker Hub name) is used as it is;
+    /// any other is pulled with `options` (a `local/` name never is).
+    pub fn ensure_image_with(
+        &self,
+        reference: &str,
+        options: PullOptions<'_>,
+    ) -> Result<Image, ContainerError> {
         let error = |source| ContainerError::Image {
             reference: reference.to_string(),
             source,
         };
-        match self.images.resolve(reference) {
-            Ok(image) => Ok(image),
-            Err(ImageError::NotFound(_)) => {
-                let registry = (self.registry)().map_err(|e| error(ImageError::Registry(e)))?;
-                self.images
-                    .pull(registry.as_ref(), reference)
-                    .map_err(error)
-            }
-            Err(other) => Err(error(other)),
+        if let Some(image) = self.images.find(reference).map_err(error)? {
+            return Ok(image);
         }
+        let registry = (self.registry)().map_err(|e| error(ImageError::Registry(e)))?;
+        self.images
+            .pull(registry.as_ref(), reference, options)
+            .map_err(error)
     }
 
     /// Starts `container` of the pod `uid` in the pod's sandbox (its

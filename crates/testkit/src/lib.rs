@@ -11,6 +11,7 @@ pub mod etcd;
 mod guard;
 mod image;
 mod registry;
+mod token_proxy;
 mod vm;
 
 pub use guard::{Defer, require_root, require_tool, unique_name};
@@ -18,7 +19,8 @@ pub use image::{
     BUSYBOX_APPLETS, BUSYBOX_IMAGE, ImageBuilder, ImageFormat, LayerBuilder, busybox_image,
     busybox_image_tar,
 };
-pub use registry::{RegistryServer, push_oci_layout};
+pub use registry::{RegistryServer, TestCa, htpasswd_line, push_oci_layout};
+pub use token_proxy::TokenAuthProxy;
 pub use vm::{
     CACHE_ENV, KERNEL_METAPACKAGE, VM_MARKER, VM_READY_MARKER, VmAssets, build_initramfs,
     cache_dir, prepare as prepare_vm_assets, vm_assets,

@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use corral_api::kinds::RuntimeClass;
 use corral_api::kinds::{ContainerState, ContainerStatus, PodPhase, PodSpec, PodStatus};
 use corral_api::{Object, ObjectKey};
+use corral_runtime::image::{BlobProgress, PullOptions};
 use corral_runtime::oci::userns::user_namespace_path;
 use corral_workflow::PodStep;
 use futures::future::BoxFuture;
@@ -36,6 +37,7 @@ use crate::executor::{StepOutcome, StepRun, Workload};
 use crate::idranges::IdRanges;
 use crate::plan::{container_health, plan_revision, pod_phase};
 use crate::plugins::Verb;
+use crate::registries::{PROGRESS_INTERVAL, PullLog};
 use crate::sandbox::{self, PodSandbox};
 use crate::state::PodRecord;
 use crate::steps::NodeWork;
@@ -106,18 +108,31 @@ impl PodWorkload {
         self.save();
         Box::pin(async move {
             let pulled = tokio::task::spawn_blocking(move || {
-                images
-                    .iter()
-                    .map(|image| runner.ensure_image(image).map(|_| ()))
-                    .collect::<Result<Vec<()>, ContainerError>>()
+                // Download progress goes to the step's log (sent with the
+                // step's outcome).
+                let log = PullLog::new(PROGRESS_INTERVAL);
+                let result = images.iter().try_for_each(|image| {
+                    let progress = |p: BlobProgress<'_>| log.observe(image, p, Instant::now());
+                    let options = PullOptions {
+                        credentials: None,
+                        progress: Some(&progress),
+                    };
+                    runner.ensure_image_with(image, options).map(|_| ())
+                });
+                (result, log.take())
             })
             .await;
             match pulled {
-                Ok(Ok(_)) => StepOutcome::Done(None),
-                Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
-                Err(error) => StepOutcome::Failed(error.to_string()),
+                Ok((Ok(()), log)) => StepRun {
+                    outcome: StepOutcome::Done(None),
+                    log,
+                },
+                Ok((Err(error), log)) => StepRun {
+                    outcome: StepOutcome::Failed(crate::chain(&error)),
+                    log,
+                },
+                Err(error) => StepOutcome::Failed(error.to_string()).into(),
             }
-            .into()
         })
     }
 
