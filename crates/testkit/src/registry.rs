@@ -179,6 +179,29 @@ impl RegistryServer {
         self.ca_pem.as_deref()
     }
 
+    /// A Docker `config.json` holding its credentials (`{"auths": {}}`
+    /// when it wants none), as a node's `--registry-auth` file.
+    pub fn docker_config_json(&self) -> String {
+        use base64::Engine as _;
+        match &self.credentials {
+            Some((user, password)) => {
+                let auth =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+                format!(r#"{{"auths": {{"{}": {{"auth": "{auth}"}}}}}}"#, self.addr)
+            }
+            None => r#"{"auths": {}}"#.to_string(),
+        }
+    }
+
+    /// Writes its CA as `certs_dir/127.0.0.1:PORT/ca.crt`, the layout a
+    /// node's `--registry-certs-dir` reads.
+    pub fn install_ca(&self, certs_dir: &Path) {
+        let pem = self.ca_pem.as_deref().expect("the registry speaks TLS");
+        let dir = certs_dir.join(self.addr.to_string());
+        fs::create_dir_all(&dir).expect("create the registry's certs dir");
+        fs::write(dir.join("ca.crt"), pem).expect("write ca.crt");
+    }
+
     /// A client trusting its CA (when it speaks TLS).
     fn client(&self) -> reqwest::blocking::Client {
         let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30));
