@@ -59,6 +59,8 @@ pub struct PodWorkload {
     readiness_wait: Option<(u64, Instant)>,
     /// Stopped containers' files being removed.
     cleanups: Vec<tokio::task::JoinHandle<()>>,
+    /// The progress lines of the running (or last) `node/pull-image`.
+    pull_log: Option<Arc<PullLog>>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -75,6 +77,7 @@ impl PodWorkload {
             probes: BTreeMap::new(),
             readiness_wait: None,
             cleanups: Vec::new(),
+            pull_log: None,
         }
     }
 
@@ -102,15 +105,16 @@ impl PodWorkload {
     /// Needs nothing of the pod once started (it runs beside the others).
     fn pull_images(&mut self, spec: &PodSpec) -> BoxFuture<'static, StepRun> {
         let runner = self.ctx.runner.clone();
+        // Progress lines go to the step's log while it runs (taken by
+        // `running_log`) and, the last ones, with its outcome.
+        let log = Arc::new(PullLog::new(PROGRESS_INTERVAL));
+        self.pull_log = Some(log.clone());
         let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
         // Recorded first, so image GC never takes what is being pulled.
         self.record.pulling.clone_from(&images);
         self.save();
         Box::pin(async move {
             let pulled = tokio::task::spawn_blocking(move || {
-                // Download progress goes to the step's log (sent with the
-                // step's outcome).
-                let log = PullLog::new(PROGRESS_INTERVAL);
                 let result = images.iter().try_for_each(|image| {
                     let progress = |p: BlobProgress<'_>| log.observe(image, p, Instant::now());
                     let options = PullOptions {
@@ -337,6 +341,17 @@ impl Workload for PodWorkload {
             step.parse::<PodStep>(),
             Ok(PodStep::PullImage | PodStep::PrepareVolumes)
         )
+    }
+
+    fn running_log(&mut self) -> Vec<(String, String)> {
+        let Some(log) = &self.pull_log else {
+            return Vec::new();
+        };
+        let step = PodStep::PullImage.as_str();
+        log.take()
+            .into_iter()
+            .map(|line| (step.to_string(), line))
+            .collect()
     }
 
     fn detach(&mut self, step: &str, work: &NodeWork) -> BoxFuture<'static, StepRun> {
