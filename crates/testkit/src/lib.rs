@@ -1,7 +1,8 @@
 //! corral-testkit: helpers for corral's tests — tiny OCI images built from
 //! `busybox-static`, VM boot assets (a Debian cloud kernel and a busybox
 //! initramfs), real etcd clusters on loopback ([`etcd::EtcdCluster`]), a
-//! real `docker-registry` on loopback, guards that
+//! real `docker-registry` on loopback (plain, or TLS from a [`TestCa`] with
+//! htpasswd auth) and a token-auth front for it ([`TokenAuthProxy`]), guards that
 //! clean up on drop, and `require_root` / `require_tool`, which panic (so
 //! a test missing a prerequisite fails rather than passes).
 //!

@@ -490,3 +490,40 @@ pub(crate) fn init_logging() {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry_args(insecure: &[&str], auth: Option<PathBuf>) -> RegistryArgs {
+        RegistryArgs {
+            insecure_registries: insecure.iter().map(|s| s.to_string()).collect(),
+            registry_certs_dir: PathBuf::from("/etc/corral/certs.d"),
+            registry_auth: auth,
+        }
+    }
+
+    #[test]
+    fn registry_flags_are_checked_at_start() {
+        let settings = registry_args(&["registry.lan:5000"], None)
+            .settings()
+            .expect("settings");
+        assert_eq!(settings.insecure, vec!["registry.lan:5000".to_string()]);
+        let error = registry_args(&["http://registry.lan:5000"], None)
+            .settings()
+            .expect_err("a scheme");
+        assert!(error.to_string().contains("HOST[:PORT]"), "{error}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bad = dir.path().join("auth.json");
+        std::fs::write(&bad, r#"{"auths": "hunter2"}"#).expect("write");
+        let error = registry_args(&[], Some(bad))
+            .settings()
+            .expect_err("not a config.json");
+        let chain = format!("{error:#}");
+        assert!(chain.starts_with("--registry-auth"), "{chain}");
+        assert!(!chain.contains("hunter2"), "{chain}");
+        let missing = registry_args(&[], Some(dir.path().join("nope.json"))).settings();
+        assert!(missing.is_err(), "a named file must exist");
+    }
+}
