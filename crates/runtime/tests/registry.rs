@@ -246,3 +246,35 @@ fn token_flow_fetches_a_token_with_credentials_and_reuses_it() {
     );
     assert_eq!(proxy.refused_token_requests(), 1);
 }
+
+#[test]
+fn anonymous_token_flow_pulls_a_public_image() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = RegistryServer::start(&dir.path().join("registry"));
+    let tar = busybox_image_tar(dir.path(), ImageFormat::OciLayout);
+    push_oci_layout(backend.addr(), "library/busybox", "1", &tar);
+    let proxy = TokenAuthProxy::start_anonymous(&format!("http://{}", backend.addr()));
+    let host = proxy.addr().to_string();
+    let mut config = RegistryConfig::new(TIMEOUT);
+    config.insecure = vec![host.clone()];
+    config.certs_dir = dir.path().join("certs.d");
+    let store = ImageStore::open(dir.path().join("store")).expect("store");
+    let pulled = store
+        .pull(
+            &HttpRegistry::new(config),
+            &format!("{host}/library/busybox:1"),
+            PullOptions::default(),
+        )
+        .expect("pull with an anonymous token");
+    assert!(
+        store
+            .layer_path(&pulled.diff_ids[0])
+            .join("bin/busybox")
+            .is_file()
+    );
+    assert_eq!(
+        proxy.token_scopes(),
+        vec!["repository:library/busybox:pull"]
+    );
+}

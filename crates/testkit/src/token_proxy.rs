@@ -36,7 +36,9 @@ pub struct TokenAuthProxy {
 
 struct Shared {
     backend: String,
-    basic: String,
+    /// The `Authorization` a token request must carry; `None`: tokens for
+    /// anyone (Docker Hub's public images).
+    basic: Option<String>,
     realm: String,
     seen: Arc<Mutex<Seen>>,
 }
@@ -45,13 +47,25 @@ impl TokenAuthProxy {
     /// Serves on a loopback port in front of `backend` (`http://HOST:PORT`
     /// of a plain registry), issuing tokens to `user`/`password`.
     pub fn start(backend: &str, user: &str, password: &str) -> Self {
+        let basic = format!("Basic {}", BASE64.encode(format!("{user}:{password}")));
+        Self::start_with(backend, Some(basic))
+    }
+
+    /// Like [`start`](Self::start), but tokens are issued to anyone, as
+    /// Docker Hub does for public images (the 401 and the token dance are
+    /// still required).
+    pub fn start_anonymous(backend: &str) -> Self {
+        Self::start_with(backend, None)
+    }
+
+    fn start_with(backend: &str, basic: Option<String>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind token proxy");
         let addr = listener.local_addr().expect("token proxy address");
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
             backend: backend.trim_end_matches('/').to_string(),
-            basic: format!("Basic {}", BASE64.encode(format!("{user}:{password}"))),
+            basic,
             realm: format!("http://{addr}/token"),
             seen: seen.clone(),
         });
@@ -200,7 +214,9 @@ fn serve(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
     }
     if request.target.starts_with("/token") {
         let mut seen = shared.seen.lock().expect("lock");
-        if request.authorization.as_deref() != Some(shared.basic.as_str()) {
+        if let Some(basic) = &shared.basic
+            && request.authorization.as_deref() != Some(basic.as_str())
+        {
             seen.refused_token_requests += 1;
             drop(seen);
             return respond(&stream, 401, &[], br#"{"details":"bad credentials"}"#);
