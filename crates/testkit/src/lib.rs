@@ -17,8 +17,8 @@ mod vm;
 
 pub use guard::{Defer, require_root, require_tool, unique_name};
 pub use image::{
-    BUSYBOX_APPLETS, BUSYBOX_IMAGE, ImageBuilder, ImageFormat, LayerBuilder, busybox_image,
-    busybox_image_tar,
+    BUSYBOX_APPLETS, BUSYBOX_IMAGE, ImageBuilder, ImageFormat, LayerBuilder, LayerCompression,
+    busybox_image, busybox_image_tar,
 };
 pub use registry::{RegistryServer, TestCa, htpasswd_line, push_oci_layout};
 pub use token_proxy::TokenAuthProxy;

@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
-use corral_testkit::{ImageBuilder, ImageFormat, LayerBuilder, require_root};
+use corral_testkit::{ImageBuilder, ImageFormat, LayerBuilder, LayerCompression, require_root};
 use serde_json::json;
 
 use super::*;
@@ -573,4 +573,52 @@ fn a_failed_blob_leaves_nothing_stored() {
         0,
         "no staging left"
     );
+}
+
+#[test]
+fn pulls_gzip_zstd_and_uncompressed_layers() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tar = ImageBuilder::new("local/t:1")
+        .layer_compressed(
+            LayerBuilder::new().file("gzip", b"g", 0o644),
+            LayerCompression::Gzip,
+        )
+        .layer_compressed(
+            LayerBuilder::new().file("zstd", b"z", 0o644),
+            LayerCompression::Zstd,
+        )
+        .layer_compressed(
+            LayerBuilder::new().file("plain", b"p", 0o644),
+            LayerCompression::None,
+        )
+        .write_tar(dir.path(), ImageFormat::OciLayout)
+        .expect("tar");
+    let registry = FakeRegistry::from_layout(&tar, "1");
+    let store = store(dir.path());
+    let image = store
+        .pull(
+            &registry,
+            "reg.test:5000/corral/t:1",
+            PullOptions::default(),
+        )
+        .expect("pull");
+    let media: Vec<&str> = image.layers.iter().map(|l| l.media_type.as_str()).collect();
+    assert_eq!(
+        media,
+        [
+            "application/vnd.oci.image.layer.v1.tar+gzip",
+            "application/vnd.oci.image.layer.v1.tar+zstd",
+            "application/vnd.oci.image.layer.v1.tar"
+        ]
+    );
+    for (diff_id, (file, contents)) in
+        image
+            .diff_ids
+            .iter()
+            .zip([("gzip", "g"), ("zstd", "z"), ("plain", "p")])
+    {
+        let path = store.layer_path(diff_id).join(file);
+        assert_eq!(fs::read_to_string(&path).expect("read"), contents);
+    }
 }
