@@ -12,7 +12,7 @@ use corral_runtime::bundle::{
     ContainerConfig, NetworkNamespace, ProcessOverrides, merge_process, resolve_user_in_rootfs,
     write_bundle,
 };
-use corral_runtime::image::{Image, ImageError, ImageStore, Registry, RegistryError};
+use corral_runtime::image::{Image, ImageError, ImageStore, PullOptions, Registry, RegistryError};
 use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status, reap};
 
 use crate::plan::config_hash;
@@ -24,11 +24,15 @@ pub const RESOLV_CONF: &str = "resolv.conf";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerError {
-    #[error("image {reference}")]
-    Image {
+    /// Finding or pulling an image; the error names the image.
+    #[error(transparent)]
+    Image(ImageError),
+    #[error("container {container}: cannot mount the layers of image {reference}")]
+    Rootfs {
+        container: String,
         reference: String,
         #[source]
-        source: ImageError,
+        source: Box<ImageError>,
     },
     #[error("runtime {0:?} is not available on this node")]
     RuntimeUnavailable(RuntimeClass),
@@ -122,20 +126,25 @@ fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> ContainerError + '_ {
 impl ContainerRunner {
     /// The image, from the local store or pulled from its registry.
     pub fn ensure_image(&self, reference: &str) -> Result<Image, ContainerError> {
-        let error = |source| ContainerError::Image {
-            reference: reference.to_string(),
-            source,
-        };
-        match self.images.resolve(reference) {
-            Ok(image) => Ok(image),
-            Err(ImageError::NotFound(_)) => {
-                let registry = (self.registry)().map_err(|e| error(ImageError::Registry(e)))?;
-                self.images
-                    .pull(registry.as_ref(), reference)
-                    .map_err(error)
-            }
-            Err(other) => Err(error(other)),
+        self.ensure_image_with(reference, PullOptions::default())
+    }
+
+    /// The image: the one on the node under the name as given (or, for a
+    /// name with no registry host, its Docker Hub name) is used as it is;
+    /// any other is pulled with `options` (a `local/` name never is).
+    pub fn ensure_image_with(
+        &self,
+        reference: &str,
+        options: PullOptions<'_>,
+    ) -> Result<Image, ContainerError> {
+        let error = ContainerError::Image;
+        if let Some(image) = self.images.find(reference).map_err(error)? {
+            return Ok(image);
         }
+        let registry = (self.registry)().map_err(|e| error(ImageError::Registry(e)))?;
+        self.images
+            .pull(registry.as_ref(), reference, options)
+            .map_err(error)
     }
 
     /// Starts `container` of the pod `uid` in the pod's sandbox (its
@@ -163,9 +172,10 @@ impl ContainerRunner {
         let mounted =
             self.images
                 .mount_rootfs(&image, &dir)
-                .map_err(|source| ContainerError::Image {
+                .map_err(|source| ContainerError::Rootfs {
+                    container: container.name.clone(),
                     reference: container.image.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
         let config_error = |message: String| ContainerError::Config {
             container: container.name.clone(),

@@ -219,6 +219,7 @@ mod tests {
             endpoint: None,
             network: None,
             volume_plugin_dir: None,
+            registries: crate::registries::RegistrySettings::default(),
         };
         let steps = Arc::new(FakeApi::new(crate::steps::fake::pod("start", &[])));
         let ctx = crate::context(&config, None, steps).expect("agent context");

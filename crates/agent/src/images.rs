@@ -32,6 +32,14 @@ pub fn roots(records: &[PodRecord], stored: &[String]) -> BTreeSet<String> {
         keep.extend(record.recent_images.iter().flatten().cloned());
         keep.extend(record.pulling.iter().cloned());
     }
+    // A name with no registry host was pulled (and is stored) under its
+    // Docker Hub name.
+    let pulled_as: Vec<String> = keep
+        .iter()
+        .filter_map(|name| name.parse::<Reference>().ok()?.pull_name())
+        .map(|name| name.to_string())
+        .collect();
+    keep.extend(pulled_as);
     keep.extend(
         stored
             .iter()
@@ -126,5 +134,19 @@ mod tests {
             !keep.contains("reg:5000/app:1"),
             "an old pulled image is garbage"
         );
+    }
+
+    #[test]
+    fn docker_hub_short_names_keep_their_pulled_image() {
+        let records = [record("busybox:1.37", &[&["nginx"]], &[])];
+        let stored = [
+            "docker.io/library/busybox:1.37".to_string(),
+            "docker.io/library/nginx:latest".to_string(),
+            "docker.io/library/redis:7".to_string(),
+        ];
+        let keep = roots(&records, &stored);
+        assert!(keep.contains("docker.io/library/busybox:1.37"));
+        assert!(keep.contains("docker.io/library/nginx:latest"));
+        assert!(!keep.contains("docker.io/library/redis:7"));
     }
 }

@@ -35,6 +35,7 @@ pub mod plugins;
 pub mod pods;
 mod port_forward;
 pub mod probes;
+pub mod registries;
 pub mod routes;
 pub mod sandbox;
 pub mod serve;
@@ -50,7 +51,7 @@ use std::time::Duration;
 
 use corral_client::Client;
 use corral_client::runtime::{Informer, Scope};
-use corral_runtime::image::{HttpRegistry, ImageStore};
+use corral_runtime::image::ImageStore;
 use corral_runtime::oci::netns::NetnsManager;
 use corral_runtime::oci::{OciRuntime, RuncCli, reap};
 use tokio_util::sync::CancellationToken;
@@ -106,6 +107,8 @@ pub struct AgentConfig {
     /// Where volume plugins are installed besides `DATA/plugins`; `None`:
     /// [`plugins::DEFAULT_PLUGIN_DIR`].
     pub volume_plugin_dir: Option<PathBuf>,
+    /// How the node reaches image registries.
+    pub registries: registries::RegistrySettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,10 +234,7 @@ pub fn context(
         steps,
         runner: ContainerRunner {
             images: Arc::new(ImageStore::open(data.join("images"))?),
-            registry: Arc::new(|| {
-                HttpRegistry::new(Duration::from_secs(60))
-                    .map(|r| Box::new(r) as Box<dyn corral_runtime::image::Registry>)
-            }),
+            registry: registries::factory(config.registries.clone()),
             runtimes: Runtimes { runc, gvisor },
             pods_dir,
         },

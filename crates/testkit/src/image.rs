@@ -32,6 +32,27 @@ pub enum ImageFormat {
     DockerArchive,
 }
 
+/// How a layer blob of an OCI layout is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerCompression {
+    Gzip,
+    Zstd,
+    None,
+}
+
+impl LayerCompression {
+    fn apply(self, tar: &[u8]) -> (Vec<u8>, &'static str) {
+        match self {
+            LayerCompression::Gzip => (gzip(tar), "application/vnd.oci.image.layer.v1.tar+gzip"),
+            LayerCompression::Zstd => (
+                zstd::encode_all(tar, 3).expect("zstd in memory"),
+                "application/vnd.oci.image.layer.v1.tar+zstd",
+            ),
+            LayerCompression::None => (tar.to_vec(), "application/vnd.oci.image.layer.v1.tar"),
+        }
+    }
+}
+
 /// One layer, as an uncompressed tar built in memory. Everything is owned
 /// by root unless said otherwise, with mtime 0 (reproducible digests).
 pub struct LayerBuilder {
@@ -143,7 +164,8 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 #[derive(Debug)]
 pub struct ImageBuilder {
     name: String,
-    layers: Vec<Vec<u8>>,
+    /// Uncompressed tars and how each is compressed in an OCI layout.
+    layers: Vec<(Vec<u8>, LayerCompression)>,
     config: Value,
 }
 
@@ -157,8 +179,14 @@ impl ImageBuilder {
         }
     }
 
-    pub fn layer(mut self, layer: LayerBuilder) -> Self {
-        self.layers.push(layer.into_bytes());
+    pub fn layer(self, layer: LayerBuilder) -> Self {
+        self.layer_compressed(layer, LayerCompression::Gzip)
+    }
+
+    /// A layer stored with `compression` in an OCI layout (a docker
+    /// archive's layers are always plain tars).
+    pub fn layer_compressed(mut self, layer: LayerBuilder, compression: LayerCompression) -> Self {
+        self.layers.push((layer.into_bytes(), compression));
         self
     }
 
@@ -172,7 +200,7 @@ impl ImageBuilder {
         let diff_ids: Vec<String> = self
             .layers
             .iter()
-            .map(|l| format!("sha256:{}", sha256_hex(l)))
+            .map(|(l, _)| format!("sha256:{}", sha256_hex(l)))
             .collect();
         serde_json::to_vec(&json!({
             "architecture": "amd64",
@@ -201,12 +229,12 @@ impl ImageBuilder {
             ImageFormat::OciLayout => {
                 add("oci-layout", br#"{"imageLayoutVersion": "1.0.0"}"#)?;
                 let mut layer_descriptors = Vec::new();
-                for layer in &self.layers {
-                    let blob = gzip(layer);
+                for (layer, compression) in &self.layers {
+                    let (blob, media_type) = compression.apply(layer);
                     let hex = sha256_hex(&blob);
                     add(&format!("blobs/sha256/{hex}"), &blob)?;
                     layer_descriptors.push(json!({
-                        "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                        "mediaType": media_type,
                         "digest": format!("sha256:{hex}"),
                         "size": blob.len(),
                     }));
@@ -239,7 +267,7 @@ impl ImageBuilder {
             }
             ImageFormat::DockerArchive => {
                 let mut layer_names = Vec::new();
-                for layer in &self.layers {
+                for (layer, _) in &self.layers {
                     let name = format!("{}/layer.tar", sha256_hex(layer));
                     add(&name, layer)?;
                     layer_names.push(name);

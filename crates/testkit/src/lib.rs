@@ -1,7 +1,8 @@
 //! corral-testkit: helpers for corral's tests — tiny OCI images built from
 //! `busybox-static`, VM boot assets (a Debian cloud kernel and a busybox
 //! initramfs), real etcd clusters on loopback ([`etcd::EtcdCluster`]), a
-//! real `docker-registry` on loopback, guards that
+//! real `docker-registry` on loopback (plain, or TLS from a [`TestCa`] with
+//! htpasswd auth) and a token-auth front for it ([`TokenAuthProxy`]), guards that
 //! clean up on drop, and `require_root` / `require_tool`, which panic (so
 //! a test missing a prerequisite fails rather than passes).
 //!
@@ -11,14 +12,16 @@ pub mod etcd;
 mod guard;
 mod image;
 mod registry;
+mod token_proxy;
 mod vm;
 
 pub use guard::{Defer, require_root, require_tool, unique_name};
 pub use image::{
-    BUSYBOX_APPLETS, BUSYBOX_IMAGE, ImageBuilder, ImageFormat, LayerBuilder, busybox_image,
-    busybox_image_tar,
+    BUSYBOX_APPLETS, BUSYBOX_IMAGE, ImageBuilder, ImageFormat, LayerBuilder, LayerCompression,
+    busybox_image, busybox_image_tar,
 };
-pub use registry::{RegistryServer, push_oci_layout};
+pub use registry::{RegistryServer, TestCa, htpasswd_line, push_oci_layout};
+pub use token_proxy::TokenAuthProxy;
 pub use vm::{
     CACHE_ENV, KERNEL_METAPACKAGE, VM_MARKER, VM_READY_MARKER, VmAssets, build_initramfs,
     cache_dir, prepare as prepare_vm_assets, vm_assets,

@@ -130,6 +130,14 @@ pub trait Workload: Send + 'static {
         })
     }
 
+    /// Log lines that steps running on their own produced so far (step,
+    /// line), taken: the executor sends them at its next look, before the
+    /// step ends (a pull's progress). Lines a step returns in its
+    /// [`StepRun`] go with its outcome as before.
+    fn running_log(&mut self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// Runs `step` (one of the instance's node steps) for the desired
     /// revision, with the workload to itself.
     async fn run_step(&mut self, step: &str, work: &NodeWork) -> StepRun;
@@ -274,6 +282,9 @@ impl<W: Workload> Executor<W> {
         let mut batch = StepBatch::default();
         // Attempts reported in `batch`.
         let mut reporting: Vec<Attempt> = Vec::new();
+        for (step, line) in self.workload.running_log() {
+            batch.log(&work, &step, line);
+        }
         self.collect_ended(&work, &mut batch, &mut reporting);
         loop {
             if work.is_running() {

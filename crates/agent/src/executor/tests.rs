@@ -38,6 +38,8 @@ struct FakeWorkload {
     removed: Arc<Mutex<bool>>,
     /// `None`: looks again only on news.
     tick: Option<std::time::Duration>,
+    /// Lines of running steps not taken yet.
+    running_log: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl FakeWorkload {
@@ -54,6 +56,7 @@ impl FakeWorkload {
             status: None,
             removed: Arc::default(),
             tick: Some(TICK),
+            running_log: Arc::default(),
         }
     }
 
@@ -135,6 +138,10 @@ impl Workload for FakeWorkload {
 
     fn tick(&self) -> Option<std::time::Duration> {
         self.tick
+    }
+
+    fn running_log(&mut self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.running_log.lock().unwrap())
     }
 }
 
@@ -315,6 +322,38 @@ async fn news_is_acted_on_while_a_step_runs_on_its_own() {
     assert_eq!(api.step(READY), ("done", 1));
     let pulls = runs(&executor).iter().filter(|s| *s == PULL).count();
     assert_eq!(pulls, 1);
+}
+
+#[tokio::test]
+async fn lines_of_a_running_step_are_sent_before_it_ends() {
+    let api = pod_api(&[PLACE]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    workload.slow = [PULL.to_string()].into();
+    let lines = workload.running_log.clone();
+    let mut executor = executor(&api, workload);
+    executor.admit().await;
+    assert_eq!(api.step(PULL), ("running", 1));
+    lines.lock().unwrap().push((
+        PULL.to_string(),
+        "layer sha256:0123… 1.0/2.0 MiB".to_string(),
+    ));
+    executor.admit().await;
+    let actions = api.actions();
+    let last = actions.last().expect("a request");
+    assert_eq!(last, &[format!("log {PULL}")], "{actions:?}");
+    let sent = api.requests().last().expect("a request").actions[0].clone();
+    assert_eq!(
+        sent.message.as_deref(),
+        Some("layer sha256:0123… 1.0/2.0 MiB")
+    );
+    assert_eq!(api.step(PULL), ("running", 1), "the log came first");
+    // Nothing new: no request.
+    let requests = api.requests().len();
+    executor.admit().await;
+    assert_eq!(api.requests().len(), requests);
+    settle(&mut executor).await;
+    assert_eq!(api.step(PULL), ("done", 1));
 }
 
 #[tokio::test]

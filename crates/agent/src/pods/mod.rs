@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use corral_api::kinds::RuntimeClass;
 use corral_api::kinds::{ContainerState, ContainerStatus, PodPhase, PodSpec, PodStatus};
 use corral_api::{Object, ObjectKey};
+use corral_runtime::image::{BlobProgress, PullOptions};
 use corral_runtime::oci::userns::user_namespace_path;
 use corral_workflow::PodStep;
 use futures::future::BoxFuture;
@@ -36,6 +37,7 @@ use crate::executor::{StepOutcome, StepRun, Workload};
 use crate::idranges::IdRanges;
 use crate::plan::{container_health, plan_revision, pod_phase};
 use crate::plugins::Verb;
+use crate::registries::{PROGRESS_INTERVAL, PullLog};
 use crate::sandbox::{self, PodSandbox};
 use crate::state::PodRecord;
 use crate::steps::NodeWork;
@@ -57,6 +59,8 @@ pub struct PodWorkload {
     readiness_wait: Option<(u64, Instant)>,
     /// Stopped containers' files being removed.
     cleanups: Vec<tokio::task::JoinHandle<()>>,
+    /// The progress lines of the running (or last) `node/pull-image`.
+    pull_log: Option<Arc<PullLog>>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -73,6 +77,7 @@ impl PodWorkload {
             probes: BTreeMap::new(),
             readiness_wait: None,
             cleanups: Vec::new(),
+            pull_log: None,
         }
     }
 
@@ -100,24 +105,38 @@ impl PodWorkload {
     /// Needs nothing of the pod once started (it runs beside the others).
     fn pull_images(&mut self, spec: &PodSpec) -> BoxFuture<'static, StepRun> {
         let runner = self.ctx.runner.clone();
+        // Progress lines go to the step's log while it runs (taken by
+        // `running_log`) and, the last ones, with its outcome.
+        let log = Arc::new(PullLog::new(PROGRESS_INTERVAL));
+        self.pull_log = Some(log.clone());
         let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
         // Recorded first, so image GC never takes what is being pulled.
         self.record.pulling.clone_from(&images);
         self.save();
         Box::pin(async move {
             let pulled = tokio::task::spawn_blocking(move || {
-                images
-                    .iter()
-                    .map(|image| runner.ensure_image(image).map(|_| ()))
-                    .collect::<Result<Vec<()>, ContainerError>>()
+                let result = images.iter().try_for_each(|image| {
+                    let progress = |p: BlobProgress<'_>| log.observe(image, p, Instant::now());
+                    let options = PullOptions {
+                        credentials: None,
+                        progress: Some(&progress),
+                    };
+                    runner.ensure_image_with(image, options).map(|_| ())
+                });
+                (result, log.take())
             })
             .await;
             match pulled {
-                Ok(Ok(_)) => StepOutcome::Done(None),
-                Ok(Err(error)) => StepOutcome::Failed(crate::chain(&error)),
-                Err(error) => StepOutcome::Failed(error.to_string()),
+                Ok((Ok(()), log)) => StepRun {
+                    outcome: StepOutcome::Done(None),
+                    log,
+                },
+                Ok((Err(error), log)) => StepRun {
+                    outcome: StepOutcome::Failed(crate::chain(&error)),
+                    log,
+                },
+                Err(error) => StepOutcome::Failed(error.to_string()).into(),
             }
-            .into()
         })
     }
 
@@ -322,6 +341,17 @@ impl Workload for PodWorkload {
             step.parse::<PodStep>(),
             Ok(PodStep::PullImage | PodStep::PrepareVolumes)
         )
+    }
+
+    fn running_log(&mut self) -> Vec<(String, String)> {
+        let Some(log) = &self.pull_log else {
+            return Vec::new();
+        };
+        let step = PodStep::PullImage.as_str();
+        log.take()
+            .into_iter()
+            .map(|line| (step.to_string(), line))
+            .collect()
     }
 
     fn detach(&mut self, step: &str, work: &NodeWork) -> BoxFuture<'static, StepRun> {

@@ -100,7 +100,9 @@ impl ServerArgs {
 #[command(after_help = "Examples:
   corral up                                  a cluster in the default data dir; prints the export line
   corral up --data-dir /tmp/corral --listen 127.0.0.1:8443   state in /tmp/corral, API on port 8443
-  corral up --egress-uplink eth0             pods reach IPv4 addresses through eth0")]
+  corral up --egress-uplink eth0             pods reach IPv4 addresses through eth0
+  corral up --registry-auth /etc/corral/registry-auth.json --insecure-registry 10.0.0.5:5000
+                                             pull with the node's credentials; 10.0.0.5:5000 over plain HTTP")]
 pub struct UpArgs {
     #[command(flatten)]
     server: ServerArgs,
@@ -115,6 +117,55 @@ pub struct UpArgs {
     network: NetworkArgs,
     #[command(flatten)]
     volumes: VolumeArgs,
+    #[command(flatten)]
+    registries: RegistryArgs,
+}
+
+/// How the node reaches image registries (node-local settings, never in
+/// the API).
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// Speak plain HTTP to this registry (HOST[:PORT]; repeat the flag for
+    /// more). Every other registry is reached over HTTPS; a loopback one
+    /// that does not speak TLS falls back to HTTP by itself.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    insecure_registries: Vec<String>,
+    /// Trust the CA certificates DIR/HOST[:PORT]/*.crt (e.g. ca.crt) for
+    /// that registry, besides the system's roots.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = corral_runtime::image::registry::DEFAULT_CERTS_DIR
+    )]
+    registry_certs_dir: PathBuf,
+    /// The node's registry credentials: a Docker config.json
+    /// ({"auths": {"HOST[:PORT]": {"auth": "base64 of user:password"}}};
+    /// Docker Hub's key is https://index.docker.io/v1/). Read at each
+    /// pull. Default: /etc/corral/registry-auth.json when it exists.
+    #[arg(long, value_name = "FILE")]
+    registry_auth: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    /// The agent's settings; a named auth file must exist and parse now
+    /// (a typo would otherwise surface only at the first pull).
+    fn settings(&self) -> anyhow::Result<corral_agent::registries::RegistrySettings> {
+        for host in &self.insecure_registries {
+            if host.is_empty() || host.contains('/') {
+                anyhow::bail!(
+                    "--insecure-registry {host:?}: expected HOST[:PORT] as written in image names, without a scheme or path"
+                );
+            }
+        }
+        let mut settings = corral_agent::registries::RegistrySettings::default();
+        if let Some(path) = &self.registry_auth {
+            corral_runtime::image::AuthFile::load(path).context("--registry-auth")?;
+            settings.auth_file = Some(path.clone());
+        }
+        settings.certs_dir.clone_from(&self.registry_certs_dir);
+        settings.insecure.clone_from(&self.insecure_registries);
+        Ok(settings)
+    }
 }
 
 /// The node's volume plugins (node-local settings, never in the API).
@@ -184,7 +235,10 @@ impl NetworkArgs {
   corral agent --agent-config node-2.json --listen 0.0.0.0:7444 --agent-secret \"$SECRET\"
                                       also serve container logs and exec to the server
   corral agent --agent-config node-2.json --address fd00::2 --wireguard
-                                      pod traffic to other nodes through WireGuard")]
+                                      pod traffic to other nodes through WireGuard
+  corral agent --agent-config node-2.json --registry-auth /etc/corral/registry-auth.json \\
+      --registry-certs-dir /etc/corral/certs.d --insecure-registry registry.lan:5000
+                                      credentials and CAs for pulls; registry.lan:5000 over plain HTTP")]
 pub struct AgentArgs {
     /// The API server's URL, e.g. https://10.0.0.1:7443.
     #[arg(long, value_name = "URL", required_unless_present = "config")]
@@ -242,6 +296,8 @@ pub struct AgentArgs {
     network: NetworkArgs,
     #[command(flatten)]
     volumes: VolumeArgs,
+    #[command(flatten)]
+    registries: RegistryArgs,
 }
 
 /// `corral up`: control plane, built-in controllers and a node agent.
@@ -277,6 +333,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let network = args
         .network
         .config(corral_agent::network::Forwarding::PodLinks)?;
+    let registries = args.registries.settings()?;
     let agent = tokio::spawn(run_agent(
         AgentSetup {
             node,
@@ -286,6 +343,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             address: None,
             network,
             volume_plugin_dir: args.volumes.volume_plugin_dir.clone(),
+            registries,
         },
         shutdown.clone(),
     ));
@@ -374,6 +432,7 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
         address: args.address.clone(),
         network,
         volume_plugin_dir: args.volumes.volume_plugin_dir.clone(),
+        registries: args.registries.settings()?,
     };
     run_agent(setup, shutdown).await
 }
@@ -387,6 +446,7 @@ struct AgentSetup {
     address: Option<String>,
     network: Option<corral_agent::network::NetworkConfig>,
     volume_plugin_dir: PathBuf,
+    registries: corral_agent::registries::RegistrySettings,
 }
 
 async fn run_agent(setup: AgentSetup, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -400,6 +460,7 @@ async fn run_agent(setup: AgentSetup, shutdown: CancellationToken) -> anyhow::Re
         endpoint: setup.endpoint,
         network: setup.network,
         volume_plugin_dir: Some(setup.volume_plugin_dir),
+        registries: setup.registries,
     };
     let ctx = corral_agent::context(
         &agent_config,
@@ -434,4 +495,41 @@ pub(crate) fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry_args(insecure: &[&str], auth: Option<PathBuf>) -> RegistryArgs {
+        RegistryArgs {
+            insecure_registries: insecure.iter().map(|s| s.to_string()).collect(),
+            registry_certs_dir: PathBuf::from("/etc/corral/certs.d"),
+            registry_auth: auth,
+        }
+    }
+
+    #[test]
+    fn registry_flags_are_checked_at_start() {
+        let settings = registry_args(&["registry.lan:5000"], None)
+            .settings()
+            .expect("settings");
+        assert_eq!(settings.insecure, vec!["registry.lan:5000".to_string()]);
+        let error = registry_args(&["http://registry.lan:5000"], None)
+            .settings()
+            .expect_err("a scheme");
+        assert!(error.to_string().contains("HOST[:PORT]"), "{error}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bad = dir.path().join("auth.json");
+        std::fs::write(&bad, r#"{"auths": "hunter2"}"#).expect("write");
+        let error = registry_args(&[], Some(bad))
+            .settings()
+            .expect_err("not a config.json");
+        let chain = format!("{error:#}");
+        assert!(chain.starts_with("--registry-auth"), "{chain}");
+        assert!(!chain.contains("hunter2"), "{chain}");
+        let missing = registry_args(&[], Some(dir.path().join("nope.json"))).settings();
+        assert!(missing.is_err(), "a named file must exist");
+    }
 }

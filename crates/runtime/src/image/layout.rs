@@ -35,6 +35,9 @@ pub struct Descriptor {
 pub struct Platform {
     pub architecture: String,
     pub os: String,
+    /// The CPU variant (`v8` for arm64, `v7` for arm), when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 /// An image manifest: OCI, or Docker schema 2 (the same shape).
@@ -59,21 +62,45 @@ pub struct Index {
 }
 
 impl Index {
-    /// The entry for linux/amd64 (or the host architecture), or the only
-    /// entry when there is just one without a platform.
+    /// The entry for linux on the host's architecture — the one of the
+    /// host's variant first, then one naming no variant, then any — or the
+    /// only entry when there is just one without a platform. Entries of
+    /// other OSes and attestations (`unknown/unknown`) never match.
     pub fn pick_for_host(&self) -> Option<&Descriptor> {
-        let arch = host_architecture();
-        self.manifests
+        self.pick_for(host_architecture(), host_variant())
+    }
+
+    fn pick_for(&self, arch: &str, variant: Option<&str>) -> Option<&Descriptor> {
+        let linux_arch: Vec<&Descriptor> = self
+            .manifests
             .iter()
-            .find(|d| {
+            .filter(|d| {
                 d.platform
                     .as_ref()
                     .is_some_and(|p| p.os == "linux" && p.architecture == arch)
             })
+            .collect();
+        let variant_of = |d: &Descriptor| d.platform.as_ref().and_then(|p| p.variant.clone());
+        linux_arch
+            .iter()
+            .find(|d| variant.is_some() && variant_of(d).as_deref() == variant)
+            .or_else(|| linux_arch.iter().find(|d| variant_of(d).is_none()))
+            .or_else(|| linux_arch.first())
+            .copied()
             .or_else(|| match self.manifests.as_slice() {
                 [only] if only.platform.is_none() => Some(only),
                 _ => None,
             })
+    }
+}
+
+/// The variant images name for this host's CPU (`v8` on arm64, `v7` on
+/// 32-bit arm, none elsewhere).
+pub fn host_variant() -> Option<&'static str> {
+    match std::env::consts::ARCH {
+        "aarch64" => Some("v8"),
+        "arm" => Some("v7"),
+        _ => None,
     }
 }
 
@@ -166,6 +193,39 @@ mod tests {
         );
         let index: Index = serde_json::from_str(&text).expect("index");
         assert_eq!(index.pick_for_host().map(|d| &d.digest), Some(&b));
+    }
+
+    #[test]
+    fn picks_the_variant_then_no_variant_and_skips_other_oses() {
+        let digests: Vec<Digest> = (0..5u8).map(|i| Digest::of(&[i])).collect();
+        let entry = |d: &Digest, os: &str, arch: &str, variant: Option<&str>| {
+            let variant = variant.map_or(String::new(), |v| format!(r#","variant":"{v}""#));
+            format!(
+                r#"{{"mediaType":"{MEDIA_OCI_MANIFEST}","digest":"{d}","size":1,"platform":{{"architecture":"{arch}","os":"{os}"{variant}}}}}"#
+            )
+        };
+        let text = format!(
+            r#"{{"schemaVersion":2,"manifests":[{},{},{},{},{}]}}"#,
+            entry(&digests[0], "windows", "arm64", Some("v8")),
+            entry(&digests[1], "unknown", "unknown", None),
+            entry(&digests[2], "linux", "arm", Some("v6")),
+            entry(&digests[3], "linux", "arm", Some("v7")),
+            entry(&digests[4], "linux", "arm64", None),
+        );
+        let index: Index = serde_json::from_str(&text).expect("index");
+        let pick = |arch, variant| index.pick_for(arch, variant).map(|d| d.digest.clone());
+        assert_eq!(pick("arm", Some("v7")), Some(digests[3].clone()));
+        assert_eq!(
+            pick("arm64", Some("v8")),
+            Some(digests[4].clone()),
+            "no variant named"
+        );
+        assert_eq!(
+            pick("arm", Some("v5")),
+            Some(digests[2].clone()),
+            "any arm at last"
+        );
+        assert_eq!(pick("amd64", None), None, "no linux/amd64 entry");
     }
 
     #[test]

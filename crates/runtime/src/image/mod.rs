@@ -17,6 +17,7 @@ pub mod digest;
 pub mod layer;
 pub mod layout;
 pub mod pack;
+mod pull;
 pub mod reference;
 pub mod registry;
 pub mod rootfs;
@@ -24,7 +25,11 @@ mod store;
 
 pub use digest::{Digest, InvalidDigest};
 pub use layout::ImageConfig;
+pub use pull::{BlobProgress, PARALLEL_BLOBS, PullOptions};
 pub use reference::{InvalidReference, Reference};
-pub use registry::{HttpRegistry, Registry, RegistryError};
+pub use registry::{
+    AuthFile, AuthFileError, Credentials, HttpRegistry, Registry, RegistryConfig, RegistryError,
+    TokenCache,
+};
 pub use rootfs::{MountError, MountedRootfs, Mounter, SyscallMounter, unmount_rootfs};
 pub use store::{GcReport, Image, ImageError, ImageStore, ImageSummary};

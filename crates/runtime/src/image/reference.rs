@@ -1,9 +1,20 @@
-//! Image references: `[HOST[:PORT]/]name[:tag][@sha256:…]`.
+//! Image references: `[HOST[:PORT]/]name[:tag][@sha256:…]`, and where a
+//! name without a host is pulled from (Docker Hub, like Docker; never for
+//! the `local/` namespace).
 
 use std::fmt;
 use std::str::FromStr;
 
 use super::digest::Digest;
+
+/// Docker Hub's name in references.
+pub const DOCKER_HUB: &str = "docker.io";
+
+/// Names of Docker Hub seen in references and credential files.
+pub const DOCKER_HUB_ALIASES: [&str; 3] = [DOCKER_HUB, "index.docker.io", "registry-1.docker.io"];
+
+/// The namespace of images that exist only on nodes (never pulled).
+pub const LOCAL_NAMESPACE: &str = "local";
 
 /// A parsed image reference. Without a tag or digest the tag is `latest`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,6 +49,44 @@ impl Reference {
             (None, Some(t)) => t.clone(),
             (None, None) => "latest".to_string(),
         }
+    }
+
+    /// Whether this names an image that is never pulled: no registry host
+    /// and the `local/` namespace (imported or packed on the node).
+    pub fn is_local_only(&self) -> bool {
+        self.registry.is_none()
+            && self
+                .repository
+                .split_once('/')
+                .is_some_and(|(namespace, _)| namespace == LOCAL_NAMESPACE)
+    }
+
+    /// The name a pull fetches and stores, resolved like Docker resolves
+    /// it: no host means Docker Hub (`busybox` is
+    /// `docker.io/library/busybox`), and Docker Hub's other spellings
+    /// (`index.docker.io`, `registry-1.docker.io`) are `docker.io`. `None`
+    /// for a [local-only](Self::is_local_only) name.
+    pub fn pull_name(&self) -> Option<Reference> {
+        if self.is_local_only() {
+            return None;
+        }
+        let hub = match self.registry.as_deref() {
+            None => true,
+            Some(host) => DOCKER_HUB_ALIASES.contains(&host),
+        };
+        if !hub {
+            return Some(self.clone());
+        }
+        let repository = if self.repository.contains('/') {
+            self.repository.clone()
+        } else {
+            format!("library/{}", self.repository)
+        };
+        Some(Reference {
+            registry: Some(DOCKER_HUB.to_string()),
+            repository,
+            ..self.clone()
+        })
     }
 
     /// The same reference without the registry host.
@@ -181,6 +230,57 @@ mod tests {
         assert_eq!(r.tag, None);
         assert_eq!(r.digest, Some(d.clone()));
         assert_eq!(r.registry_reference(), d.to_string());
+    }
+
+    fn pull_name(s: &str) -> Option<String> {
+        parse(s).pull_name().map(|r| r.to_string())
+    }
+
+    #[test]
+    fn short_names_are_pulled_from_docker_hub() {
+        let hub = |s: &str| Some(s.to_string());
+        assert_eq!(
+            pull_name("busybox"),
+            hub("docker.io/library/busybox:latest")
+        );
+        assert_eq!(pull_name("nginx:1.27"), hub("docker.io/library/nginx:1.27"));
+        assert_eq!(
+            pull_name("library/busybox"),
+            hub("docker.io/library/busybox:latest")
+        );
+        assert_eq!(
+            pull_name("bitnami/redis:7"),
+            hub("docker.io/bitnami/redis:7")
+        );
+        assert_eq!(
+            pull_name("docker.io/busybox"),
+            hub("docker.io/library/busybox:latest")
+        );
+        assert_eq!(
+            pull_name("index.docker.io/library/busybox:1"),
+            hub("docker.io/library/busybox:1")
+        );
+        let d = Digest::of(b"x");
+        assert_eq!(
+            pull_name(&format!("busybox@{d}")),
+            Some(format!("docker.io/library/busybox@{d}"))
+        );
+    }
+
+    #[test]
+    fn local_namespace_is_never_pulled_and_hosts_stay() {
+        assert_eq!(pull_name("local/busybox:1"), None);
+        assert!(parse("local/busybox:1").is_local_only());
+        assert!(!parse("localbox:1").is_local_only());
+        assert!(!parse("reg.example:5000/local/busybox:1").is_local_only());
+        assert_eq!(
+            pull_name("127.0.0.1:5000/corral/busybox:1"),
+            Some("127.0.0.1:5000/corral/busybox:1".to_string())
+        );
+        assert_eq!(
+            pull_name("ghcr.io/owner/app:2"),
+            Some("ghcr.io/owner/app:2".to_string())
+        );
     }
 
     #[test]

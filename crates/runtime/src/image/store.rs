@@ -41,10 +41,11 @@ pub enum ImageError {
     #[error(transparent)]
     Reference(#[from] InvalidReference),
     #[error(
-        "image {0} is not on this node and names no registry to pull it from: import it \
-         (`corral image import FILE`) or use a registry reference (registry.example.com/app:1)"
+        "image {0} is not on this node, and names in the local/ namespace are never pulled: \
+         import it (`corral image import FILE`) or use a registry reference \
+         (registry.example.com/app:1, or a Docker Hub name such as busybox:1.37)"
     )]
-    NoRegistryHost(String),
+    LocalOnly(String),
     #[error("archive {0:?} is neither an OCI layout nor a docker archive")]
     UnknownArchive(PathBuf),
     #[error("archive has no file {0:?}")]
