@@ -215,6 +215,12 @@ async fn why_logs_and_analyze_explain_a_registered_step_end_to_end() {
     )
     .await
     .expect("log");
+    // While it runs, why shows the owner's newest line.
+    let why = cluster.ok(&["why", "pod/web"]);
+    assert!(
+        why.contains("At work now:\n  acme/slow-mount: nfs-1 answers slowly\n"),
+        "{why}"
+    );
     acme.fail_step(&web, "acme/slow-mount", "mount.nfs: connection refused")
         .await
         .expect("fail");

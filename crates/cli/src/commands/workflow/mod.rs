@@ -15,12 +15,14 @@ pub use wait::follow;
 pub(crate) use why::unhealthy_now;
 pub use why::{AnalyzeArgs, WhyArgs, analyze, why};
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, bail};
-use corral_api::workflow::{StoredWorkflows, WorkflowInstance, WorkflowOutcome};
+use corral_api::workflow::{
+    StepLogEntry, StepState, StoredWorkflows, WorkflowInstance, WorkflowOutcome,
+};
 use corral_api::{Kind, Object, ObjectKey};
-use corral_client::Client;
+use corral_client::{Client, StepLogQuery};
 use corral_workflow::WorkflowDefinition;
 
 /// How `why` and friends name an object: `pod/web`, `vm/builder`.
@@ -118,4 +120,47 @@ pub async fn load_instance(
             display_name(key)
         ),
     }
+}
+
+/// The newest line each running step's owner wrote during its current
+/// attempt (a pull's progress, say), by step: what `why` and `apply --wait`
+/// show beside a step that is still at work. Lines only change the step
+/// log, not the object, so they are read from it.
+pub async fn running_lines(
+    client: &Client,
+    key: &ObjectKey,
+    instance: &WorkflowInstance,
+) -> BTreeMap<String, StepLogEntry> {
+    let mut lines = BTreeMap::new();
+    for step in &instance.steps {
+        let StepState::Running { since, .. } = &step.state else {
+            continue;
+        };
+        let query = StepLogQuery {
+            step: Some(step.definition.name.clone()),
+            workflow: Some(instance.id.clone()),
+            owner: None,
+        };
+        let Ok(entries) = client.step_logs(key, &query).await else {
+            continue;
+        };
+        // The claim is logged at the attempt's start; what follows it
+        // until the step ends is the owner's own.
+        if let Some(line) = entries
+            .into_iter()
+            .rfind(|entry| entry.time >= *since && !entry.message.starts_with("claimed by "))
+        {
+            lines.insert(step.definition.name.clone(), line);
+        }
+    }
+    lines
+}
+
+/// `  node/pull-image: local/web:1: layer sha256:0123… 12.3/45.6 MiB`, one
+/// per running step with a line.
+pub fn running_lines_text(lines: &BTreeMap<String, StepLogEntry>) -> String {
+    lines
+        .iter()
+        .map(|(step, line)| format!("  {step}: {}\n", line.message))
+        .collect()
 }

@@ -3,14 +3,14 @@
 //! `why` view is redrawn in place every second; otherwise one line is
 //! printed per step transition.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use chrono::{TimeDelta, Utc};
 use corral_api::watch::EventType;
-use corral_api::workflow::{StepKind, StepState, WorkflowInstance, WorkflowOutcome};
+use corral_api::workflow::{StepKind, StepLogEntry, StepState, WorkflowInstance, WorkflowOutcome};
 use corral_api::{Object, ObjectKey};
 use corral_client::Client;
 use futures::StreamExt;
@@ -45,7 +45,8 @@ pub async fn follow(
         let now = Utc::now();
         let mut current = instance.clone();
         corral_workflow::tick(&mut current, now);
-        view.show(&current)?;
+        let lines = super::running_lines(client, &key, &current).await;
+        view.show(&current, &lines)?;
         if current.outcome != WorkflowOutcome::Running {
             return view.finish(&current);
         }
@@ -151,9 +152,16 @@ impl<'a> View<'a> {
         }
     }
 
-    fn show(&mut self, instance: &WorkflowInstance) -> anyhow::Result<()> {
+    /// Draws the instance; `lines` are the newest lines of running steps
+    /// (a pull's progress), shown under the frame, or printed once each.
+    fn show(
+        &mut self,
+        instance: &WorkflowInstance,
+        lines: &BTreeMap<String, StepLogEntry>,
+    ) -> anyhow::Result<()> {
         if self.live {
-            let frame = corral_workflow::why_text(self.name, instance, Utc::now());
+            let mut frame = corral_workflow::why_text(self.name, instance, Utc::now());
+            frame.push_str(&super::running_lines_text(lines));
             let mut out = std::io::stdout().lock();
             if self.drawn > 0 {
                 // Back to the first line of the last frame, and clear below.
@@ -176,6 +184,14 @@ impl<'a> View<'a> {
                 continue;
             }
             println!("{} {}: {name} {line}", self.name, instance.id);
+        }
+        for (name, entry) in lines {
+            let key = format!("{name}\u{0}line");
+            if self.seen.get(&key) == Some(&entry.message) {
+                continue;
+            }
+            self.seen.insert(key, entry.message.clone());
+            println!("{} {}: {name}: {}", self.name, instance.id, entry.message);
         }
         Ok(())
     }

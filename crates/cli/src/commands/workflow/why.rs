@@ -84,6 +84,10 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
         }
         None => print!("{text}"),
     }
+    let lines = super::running_lines(&client, &key, &instance).await;
+    if !lines.is_empty() {
+        print!("\nAt work now:\n{}", super::running_lines_text(&lines));
+    }
     if args.workflow.is_none() && instance.outcome == WorkflowOutcome::Failed {
         let namespace = match key.namespace.as_str() {
             "" | "default" => String::new(),
