@@ -81,6 +81,7 @@ impl TokenIssuer {
                 hash: hash_token(&token),
                 identity,
                 created_at: clock.now(),
+                last_used_at: None,
             })
             .await?;
         Ok(token)

@@ -97,6 +97,7 @@ impl Keys {
         }
     }
 
+    /// A token's key; with an empty hash, the prefix of them all.
     pub fn token(&self, hash: &str) -> String {
         format!("{}/tokens/{hash}", self.prefix)
     }

@@ -369,6 +369,14 @@ impl Store for EtcdStore {
         records::find_token(self, hash).await
     }
 
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        records::list_tokens(self).await
+    }
+
+    async fn delete_tokens(&self, hashes: &[String]) -> Result<(), StoreError> {
+        records::delete_tokens(self, hashes).await
+    }
+
     async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         records::get_sealed(self, name).await
     }

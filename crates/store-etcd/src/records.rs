@@ -70,6 +70,32 @@ pub(crate) async fn find_token(
         .transpose()
 }
 
+pub(crate) async fn list_tokens(store: &EtcdStore) -> Result<Vec<TokenRecord>, StoreError> {
+    let mut tokens = store
+        .range(&store.keys.token(""))
+        .await?
+        .iter()
+        .map(|kv| serde_json::from_slice(kv.value()).map_err(corrupt_json("token")))
+        .collect::<Result<Vec<TokenRecord>, _>>()?;
+    tokens.sort_by(|a, b| (a.created_at, &a.hash).cmp(&(b.created_at, &b.hash)));
+    Ok(tokens)
+}
+
+pub(crate) async fn delete_tokens(store: &EtcdStore, hashes: &[String]) -> Result<(), StoreError> {
+    for chunk in hashes.chunks(MAX_TXN_OPS) {
+        let operations: Vec<TxnOp> = chunk
+            .iter()
+            .map(|hash| TxnOp::delete(store.keys.token(hash), None))
+            .collect();
+        store
+            .kv()
+            .txn(Txn::new().and_then(operations))
+            .await
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
 pub(crate) async fn get_sealed(
     store: &EtcdStore,
     name: &str,

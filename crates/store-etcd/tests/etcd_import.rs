@@ -118,6 +118,7 @@ async fn populated(store: &SqliteStore) {
             hash: "aa11".into(),
             identity: Identity::new("admin", Role::Operator),
             created_at: at(1),
+            last_used_at: None,
         })
         .await
         .expect("token");

@@ -156,6 +156,10 @@ pub struct TokenRecord {
     pub hash: String,
     pub identity: Identity,
     pub created_at: DateTime<Utc>,
+    /// When it last authenticated a request, to within a few minutes
+    /// (servers write it at most every few minutes per token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<DateTime<Utc>>,
 }
 
 /// One sealed value: an opaque name and the bytes kept under it.
@@ -371,6 +375,13 @@ pub trait Store: Send + Sync + 'static {
     async fn find_lease(&self, name: &str) -> Result<Option<LeaseRecord>, StoreError>;
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
+
+    /// Every token record, oldest first.
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
+
+    /// Removes the tokens with these hashes (revocation), all or none;
+    /// unknown hashes are ignored.
+    async fn delete_tokens(&self, hashes: &[String]) -> Result<(), StoreError>;
 
     /// Sealed values (a Secret's encrypted data) by name: bytes kept without
     /// history or watch events, never interpreted by the store.

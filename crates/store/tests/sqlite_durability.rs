@@ -59,6 +59,7 @@ async fn reopening_the_file_keeps_objects_history_revision_and_tokens() {
         hash: "abc123".into(),
         identity: Identity::new("node-1", Role::Node),
         created_at: change(3).time,
+        last_used_at: None,
     };
     let (written, history, revision) = {
         let store = SqliteStore::open(&path).expect("open");

@@ -153,6 +153,14 @@ impl Store for Tracked {
         self.inner.find_token(hash).await
     }
 
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        self.inner.list_tokens().await
+    }
+
+    async fn delete_tokens(&self, hashes: &[String]) -> Result<(), StoreError> {
+        self.inner.delete_tokens(hashes).await
+    }
+
     async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_sealed(name).await
     }

@@ -410,6 +410,7 @@ pub async fn check_tokens(store: &dyn Store) {
         hash: hash.to_string(),
         identity: Identity::new("alice", Role::Operator),
         created_at: base_time(),
+        last_used_at: None,
     };
     store.put_token(token.clone()).await.expect("put");
     assert_eq!(store.find_token(hash).await.expect("find"), Some(token));
@@ -417,10 +418,38 @@ pub async fn check_tokens(store: &dyn Store) {
         hash: hash.to_string(),
         identity: Identity::new("node-1", Role::Node),
         created_at: at_minute(5),
+        last_used_at: None,
     };
     store.put_token(replaced.clone()).await.expect("put again");
-    assert_eq!(store.find_token(hash).await.expect("find"), Some(replaced));
+    assert_eq!(
+        store.find_token(hash).await.expect("find"),
+        Some(replaced.clone())
+    );
     assert_eq!(store.find_token("0000").await.expect("find"), None);
+
+    // Last use is kept; tokens list oldest first; revocation deletes.
+    let used = TokenRecord {
+        last_used_at: Some(at_minute(9)),
+        ..replaced
+    };
+    store.put_token(used.clone()).await.expect("record a use");
+    let older = TokenRecord {
+        hash: "00aa".into(),
+        identity: Identity::new("bob", Role::User),
+        created_at: at_minute(1),
+        last_used_at: None,
+    };
+    store.put_token(older.clone()).await.expect("put another");
+    assert_eq!(
+        store.list_tokens().await.expect("list"),
+        vec![older.clone(), used.clone()]
+    );
+    store
+        .delete_tokens(&[hash.to_string(), "ffff".to_string()])
+        .await
+        .expect("revoke");
+    assert_eq!(store.find_token(hash).await.expect("find"), None);
+    assert_eq!(store.list_tokens().await.expect("list"), vec![older]);
 }
 
 /// Leases: the newest renewal is kept per node, apart from objects (no

@@ -12,7 +12,7 @@ use super::objects::parse_object;
 use super::schema::{corrupt_json, time_from_text};
 use super::steplogs::level_from_text;
 use crate::dump::Dump;
-use crate::{SealedRecord, StoreError, TokenRecord};
+use crate::{SealedRecord, StoreError};
 
 pub(super) fn export(conn: &mut Connection) -> Result<Dump, StoreError> {
     let tx = conn.transaction()?;
@@ -44,16 +44,12 @@ pub(super) fn export(conn: &mut Connection) -> Result<Dump, StoreError> {
     drop(rows);
     drop(statement);
 
-    let mut statement =
-        tx.prepare("SELECT hash, identity, created_at FROM tokens ORDER BY created_at, hash")?;
+    let mut statement = tx.prepare(
+        "SELECT hash, identity, created_at, last_used FROM tokens ORDER BY created_at, hash",
+    )?;
     let mut rows = statement.query([])?;
     while let Some(row) = rows.next()? {
-        dump.tokens.push(TokenRecord {
-            hash: row.get(0)?,
-            identity: serde_json::from_str(&row.get::<_, String>(1)?)
-                .map_err(corrupt_json("token identity"))?,
-            created_at: time_from_text(&row.get::<_, String>(2)?)?,
-        });
+        dump.tokens.push(super::token_from_row(row)?);
     }
     drop(rows);
     drop(statement);

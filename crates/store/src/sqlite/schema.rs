@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use crate::StoreError;
 
 /// The schema this code writes; kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -119,8 +119,13 @@ CREATE TABLE sealed (
 ) WITHOUT ROWID;
 ";
 
+/// Version 5: when each token last authenticated a request.
+const SCHEMA_V5: &str = "
+ALTER TABLE tokens ADD COLUMN last_used TEXT;
+";
+
 /// The migrations, in order: entry `n` brings version `n` to `n + 1`.
-const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+const MIGRATIONS: [&str; 5] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
 
 /// Applies the connection settings and brings the schema up to date.
 /// `durable` is false only for in-memory databases, which have no WAL.
