@@ -186,7 +186,8 @@ impl ContainerRunner {
             &ProcessOverrides {
                 command: container.command.clone(),
                 args: container.args.clone(),
-                env: container.env.clone(),
+                env: crate::pod_data::container_env(&self.pods_dir, uid, container)
+                    .map_err(config_error)?,
                 working_dir: container.working_dir.clone(),
             },
         )
@@ -228,7 +229,13 @@ impl ContainerRunner {
             config.cpu_limit_millicores = Some(cpu.millis);
             config.cpu_shares_millicores = Some(cpu.millis);
         }
-        let bundle = dir.join("bundle");
+        // A bundle holding values of Secrets or Configs (env) lives in the
+        // pod's data tmpfs, never on the node's disk.
+        let bundle = if container.env_refs().is_empty() {
+            dir.join("bundle")
+        } else {
+            crate::pod_data::files::bundle_dir(&self.pods_dir, uid, &runtime_id)
+        };
         write_bundle(&bundle, &config).map_err(|e| config_error(e.to_string()))?;
         let log = log_path(&self.pods_dir, uid, &container.name);
         if let Some(parent) = log.parent() {
@@ -275,6 +282,7 @@ impl ContainerRunner {
             stop_cause: None,
             start_error: None,
             readiness_error: None,
+            data_restart: None,
         })
     }
 
@@ -368,6 +376,15 @@ impl ContainerRunner {
         let dir = pod_dir(&self.pods_dir, uid)
             .join("containers")
             .join(&record.runtime_id);
+        let bundle = crate::pod_data::files::bundle_dir(&self.pods_dir, uid, &record.runtime_id);
+        if let Err(error) = std::fs::remove_dir_all(&bundle)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(ContainerError::Io {
+                path: bundle,
+                source: error,
+            });
+        }
         remove_container_dir(&dir)
     }
 

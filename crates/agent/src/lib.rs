@@ -32,6 +32,7 @@ pub mod node_identity;
 pub mod plan;
 pub mod plugin_volumes;
 pub mod plugins;
+pub mod pod_data;
 pub mod pods;
 mod port_forward;
 pub mod probes;

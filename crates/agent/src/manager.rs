@@ -1,13 +1,15 @@
 //! Routes pods to their executors: restores one from local state for every
 //! pod at start, then follows the pods bound to this node (a node-scoped
 //! informer, [`crate::bound`]) and sends each executor its pod, or tells it
-//! to remove the pod.
+//! to remove the pod. It follows Secrets and Configs too
+//! ([`crate::pod_data::follow`]) and tells only the pods that read one of
+//! its new revision.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_api::kinds::PodStatus;
+use corral_api::kinds::{DataRef, PodSpec, PodStatus};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::Scope;
 use tokio::sync::mpsc;
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::AgentContext;
 use crate::bound::Bound;
 use crate::executor::{Executor, Message as PodMessage};
+use crate::pod_data::follow::DataChange;
 use crate::pods::PodWorkload;
 use crate::state::PodRecord;
 
@@ -32,6 +35,16 @@ pub struct Manager {
     /// Each pod's worker and the uid of the pod it runs.
     workers: BTreeMap<ObjectKey, (String, mpsc::Sender<PodMessage>)>,
     fences: Option<mpsc::Receiver<FenceRequest>>,
+    /// The Secrets and Configs each pod reads (its admitted or desired
+    /// spec): a data change goes only to the pods that read it.
+    reads: BTreeMap<ObjectKey, BTreeSet<DataRef>>,
+}
+
+/// What `pod` reads of Secrets and Configs.
+fn reads_of(pod: &Object) -> BTreeSet<DataRef> {
+    pod.typed_spec::<PodSpec>()
+        .map(|spec| spec.data_refs())
+        .unwrap_or_default()
 }
 
 impl Manager {
@@ -40,6 +53,7 @@ impl Manager {
             ctx,
             workers: BTreeMap::new(),
             fences: None,
+            reads: BTreeMap::new(),
         }
     }
 
@@ -65,6 +79,7 @@ impl Manager {
             .map(|(key, _)| key.clone())
             .collect();
         for key in &stale {
+            self.reads.remove(key);
             if let Some((_, sender)) = self.workers.remove(key) {
                 let _ = sender.send(PodMessage::Remove).await;
                 // The worker ends once the pod is stopped and removed.
@@ -95,6 +110,7 @@ impl Manager {
         let key = record.pod.key();
         let record_uid = record.pod.metadata.uid.clone();
         let (sender, receiver) = mpsc::channel(16);
+        self.reads.insert(key.clone(), reads_of(&record.pod));
         let workload = PodWorkload::new(self.ctx.clone(), record);
         tokio::spawn(Executor::new(workload, self.ctx.steps.clone()).run(receiver));
         self.workers.insert(key, (record_uid, sender.clone()));
@@ -148,10 +164,32 @@ impl Manager {
                 self.spawn(record)
             }
         };
+        // A new revision may read more; the admitted one's reads stay
+        // until the worker reports them gone (kept: a superset is harmless).
+        self.reads.entry(key).or_default().extend(reads_of(&pod));
         let _ = sender.send(PodMessage::Desired(Box::new(pod))).await;
     }
 
+    /// Tells the pods that read a changed Secret or Config.
+    async fn data_changed(&mut self, change: DataChange) {
+        let readers: Vec<ObjectKey> = self
+            .reads
+            .iter()
+            .filter(|(key, reads)| {
+                key.namespace == change.namespace && reads.contains(&change.source)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in readers {
+            if let Some((_, sender)) = self.workers.get(&key) {
+                tracing::debug!(pod = %key, source = %change.source, revision = change.revision, "data changed");
+                let _ = sender.send(PodMessage::Data(change.clone())).await;
+            }
+        }
+    }
+
     async fn remove(&mut self, key: &ObjectKey) {
+        self.reads.remove(key);
         if let Some((_, sender)) = self.workers.remove(key) {
             let _ = sender.send(PodMessage::Remove).await;
         }
@@ -171,6 +209,8 @@ impl Manager {
             &self.ctx.node,
             shutdown.child_token(),
         );
+        let mut data_changes =
+            crate::pod_data::follow::follow(client.clone(), shutdown.child_token());
         // Keys the API named since the agent started; before the first list
         // is in, a restored worker may be for a pod deleted meanwhile.
         let mut seen: Option<BTreeSet<ObjectKey>> = Some(BTreeSet::new());
@@ -195,6 +235,10 @@ impl Manager {
                             tracing::debug!(error = %crate::chain(&error), "fencing: cannot list pods");
                         }
                     }
+                    continue;
+                }
+                Some(change) = data_changes.recv() => {
+                    self.data_changed(change).await;
                     continue;
                 }
                 () = shutdown.cancelled() => return,

@@ -151,7 +151,7 @@ pub fn container_health(record: &ContainerRecord) -> (ContainerReason, Option<St
                 ContainerReason::NotReady,
                 Some(format!("is not ready: its readiness probe fails: {error}")),
             ),
-            _ => (ContainerReason::Running, None),
+            _ => (ContainerReason::Running, record.data_restart.clone()),
         },
         (true, None) => match (&record.start_error, record.restart_after, exit) {
             (Some(error), _, _) => (
@@ -221,6 +221,7 @@ mod tests {
             stop_cause: None,
             start_error: None,
             readiness_error: None,
+            data_restart: None,
         }
     }
 

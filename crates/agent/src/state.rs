@@ -98,6 +98,10 @@ pub struct ContainerRecord {
     /// The readiness probe's error while it keeps the container unready.
     #[serde(default)]
     pub readiness_error: Option<String>,
+    /// Why the node restarted it in place though it was running: an env
+    /// value it takes from a Secret or Config changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_restart: Option<String>,
 }
 
 /// The directory of pod records.
@@ -251,6 +255,7 @@ mod tests {
                 stop_cause: None,
                 start_error: None,
                 readiness_error: None,
+                data_restart: None,
             },
         );
         state.save(&record).unwrap();

@@ -11,6 +11,8 @@
 //!   here like an emptyDir, then filled or mounted over by the volume
 //!   plugin's own steps (`crate::plugins`); a plugin may answer another
 //!   path, recorded in `DATA/pods/UID/plugin-volumes/NAME.path`.
+//! - `secret` and `config`: `DATA/pods/UID/data/NAME` in the pod's data
+//!   tmpfs, written by [`crate::pod_data`], always mounted read-only.
 //!
 //! Directories are created by root; [`VolumeOwner`] gives them to the pod:
 //! [`PodRange`] hands a volume to the pod's user-namespace range (shifting
@@ -40,7 +42,7 @@ pub enum VolumeError {
         #[source]
         source: nix::errno::Errno,
     },
-    #[error("volume {0} sets no source (emptyDir, local or plugin)")]
+    #[error("volume {0} sets no source (emptyDir, local, plugin, secret or config)")]
     NoSource(String),
 }
 
@@ -142,6 +144,13 @@ pub fn volume_path(pods_dir: &Path, uid: &str, volume: &Volume) -> Result<Volume
             memory: false,
         });
     }
+    if volume.data_ref().is_some() {
+        return Ok(VolumePath {
+            name: volume.name.clone(),
+            path: crate::pod_data::files::volume_dir(pods_dir, uid, &volume.name),
+            memory: false,
+        });
+    }
     if volume.plugin.is_some() {
         return Ok(VolumePath {
             name: volume.name.clone(),
@@ -164,6 +173,10 @@ pub fn prepare(
 ) -> Result<String, VolumeError> {
     let mut notes = Vec::new();
     for volume in &spec.volumes {
+        // Written with their data by `crate::pod_data`.
+        if volume.data_ref().is_some() {
+            continue;
+        }
         let place = volume_path(pods_dir, uid, volume)?;
         let io = |source| VolumeError::Io {
             volume: volume.name.clone(),
@@ -217,6 +230,7 @@ pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) -> bool {
             let _ = nix::mount::umount2(&place.path, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+    crate::pod_data::files::unmount(&crate::pod_data::files::data_dir(pods_dir, uid));
     let pod_dir = crate::containers::pod_dir(pods_dir, uid);
     for mounted in mounts_below(&pod_dir) {
         let _ = nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH);
@@ -244,7 +258,7 @@ pub fn container_mounts(
                     None => place.path,
                 },
                 destination: mount.path.clone(),
-                read_only: mount.read_only,
+                read_only: mount.read_only || volume.data_ref().is_some(),
             }))
         })
         .collect()
@@ -293,7 +307,8 @@ mod tests {
                 {"name": "scratch", "emptyDir": {}},
                 {"name": "fast", "emptyDir": {"medium": "Memory"}},
                 {"name": "data", "local": {"name": "web-data"}},
-                {"name": "nfs", "plugin": {"driver": "acme-nfs"}}
+                {"name": "nfs", "plugin": {"driver": "acme-nfs"}},
+                {"name": "db", "secret": {"name": "db"}}
             ],
             "containers": [{
                 "name": "web", "image": "local/busybox:1",
@@ -322,6 +337,23 @@ mod tests {
         assert_eq!(
             volume_path(pods, "u1", &spec.volumes[3]).unwrap().path,
             Path::new("/d/pods/u1/volumes/nfs")
+        );
+    }
+
+    #[test]
+    fn secret_volumes_live_in_the_pods_data_and_mount_read_only() {
+        let pods = Path::new("/d/pods");
+        let mut spec = spec();
+        assert_eq!(
+            volume_path(pods, "u1", &spec.volumes[4]).unwrap().path,
+            Path::new("/d/pods/u1/data/db")
+        );
+        spec.containers[0].mounts[0].volume = "db".into();
+        let mounts = container_mounts(pods, "u1", &spec, &spec.containers[0]).unwrap();
+        assert_eq!(mounts[0].source, Path::new("/d/pods/u1/data/db"));
+        assert!(
+            mounts[0].read_only,
+            "a secret is never written through a mount"
         );
     }
 

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ConfigSpec, ControllerSpec, LoadBalancerSpec, MAX_DATA_BYTES, NodeSpec, PinnedDeploymentSpec,
-    PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
+    ConfigSpec, ControllerSpec, EnvValue, LoadBalancerSpec, MAX_DATA_BYTES, NodeSpec,
+    PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -336,9 +336,19 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
             volume.empty_dir.is_some(),
             volume.local.is_some(),
             volume.plugin.is_some(),
+            volume.secret.is_some(),
+            volume.config.is_some(),
         ];
         if sources.iter().filter(|set| **set).count() != 1 {
-            checker.fail(path, "must set exactly one of emptyDir, local or plugin");
+            checker.fail(
+                &path,
+                "must set exactly one of emptyDir, local, plugin, secret or config",
+            );
+        }
+        for (source, data) in [("secret", &volume.secret), ("config", &volume.config)] {
+            if let Some(data) = data {
+                checker.dns_label(&format!("{path}.{source}.name"), &data.name);
+            }
         }
     }
     for (index, name) in spec.security.relax.iter().enumerate() {
@@ -355,6 +365,9 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
             );
         }
         checker.non_empty(&format!("{path}.image"), &container.image);
+        for (name, value) in &container.env {
+            check_env(checker, &format!("{path}.env.{name}"), name, value);
+        }
         for (port_index, port) in container.ports.iter().enumerate() {
             if *port == 0 {
                 checker.fail(
@@ -383,6 +396,31 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
                 checker.fail(format!("{mount_path}.path"), "must be an absolute path");
             }
         }
+    }
+}
+
+/// An env variable: a name a process can be given, and a value that is
+/// text or names exactly one Secret or Config and one of its keys.
+fn check_env(checker: &mut Checker, path: &str, name: &str, value: &EnvValue) {
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        checker.fail(
+            path,
+            "is not a valid variable name: not empty, no '=' or NUL",
+        );
+    }
+    let EnvValue::From(from) = value else {
+        return;
+    };
+    match (&from.secret, &from.config) {
+        (Some(source), None) => checker.dns_label(&format!("{path}.secret"), source),
+        (None, Some(source)) => checker.dns_label(&format!("{path}.config"), source),
+        _ => checker.fail(path, "must set exactly one of secret or config"),
+    }
+    if !is_data_key(&from.key) {
+        checker.fail(
+            format!("{path}.key"),
+            "is not a valid key: letters, digits, '-', '_' and '.' only, at most 253, not '.' or '..'",
+        );
     }
 }
 

@@ -52,7 +52,45 @@ fn pod_rules_name_their_paths() {
         "spec.containers[1].readiness: must set exactly one of exec, http or tcp",
         "spec.containers[0].mounts[0].volume: no volume named \"nope\"",
         "spec.containers[0].mounts[0].path: must be an absolute path",
-        "spec.volumes[0]: must set exactly one of emptyDir, local or plugin",
+        "spec.volumes[0]: must set exactly one of emptyDir, local, plugin, secret or config",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.starts_with(expected)),
+            "missing {expected:?} in {errors:#?}"
+        );
+    }
+}
+
+#[test]
+fn secret_and_config_references_are_checked_with_their_paths() {
+    let valid = pod(json!({
+        "containers": [{"name": "web", "image": "busybox",
+            "env": {"PLAIN": "x", "PASS": {"secret": "db", "key": "password"}, "MODE": {"config": "app", "key": "mode.txt"}},
+            "mounts": [{"volume": "db", "path": "/etc/db"}]}],
+        "volumes": [{"name": "db", "secret": {"name": "db"}}, {"name": "app", "config": {"name": "app"}}]
+    }));
+    assert_eq!(messages(&valid), Vec::<String>::new());
+    let object = pod(json!({
+        "containers": [{"name": "web", "image": "busybox",
+            "env": {"BOTH": {"secret": "db", "config": "app", "key": "k"},
+                    "NONE": {"key": "k"},
+                    "BADKEY": {"secret": "db", "key": "../etc"},
+                    "BADNAME": {"config": "App", "key": "k"},
+                    "A=B": "x"}}],
+        "volumes": [
+            {"name": "two", "secret": {"name": "db"}, "config": {"name": "app"}},
+            {"name": "bad", "secret": {"name": "Db"}}
+        ]
+    }));
+    let errors = messages(&object);
+    for expected in [
+        "spec.containers[0].env.BOTH: must set exactly one of secret or config",
+        "spec.containers[0].env.NONE: must set exactly one of secret or config",
+        "spec.containers[0].env.BADKEY.key: is not a valid key",
+        "spec.containers[0].env.BADNAME.config: \"App\" is not a valid name",
+        "spec.containers[0].env.A=B: is not a valid variable name",
+        "spec.volumes[0]: must set exactly one of emptyDir, local, plugin, secret or config",
+        "spec.volumes[1].secret.name: \"Db\" is not a valid name",
     ] {
         assert!(
             errors.iter().any(|e| e.starts_with(expected)),

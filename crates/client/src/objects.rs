@@ -140,10 +140,24 @@ impl Client {
         key: &ObjectKey,
         revision: Option<u64>,
     ) -> Result<corral_api::kinds::RevealedSecret, ClientError> {
+        self.reveal_for(key, revision, None).await
+    }
+
+    /// Nodes: the values of a Secret for `pod` (of the Secret's namespace),
+    /// which must be bound to the node and use the Secret.
+    pub async fn reveal_for(
+        &self,
+        key: &ObjectKey,
+        revision: Option<u64>,
+        pod: Option<&str>,
+    ) -> Result<corral_api::kinds::RevealedSecret, ClientError> {
         let path = format!("{}/reveal", object_path(key));
         let mut request = self.request(Method::GET, &path);
         if let Some(revision) = revision {
             request = request.query(&[("revision", revision)]);
+        }
+        if let Some(pod) = pod {
+            request = request.query(&[("pod", pod)]);
         }
         self.call(request).await
     }

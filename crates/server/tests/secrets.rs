@@ -220,7 +220,10 @@ async fn values_are_sealed_shown_to_nobody_and_revealed_to_those_who_may() {
         (&plain, "only with a token made with --read-secrets"),
         (&elsewhere, "may act only in namespaces team"),
         (&controller, "declares it reads Secret spec.data"),
-        (&node, "only the Secrets of pods bound to it"),
+        (
+            &node,
+            "only the Secrets of pods bound to it that use them: name the pod",
+        ),
     ] {
         let (status, value) =
             call(&c.server, "GET", &format!("{DB}/reveal"), Some(token), None).await;
@@ -242,6 +245,80 @@ async fn values_are_sealed_shown_to_nobody_and_revealed_to_those_who_may() {
         (now["revision"].as_u64(), revealed(&now, "password")),
         (Some(3), PASSWORD.to_string())
     );
+}
+
+#[tokio::test]
+async fn a_node_reads_a_secret_only_for_a_pod_bound_to_it_that_uses_it() {
+    let c = Cluster::new().await;
+    c.ok("PUT", DB, Some(secret(PASSWORD))).await;
+    let uses_db = |container: &str| {
+        json!({"containers": [{"name": container, "image": "busybox",
+            "env": {"PASS": {"secret": "db", "key": "password"}}}]})
+    };
+    common::put(
+        &c.server,
+        corral_api::Kind::Pod,
+        "app",
+        uses_db("app"),
+        json!({"node": "node-1"}),
+    )
+    .await;
+    common::put(
+        &c.server,
+        corral_api::Kind::Pod,
+        "plain",
+        json!({"containers": [{"name": "plain", "image": "busybox"}]}),
+        json!({"node": "node-1"}),
+    )
+    .await;
+    common::put(
+        &c.server,
+        corral_api::Kind::Pod,
+        "waiting",
+        uses_db("waiting"),
+        json!({}),
+    )
+    .await;
+    let node = issue(&c.server, Identity::new("node-1", Role::Node)).await;
+    let other = issue(&c.server, Identity::new("node-2", Role::Node)).await;
+
+    // The right node, for the pod that uses the Secret.
+    let (status, value) = call(
+        &c.server,
+        "GET",
+        &format!("{DB}/reveal?pod=app"),
+        Some(&node),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, revealed(&value, "password")),
+        (StatusCode::OK, PASSWORD.to_string())
+    );
+
+    for (token, pod, rule) in [
+        (&other, "app", "pod app is bound to node node-1"),
+        (&node, "plain", "pod plain does not use secret db"),
+        (&node, "waiting", "pod waiting is bound to no node"),
+        (&node, "ghost", "pod ghost not found in namespace default"),
+    ] {
+        let (status, value) = call(
+            &c.server,
+            "GET",
+            &format!("{DB}/reveal?pod={pod}"),
+            Some(token),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{pod}: {value}");
+        let message = value["message"].as_str().unwrap();
+        assert!(
+            message.contains("a node reads only the Secrets of pods bound to it that use them")
+                && message.contains(rule),
+            "{pod}: {value}"
+        );
+        assert_no_value("a refusal", &value.to_string());
+    }
 }
 
 #[tokio::test]

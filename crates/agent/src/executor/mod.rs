@@ -25,6 +25,7 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::pod_data::follow::DataChange;
 use crate::steps::{Attempt, NodeWork, StepApi, StepApiError, StepBatch};
 
 #[cfg(test)]
@@ -77,6 +78,8 @@ pub enum Message {
     Desired(Box<Object>),
     /// The object is gone from the API, or bound elsewhere: stop everything.
     Remove,
+    /// A Secret or Config the object reads has a new revision.
+    Data(DataChange),
 }
 
 /// The node-owned `fields` of a status value, each present (`null` when the
@@ -160,6 +163,10 @@ pub trait Workload: Send + 'static {
         Some(TICK)
     }
 
+    /// A Secret or Config the object reads has a new revision: bring
+    /// what uses it up to date.
+    async fn data_changed(&mut self, _change: &DataChange) {}
+
     /// Stops and forgets everything of the object on this node.
     async fn remove(&mut self) {}
 }
@@ -232,20 +239,32 @@ impl<W: Workload> Executor<W> {
                 }
                 () = sleep_for(tick) => continue,
             };
-            // Only the newest view matters; a removal wins.
-            let mut latest = message;
+            let Some(first) = message else {
+                return;
+            };
+            // Only the newest view matters; a removal wins; every data
+            // change is handled, after the view.
+            let mut pending = vec![first];
             while let Ok(next) = messages.try_recv() {
-                if !matches!(latest, Some(Message::Remove)) {
-                    latest = Some(next);
+                pending.push(next);
+            }
+            let mut latest = None;
+            let mut changes = Vec::new();
+            for message in pending {
+                match message {
+                    Message::Desired(object) => latest = Some(object),
+                    Message::Data(change) => changes.push(change),
+                    Message::Remove => {
+                        self.workload.remove().await;
+                        return;
+                    }
                 }
             }
-            match latest {
-                Some(Message::Desired(object)) => self.workload.set_desired(*object),
-                Some(Message::Remove) => {
-                    self.workload.remove().await;
-                    return;
-                }
-                None => return,
+            if let Some(object) = latest {
+                self.workload.set_desired(*object);
+            }
+            for change in &changes {
+                self.workload.data_changed(change).await;
             }
         }
     }

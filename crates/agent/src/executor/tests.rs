@@ -36,6 +36,8 @@ struct FakeWorkload {
     ready_after_supervision: bool,
     status: Option<Map<String, Value>>,
     removed: Arc<Mutex<bool>>,
+    /// Data changes handed to it, in order.
+    data: Arc<Mutex<Vec<DataChange>>>,
     /// `None`: looks again only on news.
     tick: Option<std::time::Duration>,
     /// Lines of running steps not taken yet.
@@ -55,6 +57,7 @@ impl FakeWorkload {
             ready_after_supervision: false,
             status: None,
             removed: Arc::default(),
+            data: Arc::default(),
             tick: Some(TICK),
             running_log: Arc::default(),
         }
@@ -134,6 +137,10 @@ impl Workload for FakeWorkload {
 
     async fn remove(&mut self) {
         *self.removed.lock().unwrap() = true;
+    }
+
+    async fn data_changed(&mut self, change: &DataChange) {
+        self.data.lock().unwrap().push(change.clone());
     }
 
     fn tick(&self) -> Option<std::time::Duration> {
@@ -554,4 +561,38 @@ async fn removal_and_shutdown_end_the_loop() {
         !*removed.lock().unwrap(),
         "shutdown leaves everything running"
     );
+}
+
+#[tokio::test]
+async fn data_changes_are_never_dropped_for_a_newer_view() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.tick = None;
+    let data = workload.data.clone();
+    let change = |name: &str, revision| DataChange {
+        namespace: "default".into(),
+        source: corral_api::kinds::DataRef::secret(name),
+        revision,
+    };
+    let (sender, receiver) = mpsc::channel(8);
+    // Queued before the loop looks: drained together with the views.
+    sender.send(Message::Data(change("db", 2))).await.unwrap();
+    sender
+        .send(Message::Desired(Box::new(api.object())))
+        .await
+        .unwrap();
+    sender.send(Message::Data(change("tls", 5))).await.unwrap();
+    sender
+        .send(Message::Desired(Box::new(api.object())))
+        .await
+        .unwrap();
+    let task = tokio::spawn(executor(&api, workload).run(receiver));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while data.lock().unwrap().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "changes lost");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(sender);
+    task.await.unwrap();
+    assert_eq!(*data.lock().unwrap(), [change("db", 2), change("tls", 5)]);
 }

@@ -9,8 +9,11 @@
 //! - [`revision`]: starting and stopping containers for a revision, and
 //!   recording it as admitted;
 //! - [`supervision`]: restarts after exits, and the probes;
-//! - [`removal`]: everything the pod holds on the node, freed.
+//! - [`removal`]: everything the pod holds on the node, freed;
+//! - [`data`]: the Secrets and Configs the pod reads, in its tmpfs, kept
+//!   up to date in place.
 
+mod data;
 mod namespaces;
 mod removal;
 mod revision;
@@ -37,6 +40,7 @@ use crate::executor::{StepOutcome, StepRun, Workload};
 use crate::idranges::IdRanges;
 use crate::plan::{container_health, plan_revision, pod_phase};
 use crate::plugins::Verb;
+use crate::pod_data::follow::DataChange;
 use crate::registries::{PROGRESS_INTERVAL, PullLog};
 use crate::sandbox::{self, PodSandbox};
 use crate::state::PodRecord;
@@ -61,6 +65,8 @@ pub struct PodWorkload {
     cleanups: Vec<tokio::task::JoinHandle<()>>,
     /// The progress lines of the running (or last) `node/pull-image`.
     pull_log: Option<Arc<PullLog>>,
+    /// A Secret or Config change whose fetch failed, and when to try again.
+    data_retry: Option<(DataChange, Instant)>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -78,6 +84,7 @@ impl PodWorkload {
             readiness_wait: None,
             cleanups: Vec::new(),
             pull_log: None,
+            data_retry: None,
         }
     }
 
@@ -155,16 +162,25 @@ impl PodWorkload {
         }
         let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
         let ranges = self.ctx.id_ranges.clone();
+        let data_step = self.data_step();
         Box::pin(async move {
+            let data = match data_step.fetch(&spec).await {
+                Ok(data) => data,
+                Err(error) => return StepOutcome::Failed(error).into(),
+            };
             let prepared = tokio::task::spawn_blocking(move || {
                 let host_base = pod_host_base(&ranges, &uid, &spec)?;
                 let owner = crate::volumes::PodRange { host_base };
-                crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
-                    .map_err(|e| crate::chain(&e))
+                let volumes = crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
+                    .map_err(|e| crate::chain(&e))?;
+                let data = data
+                    .map(|data| data::write_all(&pods_dir, &uid, &spec, &data, host_base))
+                    .transpose()?;
+                Ok::<_, String>((volumes, data))
             })
             .await;
             match prepared {
-                Ok(Ok(note)) => StepOutcome::Done(Some(note).filter(|n| !n.is_empty())),
+                Ok(Ok((volumes, data))) => data::outcome(volumes, data),
                 Ok(Err(error)) => StepOutcome::Failed(error),
                 Err(error) => StepOutcome::Failed(error.to_string()),
             }
@@ -408,12 +424,17 @@ impl Workload for PodWorkload {
         self.cleanups.retain(|cleanup| !cleanup.is_finished());
         let restarted = self.restart_exited().await;
         let probed = self.probe().await;
-        restarted || probed
+        let data = self.retry_data_change().await;
+        restarted || probed || data
     }
 
     fn status(&self) -> Option<Map<String, Value>> {
         let value = serde_json::to_value(self.pod_status()).unwrap_or_default();
         Some(crate::executor::owned_fields(&value, &STATUS_FIELDS))
+    }
+
+    async fn data_changed(&mut self, change: &DataChange) {
+        self.apply_data_change(change).await;
     }
 
     async fn remove(&mut self) {

@@ -54,6 +54,9 @@ impl PodWorkload {
         }
         let netns = self.record.netns.clone().ok_or("the pod has no sandbox")?;
         let to_start: Vec<&String> = plan.to_start().collect();
+        if !to_start.is_empty() {
+            self.ensure_data(spec).await?;
+        }
         for (index, name) in to_start.iter().enumerate() {
             let name = *name;
             let Some(container) = spec.containers.iter().find(|c| c.name == *name).cloned() else {

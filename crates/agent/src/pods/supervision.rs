@@ -86,6 +86,10 @@ impl PodWorkload {
                 let Some(netns) = self.record.netns.clone() else {
                     continue;
                 };
+                if let Err(error) = self.ensure_data(&spec).await {
+                    tracing::warn!(pod = %self.key(), container = %name, %error, "cannot restart: the pod's data is missing");
+                    continue;
+                }
                 let runner = self.ctx.runner.clone();
                 let ranges = self.ctx.id_ranges.clone();
                 let (uid, pod_name, pod_spec) = (

@@ -10,6 +10,7 @@ mod node;
 mod node_images;
 mod pinned;
 mod pod;
+mod pod_data;
 mod pod_health;
 mod policy;
 mod secret;
@@ -31,6 +32,7 @@ pub use pod::{
     PodStatus, Probe, Resources, RestartPolicy, RollbackPolicy, RuntimeClass, SecurityRequest,
     TcpProbe, Volume,
 };
+pub use pod_data::{DataRef, DataVolume, EnvFrom, EnvValue};
 pub use pod_health::exit_message;
 pub use policy::PolicySpec;
 pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSpec, is_data_key};

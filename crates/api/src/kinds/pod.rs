@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::pod_data::{DataVolume, EnvValue};
 use crate::quantity::{Cpu, Memory};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -101,6 +102,12 @@ pub struct Volume {
     pub local: Option<LocalVolume>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin: Option<PluginVolume>,
+    /// A Secret's keys as read-only files (kept in memory on the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<DataVolume>,
+    /// A Config's keys as read-only files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<DataVolume>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -136,8 +143,11 @@ pub struct Container {
     pub command: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// Values by name: text, or one key of a Secret or Config
+    /// (`{secret: db, key: password}`); a container whose value changes
+    /// restarts on its own.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, EnvValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

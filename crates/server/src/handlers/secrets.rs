@@ -1,4 +1,4 @@
-//! `GET …/secrets/{name}/reveal?revision=N` and
+//! `GET …/secrets/{name}/reveal?revision=N&pod=NAME` and
 //! `POST /v1/secrets/rotate-key`. Parsing only; the rules are in
 //! [`crate::secrets`].
 
@@ -22,9 +22,11 @@ pub async fn reveal(
     RawQuery(query): RawQuery,
 ) -> Result<Json<RevealedSecret>, ApiError> {
     let key = Target::from_params(&params)?.key()?;
-    let revision = Params::parse(query.as_deref()).number("revision")?;
+    let params = Params::parse(query.as_deref());
+    let revision = params.number("revision")?;
+    let pod = params.get("pod");
     Ok(Json(
-        secrets::reveal(&server, &caller, &key, revision).await?,
+        secrets::reveal(&server, &caller, &key, revision, pod).await?,
     ))
 }
 

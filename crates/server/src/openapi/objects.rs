@@ -118,8 +118,10 @@ impl ObjectDocs {
     }
 
     pub(crate) fn reveal(&self) -> Value {
-        json!({"summary": "Secrets only: the values (base64) of the current revision or of `revision`; operators, users with the read-secrets right in their namespaces, controllers that declare they read Secret spec.data (403 otherwise, naming the rule)",
-            "parameters": self.named_and(vec![query("revision", json!({"type": "integer"}), "default: the current revision")]),
+        json!({"summary": "Secrets only: the values (base64) of the current revision or of `revision`; operators, users with the read-secrets right in their namespaces, controllers that declare they read Secret spec.data, nodes for a pod bound to them that uses the Secret (403 otherwise, naming the rule)",
+            "parameters": self.named_and(vec![
+                query("revision", json!({"type": "integer"}), "default: the current revision"),
+                query("pod", json!({"type": "string"}), "nodes: the pod (same namespace) bound to the node that uses the Secret")]),
             "responses": ok(schema_ref("RevealedSecret"), "the values")})
     }
 

@@ -11,7 +11,8 @@
 //!
 //! Readers of values ([`reveal`]): operators; users with the read-secrets
 //! right in their namespaces; controllers whose registration reads the
-//! Secret's `spec.data`. Nodes will read the Secrets of pods bound to them.
+//! Secret's `spec.data`; nodes, for a pod bound to them that uses the
+//! Secret (the node names the pod: one read decides).
 
 pub mod keyring;
 
@@ -20,7 +21,7 @@ use std::sync::RwLock;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use corral_api::kinds::{RevealedSecret, SecretKey, SecretSpec};
+use corral_api::kinds::{DataRef, PodSpec, PodStatus, RevealedSecret, SecretKey, SecretSpec};
 use corral_api::{FieldError, Identity, Kind, Object, ObjectKey, Role};
 use corral_store::SealedRecord;
 use serde::Serialize;
@@ -249,8 +250,13 @@ pub async fn prune(server: &Server, key: &ObjectKey, live: bool) -> Result<(), A
 }
 
 /// Whether `caller` may read the values of the Secret at `key`, and if not
-/// the rule that refuses it.
-async fn authorize(server: &Server, caller: &Identity, key: &ObjectKey) -> Result<(), ApiError> {
+/// the rule that refuses it. A node names the pod it reads them for.
+async fn authorize(
+    server: &Server,
+    caller: &Identity,
+    key: &ObjectKey,
+    pod: Option<&str>,
+) -> Result<(), ApiError> {
     let refused = |rule: String| {
         Err(ApiError::Forbidden(format!(
             "{} may not read the values of {key}: {rule}",
@@ -280,25 +286,70 @@ async fn authorize(server: &Server, caller: &Identity, key: &ObjectKey) -> Resul
                 ))
             }
         }
-        Role::Node => refused("a node reads only the Secrets of pods bound to it".into()),
+        Role::Node => match node_pod_rule(server, caller, key, pod).await? {
+            None => Ok(()),
+            Some(rule) => refused(rule),
+        },
         Role::Joiner => refused("a join token only joins a node".into()),
     }
 }
 
+/// Why node `caller` may not read the Secret at `key` for pod `pod` (of
+/// the Secret's namespace), or `None` when it may: the pod is bound to the
+/// node and uses the Secret. One read of one pod, whatever the cluster's size.
+async fn node_pod_rule(
+    server: &Server,
+    caller: &Identity,
+    key: &ObjectKey,
+    pod: Option<&str>,
+) -> Result<Option<String>, ApiError> {
+    const RULE: &str = "a node reads only the Secrets of pods bound to it that use them";
+    let Some(pod) = pod else {
+        return Ok(Some(format!("{RULE}: name the pod (?pod=NAME)")));
+    };
+    let pod_key = ObjectKey::new(Kind::Pod, Some(&key.namespace), pod);
+    let Some(object) = server.store.get(&pod_key).await? else {
+        return Ok(Some(format!(
+            "{RULE}: pod {pod} not found in namespace {}",
+            key.namespace
+        )));
+    };
+    let bound = object
+        .typed_status::<PodStatus>()
+        .ok()
+        .and_then(|status| status.node);
+    if bound.as_deref() != Some(caller.name.as_str()) {
+        let there = bound.map_or_else(|| "no node".to_string(), |node| format!("node {node}"));
+        return Ok(Some(format!("{RULE}: pod {pod} is bound to {there}")));
+    }
+    let uses = object
+        .typed_spec::<PodSpec>()
+        .is_ok_and(|spec| spec.uses(&DataRef::secret(&key.name)));
+    if !uses {
+        return Ok(Some(format!(
+            "{RULE}: pod {pod} does not use secret {}",
+            key.name
+        )));
+    }
+    Ok(None)
+}
+
 /// The values of the Secret at `key` (of its revision `revision`, default
-/// the current one), for a caller who may read them.
+/// the current one), for a caller who may read them; a node reads them for
+/// `pod`.
 pub async fn reveal(
     server: &Server,
     caller: &Identity,
     key: &ObjectKey,
     revision: Option<u64>,
+    pod: Option<&str>,
 ) -> Result<RevealedSecret, ApiError> {
     if key.kind != Kind::Secret {
         return Err(ApiError::BadRequest(format!(
             "{key}: only Secrets are revealed (a Config's data is in its spec)"
         )));
     }
-    authorize(server, caller, key).await?;
+    authorize(server, caller, key, pod).await?;
     let object = server
         .store
         .get(key)
