@@ -105,3 +105,23 @@ impl Identity {
         self.role.author_class()
     }
 }
+
+/// A token as `GET /v1/tokens` lists it: never the token, nor its hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenInfo {
+    /// The first 12 hex digits of the token's SHA-256: enough to name it
+    /// in `corral token revoke`.
+    pub id: String,
+    pub identity: Identity,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// To within five minutes; absent if it was never used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What a revocation removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Revoked {
+    pub revoked: Vec<TokenInfo>,
+}

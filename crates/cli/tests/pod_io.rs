@@ -250,6 +250,32 @@ impl Forwarder {
         }
         stderr
     }
+
+    /// Stops it once its stderr has a line containing `needle` (or after
+    /// 10 s): the reason for a refused connection is printed after the
+    /// local connection closes, so killing it at once can lose it.
+    fn stop_once_it_says(mut self, needle: &str) -> String {
+        let pipe = self.child.stderr.take().unwrap();
+        let (seen_tx, seen_rx) = mpsc::channel();
+        let needle = needle.to_string();
+        let reader = std::thread::spawn(move || {
+            let mut seen = String::new();
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.contains(&needle) {
+                    break;
+                }
+            }
+            let _ = seen_tx.send(seen);
+        });
+        let seen = seen_rx.recv_timeout(Duration::from_secs(10));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The pipe is closed now: the reader ends.
+        let _ = reader.join();
+        seen.unwrap_or_default()
+    }
 }
 
 impl Drop for Forwarder {
@@ -298,7 +324,7 @@ spec:
     // Nothing on the port: the connection closes and the reason is printed.
     let nothing = Forwarder::start(cluster, 9999);
     assert_eq!(nothing.exchange("hello"), "");
-    let stderr = nothing.stop();
+    let stderr = nothing.stop_once_it_says("nothing accepts connections");
     assert!(
         stderr.contains("nothing accepts connections on port 9999 in pod/fwd"),
         "{stderr}"

@@ -37,6 +37,21 @@ impl Client {
             .await
     }
 
+    /// Every token (operators): id, identity, creation, last use.
+    pub async fn list_tokens(&self) -> Result<Vec<corral_api::identity::TokenInfo>, ClientError> {
+        self.call(self.request(Method::GET, "/v1/tokens")).await
+    }
+
+    /// Revokes the token with id `token` (8+ leading hex digits) or every
+    /// token named `token` (operators).
+    pub async fn revoke_token(
+        &self,
+        token: &str,
+    ) -> Result<corral_api::identity::Revoked, ClientError> {
+        let path = format!("/v1/tokens/{token}");
+        self.call(self.request(Method::DELETE, &path)).await
+    }
+
     /// Renews node `node`'s lease: its heartbeat, as only the node itself
     /// (or an operator) may send it. Returns when the server recorded it.
     pub async fn renew_lease(&self, node: &str) -> Result<Lease, ClientError> {

@@ -21,10 +21,26 @@ pub fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// Resolves token hashes to identities, remembering what it has seen.
+/// How long a resolved token is trusted before the store is asked again:
+/// a revocation on any server of the cluster takes effect within it.
+pub const REVALIDATE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How stale a token's recorded last use may get before it is written
+/// again (one small write per token per this period, at most).
+const LAST_USE_EVERY: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
+/// A token as last read from the store.
+#[derive(Debug, Clone)]
+struct Known {
+    record: TokenRecord,
+    checked: std::time::Instant,
+}
+
+/// Resolves token hashes to identities, remembering each for
+/// [`REVALIDATE_AFTER`].
 pub struct TokenCache {
     store: Arc<dyn Store>,
-    known: RwLock<HashMap<String, Identity>>,
+    known: RwLock<HashMap<String, Known>>,
 }
 
 impl std::fmt::Debug for TokenCache {
@@ -41,23 +57,58 @@ impl TokenCache {
         }
     }
 
-    /// The identity a token stands for, if any.
-    pub async fn resolve(&self, token: &str) -> Result<Option<Identity>, ApiError> {
+    /// The identity a token stands for, if any, used at `now`.
+    pub async fn resolve(
+        &self,
+        token: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<Identity>, ApiError> {
         let hash = hash_token(token);
         if let Some(identity) = self.cached(&hash) {
             return Ok(Some(identity));
         }
-        let Some(record) = self.store.find_token(&hash).await? else {
+        let Some(mut record) = self.store.find_token(&hash).await? else {
+            self.forget(&[hash]);
             return Ok(None);
         };
-        if let Ok(mut known) = self.known.write() {
-            known.insert(hash, record.identity.clone());
+        if record
+            .last_used_at
+            .is_none_or(|used| now - used >= LAST_USE_EVERY)
+        {
+            // Only an existing token is touched: a revocation racing this
+            // read is never undone. A failure costs only the timestamp.
+            match self.store.touch_token(&hash, now).await {
+                Ok(()) => record.last_used_at = Some(now),
+                Err(error) => tracing::warn!(%error, "cannot record a token's use"),
+            }
         }
-        Ok(Some(record.identity))
+        let identity = record.identity.clone();
+        if let Ok(mut known) = self.known.write() {
+            known.insert(
+                hash,
+                Known {
+                    record,
+                    checked: std::time::Instant::now(),
+                },
+            );
+        }
+        Ok(Some(identity))
+    }
+
+    /// Drops revoked tokens at once on this server (others notice within
+    /// [`REVALIDATE_AFTER`]).
+    pub fn forget(&self, hashes: &[String]) {
+        if let Ok(mut known) = self.known.write() {
+            for hash in hashes {
+                known.remove(hash);
+            }
+        }
     }
 
     fn cached(&self, hash: &str) -> Option<Identity> {
-        self.known.read().ok()?.get(hash).cloned()
+        let known = self.known.read().ok()?;
+        let entry = known.get(hash)?;
+        (entry.checked.elapsed() < REVALIDATE_AFTER).then(|| entry.record.identity.clone())
     }
 }
 
@@ -113,7 +164,11 @@ impl FromRequestParts<SharedServer> for Caller {
         let token = header.strip_prefix("Bearer ").ok_or_else(|| {
             ApiError::Unauthenticated("Authorization header must be `Bearer TOKEN`".into())
         })?;
-        match server.tokens.resolve(token.trim()).await? {
+        match server
+            .tokens
+            .resolve(token.trim(), server.clock.now())
+            .await?
+        {
             Some(identity)
                 if identity
                     .expires_at

@@ -30,6 +30,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("{0}")]
     Gone(String),
+    /// The request body is over the limit.
+    #[error("{0}")]
+    TooLarge(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -41,7 +44,7 @@ pub enum ApiError {
 pub struct ErrorBody {
     /// Machine-readable class: `Unauthenticated`, `Forbidden`, `NotFound`,
     /// `AlreadyExists`, `Conflict`, `Invalid`, `BadRequest`, `Gone`,
-    /// `Unavailable` or `Internal`.
+    /// `TooLarge`, `Unavailable` or `Internal`.
     pub code: String,
     pub message: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -73,6 +76,7 @@ impl ApiError {
             ApiError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "Invalid"),
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             ApiError::Gone(_) => (StatusCode::GONE, "Gone"),
+            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "TooLarge"),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "Unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "Internal"),
         }

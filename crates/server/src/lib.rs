@@ -116,11 +116,36 @@ impl Server {
 /// cluster-wide kinds (and lists across all namespaces) under `/v1/{plural}`.
 pub fn app(server: SharedServer) -> Router {
     routes::router(routes::table())
+        .layer(middleware::from_fn(name_the_body_limit))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(
             server.clone(),
             metrics::record_request,
         ))
         .with_state(server)
+}
+
+/// The largest request body a route that reads it whole accepts (image
+/// uploads stream and have no limit).
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Turns axum's plain-text refusal of an oversized body into the API's
+/// JSON error, naming the limit.
+async fn name_the_body_limit(
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let response = next.run(request).await;
+    let json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
+    if response.status() != axum::http::StatusCode::PAYLOAD_TOO_LARGE || json {
+        return response;
+    }
+    axum::response::IntoResponse::into_response(error::ApiError::TooLarge(format!(
+        "the request body is over the limit of {MAX_BODY_BYTES} bytes (4 MiB)"
+    )))
 }
 
 /// Serves the API over TLS on `listener` (plain HTTP is never spoken)

@@ -96,7 +96,7 @@ impl Route {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use crate::handlers::{history, image_import, lease, node_images, secrets, system};
+    use crate::handlers::{history, image_import, lease, node_images, secrets, system, tokens};
     use crate::ownership;
 
     let mut table = vec![
@@ -104,7 +104,10 @@ pub fn table() -> Vec<Route> {
         Route::new("/metrics").get(system::metrics, docs::metrics()),
         Route::new("/v1/openapi.json").get(system::openapi, docs::openapi()),
         Route::new("/v1/whoami").get(system::whoami, docs::whoami()),
-        Route::new("/v1/tokens").post(system::create_token, docs::create_token()),
+        Route::new("/v1/tokens")
+            .get(tokens::list, docs::list_tokens())
+            .post(system::create_token, docs::create_token()),
+        Route::new("/v1/tokens/{token}").delete(tokens::revoke, docs::revoke_token()),
         Route::new("/v1/join").post(system::join, docs::join()),
         Route::new("/v1/history").get(history::cluster_history, docs::cluster_history()),
         Route::new("/v1/secrets/rotate-key").post(secrets::rotate_key, docs::rotate_key()),

@@ -377,6 +377,10 @@ impl Store for EtcdStore {
         records::delete_tokens(self, hashes).await
     }
 
+    async fn touch_token(&self, hash: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        records::touch_token(self, hash, at).await
+    }
+
     async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         records::get_sealed(self, name).await
     }

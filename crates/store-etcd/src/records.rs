@@ -9,9 +9,10 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use corral_api::workflow::StepLogEntry;
 use corral_store::{LeaseRecord, SealedRecord, StepLogFilter, StoreError, TokenRecord};
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use crate::{EtcdStore, corrupt_json, unavailable};
 
@@ -79,6 +80,37 @@ pub(crate) async fn list_tokens(store: &EtcdStore) -> Result<Vec<TokenRecord>, S
         .collect::<Result<Vec<TokenRecord>, _>>()?;
     tokens.sort_by(|a, b| (a.created_at, &a.hash).cmp(&(b.created_at, &b.hash)));
     Ok(tokens)
+}
+
+/// Compare-and-swap on the record's `mod_revision`: a token revoked (or
+/// rewritten) since it was read is left alone.
+pub(crate) async fn touch_token(
+    store: &EtcdStore,
+    hash: &str,
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let key = store.keys.token(hash);
+    let mut response = store
+        .kv()
+        .get(key.clone(), None)
+        .await
+        .map_err(unavailable)?;
+    let Some(kv) = response.take_kvs().into_iter().next() else {
+        return Ok(());
+    };
+    let mut record: TokenRecord =
+        serde_json::from_slice(kv.value()).map_err(corrupt_json("token"))?;
+    record.last_used_at = Some(at);
+    let value = serde_json::to_vec(&record).map_err(corrupt_json("token"))?;
+    let txn = Txn::new()
+        .when([Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            kv.mod_revision(),
+        )])
+        .and_then([TxnOp::put(key, value, None)]);
+    store.kv().txn(txn).await.map_err(unavailable)?;
+    Ok(())
 }
 
 pub(crate) async fn delete_tokens(store: &EtcdStore, hashes: &[String]) -> Result<(), StoreError> {

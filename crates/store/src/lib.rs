@@ -383,6 +383,10 @@ pub trait Store: Send + Sync + 'static {
     /// unknown hashes are ignored.
     async fn delete_tokens(&self, hashes: &[String]) -> Result<(), StoreError>;
 
+    /// Records that the token with `hash` was used at `at`, if it still
+    /// exists: a revoked token is never written back.
+    async fn touch_token(&self, hash: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+
     /// Sealed values (a Secret's encrypted data) by name: bytes kept without
     /// history or watch events, never interpreted by the store.
     async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError>;

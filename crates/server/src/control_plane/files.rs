@@ -199,7 +199,7 @@ pub async fn identity_token(
     if let Ok(existing) = ClientConfig::load(path)
         && server
             .tokens
-            .resolve(&existing.token)
+            .resolve(&existing.token, server.clock.now())
             .await
             .map_err(failed(&identity))?
             .as_ref()

@@ -10,6 +10,7 @@ pub mod pods_io;
 pub mod secrets;
 pub mod steps;
 pub mod system;
+pub mod tokens;
 pub mod watch;
 
 use std::collections::HashMap;

@@ -126,6 +126,10 @@ pub async fn apply(
             other => {
                 let updated = other?;
                 prune_secret(&server, &key, true).await;
+                if newly_forgotten(&current, &updated) {
+                    // The machine is declared gone: its tokens go with it.
+                    super::tokens::revoke_node(&server, &key.name).await?;
+                }
                 return Ok(Json(updated));
             }
         }
@@ -209,6 +213,17 @@ pub async fn delete(
     let deleted = ownership::delete(&server, &caller, &key, expected, &change).await?;
     prune_secret(&server, &key, false).await;
     Ok(Json(deleted))
+}
+
+/// Whether an apply just forgot a Node (`spec.forgotten` turned on).
+fn newly_forgotten(before: &Object, after: &Object) -> bool {
+    let forgotten = |object: &Object| {
+        object.kind == corral_api::Kind::Node
+            && object
+                .typed_spec::<corral_api::kinds::NodeSpec>()
+                .is_ok_and(|spec| spec.forgotten)
+    };
+    forgotten(after) && !forgotten(before)
 }
 
 /// Drops a Secret's sealed values no revision names any more. The write

@@ -1,10 +1,12 @@
 //! Health, metrics, the OpenAPI document, `whoami`, token creation and
-//! nodes joining with a join token.
+//! nodes joining with a join token (token listing and revocation are in
+//! [`super::tokens`]).
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
+use bytes::Bytes;
 use corral_api::kinds::{NodePhase, NodeStatus};
 use corral_api::{Identity, Kind, Object, ObjectKey, Role};
 use corral_store::StoreError;
@@ -37,6 +39,12 @@ pub async fn openapi() -> Json<serde_json::Value> {
 
 pub async fn whoami(Caller(caller): Caller) -> Json<Identity> {
     Json(caller)
+}
+
+/// A JSON request body, once the caller is known to be allowed.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|error| ApiError::BadRequest(format!("request body: {error}")))
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,14 +83,16 @@ pub struct TokenResponse {
 pub async fn create_token(
     State(server): State<SharedServer>,
     Caller(caller): Caller,
-    Json(request): Json<TokenRequest>,
+    body: Bytes,
 ) -> Result<Json<TokenResponse>, ApiError> {
+    // Who may ask is decided before what they asked is read.
     if caller.role != Role::Operator {
         return Err(ApiError::Forbidden(format!(
             "{} is a {:?}; only operators create tokens",
             caller.name, caller.role
         )));
     }
+    let request: TokenRequest = parse_body(&body)?;
     validate_name("name", &request.name)?;
     match (request.role, request.namespaces.is_empty()) {
         (Role::User, true) => {
@@ -146,7 +156,7 @@ pub struct JoinRequest {
 pub async fn join(
     State(server): State<SharedServer>,
     Caller(caller): Caller,
-    Json(request): Json<JoinRequest>,
+    body: Bytes,
 ) -> Result<Json<TokenResponse>, ApiError> {
     if caller.role != Role::Joiner {
         return Err(ApiError::Forbidden(format!(
@@ -154,6 +164,7 @@ pub async fn join(
             caller.name, caller.role
         )));
     }
+    let request: JoinRequest = parse_body(&body)?;
     validate_name("node", &request.node)?;
     let taken = |phase: String| {
         ApiError::Conflict(format!(
@@ -186,6 +197,9 @@ pub async fn join(
             }
         }
     }
+    // A machine taking over a lost node's name: the old machine's tokens
+    // stop working now.
+    super::tokens::revoke_node(&server, &request.node).await?;
     let token = TokenIssuer::issue(&*server.store, &*server.clock, identity.clone()).await?;
     tracing::info!(node = %identity.name, joiner = %caller.name, "a node joined with a join token");
     Ok(Json(TokenResponse { token, identity }))

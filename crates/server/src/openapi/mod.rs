@@ -65,6 +65,8 @@ pub fn document() -> Value {
     generator.subschema_for::<corral_api::kinds::ImagePruneReport>();
     generator.subschema_for::<corral_api::kinds::RevealedSecret>();
     generator.subschema_for::<crate::secrets::RotationReport>();
+    generator.subschema_for::<corral_api::identity::TokenInfo>();
+    generator.subschema_for::<corral_api::identity::Revoked>();
     generator.subschema_for::<corral_api::kinds::NodeImagesReport>();
     for kind in Kind::ALL {
         corral_api::kinds::spec_schema(kind, &mut generator);

@@ -35,13 +35,25 @@ fn token_response() -> Value {
     json!({"type": "object", "properties": {"token": {"type": "string"}, "identity": schema_ref("Identity")}})
 }
 
+pub(crate) fn list_tokens() -> Value {
+    json!({"summary": "operators only: every token's id (the first 12 hex digits of its SHA-256), identity, creation and last use — never a token",
+        "responses": ok(json!({"type": "array", "items": schema_ref("TokenInfo")}), "the tokens, oldest first")})
+}
+
+pub(crate) fn revoke_token() -> Value {
+    json!({"summary": "operators only: revoke the token with this id (8 or more leading hex digits) or every token of this name; effective on every server within 5 s. Built-in controllers' tokens are refused",
+        "parameters": [{"name": "token", "in": "path", "required": true, "schema": {"type": "string"}}],
+        "responses": ok(schema_ref("Revoked"), "the tokens revoked")})
+}
+
 pub(crate) fn create_token() -> Value {
     json!({"summary": "mint a token (operators only)",
         "requestBody": json_body(json!({"type": "object", "required": ["name", "role"],
             "properties": {"name": {"type": "string"},
                 "role": {"type": "string", "enum": ["operator", "user", "controller", "node", "joiner"]},
                 "namespaces": {"type": "array", "items": {"type": "string"}, "description": "users: the namespaces they may act in (* for every one)"},
-                "ttlSeconds": {"type": "integer", "description": "the token stops working after this many seconds (join tokens: a day by default)"}}})),
+                "ttlSeconds": {"type": "integer", "description": "the token stops working after this many seconds (join tokens: a day by default)"},
+                "readSecrets": {"type": "boolean", "description": "users: may also read Secrets' values in their namespaces"}}})),
         "responses": ok(token_response(), "the token, shown once")})
 }
 

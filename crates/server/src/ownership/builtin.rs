@@ -31,14 +31,25 @@ pub async fn register_builtins(
     for builtin in builtin_controllers() {
         let identity = Identity::new(builtin.name.clone(), Role::Controller);
         let token = match known.get(&builtin.name) {
-            Some(token) if server.tokens.resolve(token).await?.as_ref() == Some(&identity) => {
+            Some(token)
+                if server
+                    .tokens
+                    .resolve(token, server.clock.now())
+                    .await?
+                    .as_ref()
+                    == Some(&identity) =>
+            {
                 token.clone()
             }
             _ => TokenIssuer::issue(&*server.store, &*server.clock, identity).await?,
         };
-        let caller = server.tokens.resolve(&token).await?.ok_or_else(|| {
-            ApiError::Internal(format!("the token of {} does not resolve", builtin.name))
-        })?;
+        let caller = server
+            .tokens
+            .resolve(&token, server.clock.now())
+            .await?
+            .ok_or_else(|| {
+                ApiError::Internal(format!("the token of {} does not resolve", builtin.name))
+            })?;
         let spec = keep_handed_over(server, &builtin.name, builtin.spec).await?;
         register(server, caller, &builtin.name, spec).await?;
         tokens.insert(builtin.name, token);

@@ -161,6 +161,14 @@ impl Store for Tracked {
         self.inner.delete_tokens(hashes).await
     }
 
+    async fn touch_token(
+        &self,
+        hash: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), StoreError> {
+        self.inner.touch_token(hash, at).await
+    }
+
     async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_sealed(name).await
     }

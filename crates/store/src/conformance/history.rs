@@ -445,9 +445,25 @@ pub async fn check_tokens(store: &dyn Store) {
         vec![older.clone(), used.clone()]
     );
     store
+        .touch_token("00aa", at_minute(12))
+        .await
+        .expect("touch");
+    let older = TokenRecord {
+        last_used_at: Some(at_minute(12)),
+        ..older
+    };
+    assert_eq!(
+        store.find_token("00aa").await.expect("find"),
+        Some(older.clone())
+    );
+    store
         .delete_tokens(&[hash.to_string(), "ffff".to_string()])
         .await
         .expect("revoke");
+    store
+        .touch_token(hash, at_minute(13))
+        .await
+        .expect("touch a revoked token");
     assert_eq!(store.find_token(hash).await.expect("find"), None);
     assert_eq!(store.list_tokens().await.expect("list"), vec![older]);
 }

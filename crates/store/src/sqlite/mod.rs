@@ -469,6 +469,18 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn touch_token(&self, hash: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let hash = hash.to_string();
+        self.maintain(move |conn| {
+            conn.execute(
+                "UPDATE tokens SET last_used = ?2 WHERE hash = ?1",
+                params![hash, schema::time_to_text(at)],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn delete_tokens(&self, hashes: &[String]) -> Result<(), StoreError> {
         let hashes = hashes.to_vec();
         self.maintain(move |conn| {
