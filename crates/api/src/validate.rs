@@ -322,6 +322,9 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
             "must hold at least one container",
         );
     }
+    if let Some(secret) = &spec.image_pull_secret {
+        checker.dns_label(&format!("{prefix}.imagePullSecret"), secret);
+    }
     let mut volume_names = BTreeSet::new();
     for (index, volume) in spec.volumes.iter().enumerate() {
         let path = format!("{prefix}.volumes[{index}]");

@@ -58,3 +58,69 @@ fn pod_image_from_a_tls_registry_with_credentials_runs() {
         .collect();
     assert!(done.len() >= 2, "config and layer lines in:\n{logs}");
 }
+
+#[test]
+fn a_pods_pull_secret_brings_credentials_the_node_lacks() {
+    corral_testkit::require_root();
+    corral_testkit::require_tool("runc");
+    let outside = tempfile::Builder::new()
+        .prefix("corral-e2e-pullsecret-")
+        .tempdir()
+        .expect("tempdir");
+    let ca = TestCa::for_loopback();
+    let registry = RegistryServer::start_secure(
+        &outside.path().join("registry"),
+        &ca,
+        "team-puller",
+        "battery staple",
+    );
+    let tar = busybox_image_tar(outside.path(), ImageFormat::OciLayout);
+    registry.push("team/busybox", "1", &tar);
+    let certs_dir = outside.path().join("certs.d");
+    registry.install_ca(&certs_dir);
+    // The node trusts the registry's CA but has no credentials for it.
+    let cluster =
+        Cluster::start_with(&["up", "--registry-certs-dir", &certs_dir.to_string_lossy()]);
+    let image = format!("{}/team/busybox:1", registry.addr());
+    let pod = |name: &str, secret: Option<&str>| {
+        let secret = secret
+            .map(|s| format!("  imagePullSecret: {s}\n"))
+            .unwrap_or_default();
+        format!(
+            "kind: Pod\nmetadata: {{name: {name}}}\nspec:\n{secret}  containers:\n    - name: main\n      image: {image}\n      command: [sleep, \"3600\"]\n"
+        )
+    };
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("anon.yaml", &pod("anon", None)),
+    ]);
+    let why = wait_for(
+        "the anonymous pull to be refused",
+        Duration::from_secs(60),
+        || {
+            let why = cluster.ok(&["why", "pod/anon"]);
+            why.contains("401").then_some(why)
+        },
+    );
+    assert!(why.contains(&registry.addr().to_string()), "{why}");
+
+    let config = serde_json::to_string(&registry.docker_config_json()).expect("json string");
+    let secret = format!(
+        "kind: Secret\nmetadata: {{name: pull}}\nspec:\n  type: registry-auth\n  stringData:\n    config.json: {config}\n"
+    );
+    cluster.ok(&["apply", "-f", &cluster.manifest("pull.yaml", &secret)]);
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("team.yaml", &pod("team", Some("pull"))),
+    ]);
+    wait_for(
+        "the pod with the pull secret to run",
+        Duration::from_secs(90),
+        || (cluster.get_json("pod/team")["status"]["phase"] == "Running").then_some(()),
+    );
+    // The credentials show nowhere in the pod's step log.
+    let logs = cluster.ok(&["logs", "pod/team", "--steps"]);
+    assert!(!logs.contains("battery staple"), "{logs}");
+}

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use corral_api::kinds::PodSpec;
+use corral_runtime::image::AuthFile;
 
 use super::{PodWorkload, pod_host_base, pod_sandbox, typed_spec};
 use crate::executor::StepOutcome;
@@ -284,4 +286,48 @@ pub(super) fn outcome(volumes: String, data: Option<String>) -> StepOutcome {
         .filter(|note| !note.is_empty())
         .collect();
     StepOutcome::Done(Some(notes.join("; ")).filter(|n| !n.is_empty()))
+}
+
+/// The keys of a pull secret that may hold a Docker `config.json`.
+const PULL_SECRET_KEYS: [&str; 2] = ["config.json", ".dockerconfigjson"];
+
+impl DataStep {
+    /// The registry credentials of the pod's `imagePullSecret`, read for
+    /// this pod (a node may read only the Secrets of its pods); the error
+    /// names the Secret and what is wrong with it, never a value.
+    pub(super) async fn pull_credentials(&self, secret: &str) -> Result<AuthFile, String> {
+        let Some(client) = &self.client else {
+            return Err(format!(
+                "the pod's imagePullSecret {secret} needs the API, and this node has none"
+            ));
+        };
+        let key =
+            corral_api::ObjectKey::new(corral_api::Kind::Secret, Some(&self.namespace), secret);
+        let revealed = client
+            .reveal_for(&key, None, Some(&self.pod))
+            .await
+            .map_err(|error| match error.status() {
+                Some(404) => format!(
+                    "imagePullSecret: secret {secret} not found in namespace {}",
+                    self.namespace
+                ),
+                _ => format!(
+                    "imagePullSecret: cannot read secret {secret}: {}",
+                    crate::chain(&error)
+                ),
+            })?;
+        let encoded = PULL_SECRET_KEYS
+            .iter()
+            .find_map(|name| revealed.data.get(*name))
+            .ok_or_else(|| {
+                format!(
+                    "imagePullSecret: secret {secret} has no key config.json (or .dockerconfigjson) holding a Docker config.json"
+                )
+            })?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|_| format!("imagePullSecret: secret {secret}'s config.json is not base64"))?;
+        let origin = std::path::PathBuf::from(format!("secret/{secret}"));
+        AuthFile::parse(&bytes, &origin).map_err(|error| error.to_string())
+    }
 }

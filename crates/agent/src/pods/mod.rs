@@ -120,12 +120,25 @@ impl PodWorkload {
         // Recorded first, so image GC never takes what is being pulled.
         self.record.pulling.clone_from(&images);
         self.save();
+        let pull_secret = spec.image_pull_secret.clone();
+        let data = self.data_step();
         Box::pin(async move {
+            // The pod's own credentials, if it names a pull secret.
+            let auth = match &pull_secret {
+                Some(secret) => match data.pull_credentials(secret).await {
+                    Ok(auth) => Some(auth),
+                    Err(error) => return StepOutcome::Failed(error).into(),
+                },
+                None => None,
+            };
             let pulled = tokio::task::spawn_blocking(move || {
                 let result = images.iter().try_for_each(|image| {
                     let progress = |p: BlobProgress<'_>| log.observe(image, p, Instant::now());
+                    let credentials = auth
+                        .as_ref()
+                        .and_then(|auth| pull_host(image).and_then(|host| auth.lookup(&host)));
                     let options = PullOptions {
-                        credentials: None,
+                        credentials,
                         progress: Some(&progress),
                     };
                     runner.ensure_image_with(image, options).map(|_| ())
@@ -493,4 +506,11 @@ fn short(uid: &str) -> String {
         .filter(|c| c.is_ascii_alphanumeric())
         .take(12)
         .collect()
+}
+
+/// The registry host an image is pulled from (`docker.io` for a Docker Hub
+/// short name), to find its credentials; `None` for a local-only name.
+fn pull_host(image: &str) -> Option<String> {
+    let reference: corral_runtime::image::Reference = image.parse().ok()?;
+    reference.pull_name()?.registry
 }

@@ -33,6 +33,11 @@ pub struct PodSpec {
     pub termination_grace_seconds: Option<u32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// A Secret whose key `config.json` (or `.dockerconfigjson`) holds
+    /// registry credentials in Docker's `config.json` format, used for this
+    /// pod's pulls instead of the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secret: Option<String>,
     pub containers: Vec<Container>,
 }
 

@@ -130,11 +130,16 @@ impl PodSpec {
         volumes.chain(env).collect()
     }
 
-    /// Whether the pod reads the Secret or Config `source`.
+    /// Whether the pod reads the Secret or Config `source` (its pull
+    /// secret included).
     pub fn uses(&self, source: &DataRef) -> bool {
-        self.volumes
-            .iter()
-            .any(|volume| volume.data_ref().as_ref() == Some(source))
+        self.image_pull_secret
+            .as_ref()
+            .is_some_and(|name| *source == DataRef::secret(name))
+            || self
+                .volumes
+                .iter()
+                .any(|volume| volume.data_ref().as_ref() == Some(source))
             || self
                 .containers
                 .iter()
