@@ -24,7 +24,10 @@ pub mod workflow;
 pub use history::{HistoryQuery, RevisionRecord};
 pub use identity::{AuthorClass, Identity, Role};
 pub use manifest::{ManifestError, parse_manifests};
-pub use meta::{Kind, MANAGED_BY, ObjectKey, ObjectMeta, UnknownKind, manager_of};
+pub use meta::{
+    Cascade, Kind, MANAGED_BY, ObjectKey, ObjectMeta, OwnerReference, UnknownCascade, UnknownKind,
+    manager_of,
+};
 pub use object::Object;
 pub use selector::{LabelSelector, SelectorError};
 pub use validate::{FieldError, canonical_spec, validate_object};

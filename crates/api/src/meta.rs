@@ -212,10 +212,106 @@ pub struct ObjectMeta {
     pub resource_version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<DateTime<Utc>>,
+    /// The object that created this one, in the same namespace: deleting
+    /// it deletes this one too (unless the deletion orphans its
+    /// dependents). Written by the controller managing the object; the
+    /// server clears it when it orphans the object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<OwnerReference>,
+}
+
+/// Names an object's owner: kind, name and uid. The owner lives in the
+/// namespace of its dependent (or, for cluster-wide kinds, in none); the
+/// uid tells it apart from a later object of the same name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OwnerReference {
+    pub kind: Kind,
+    pub name: String,
+    pub uid: String,
+}
+
+impl OwnerReference {
+    /// A reference to `owner` (its stored uid).
+    pub fn to(owner: &crate::Object) -> Self {
+        OwnerReference {
+            kind: owner.kind,
+            name: owner.metadata.name.clone(),
+            uid: owner.metadata.uid.clone(),
+        }
+    }
+
+    /// The owner's key, seen from a dependent in `namespace`.
+    pub fn key(&self, namespace: Option<&str>) -> ObjectKey {
+        ObjectKey::new(self.kind, namespace, &self.name)
+    }
+
+    /// Whether this reference names `object` (same kind, name and uid).
+    pub fn names(&self, object: &crate::Object) -> bool {
+        self.kind == object.kind
+            && self.name == object.metadata.name
+            && self.uid == object.metadata.uid
+    }
+}
+
+impl fmt::Display for OwnerReference {
+    /// `pd/web`, as the CLI names objects.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind.short(), self.name)
+    }
 }
 
 fn is_zero(value: &u64) -> bool {
     *value == 0
+}
+
+/// What deleting an owner does to its dependents (the `cascade` query
+/// parameter of a delete, `corral delete --cascade`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Cascade {
+    /// Delete them, and their dependents in turn (the default).
+    #[default]
+    Delete,
+    /// Keep them, and clear their `metadata.owner`.
+    Orphan,
+}
+
+/// A cascade policy that is not `delete` or `orphan`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cascade: {given:?} is not a cascade policy; expected delete or orphan")]
+pub struct UnknownCascade {
+    pub given: String,
+}
+
+impl Cascade {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cascade::Delete => "delete",
+            Cascade::Orphan => "orphan",
+        }
+    }
+}
+
+impl fmt::Display for Cascade {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Cascade {
+    type Err = UnknownCascade;
+
+    /// `delete` or `orphan`, in any case.
+    fn from_str(given: &str) -> Result<Self, Self::Err> {
+        match given.to_ascii_lowercase().as_str() {
+            "delete" => Ok(Cascade::Delete),
+            "orphan" => Ok(Cascade::Orphan),
+            _ => Err(UnknownCascade {
+                given: given.to_string(),
+            }),
+        }
+    }
 }
 
 /// The annotation naming the controller that manages an object it created
@@ -227,4 +323,71 @@ pub const MANAGED_BY: &str = "corral.dev/managed-by";
 /// The controller named by `metadata.annotations["corral.dev/managed-by"]`.
 pub fn manager_of(metadata: &ObjectMeta) -> Option<&str> {
     metadata.annotations.get(MANAGED_BY).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Object;
+    use serde_json::json;
+
+    #[test]
+    fn metadata_stored_before_owners_still_decodes() {
+        let stored = json!({"name": "web-0", "namespace": "default", "uid": "u-9", "labels": {}});
+        let meta: ObjectMeta = serde_json::from_value(stored).expect("old metadata decodes");
+        assert_eq!(meta.owner, None);
+        let written = serde_json::to_value(&meta).expect("metadata encodes");
+        assert!(
+            written.get("owner").is_none(),
+            "no owner, no field: {written}"
+        );
+    }
+
+    #[test]
+    fn owner_references_round_trip_and_refuse_unknown_fields() {
+        let meta: ObjectMeta = serde_json::from_value(json!({
+            "name": "web-0",
+            "owner": {"kind": "PinnedDeployment", "name": "web", "uid": "u-1"}
+        }))
+        .expect("an owner decodes");
+        let owner = meta.owner.clone().expect("owner kept");
+        assert_eq!(owner.to_string(), "pd/web");
+        assert_eq!(
+            owner.key(Some("team-a")),
+            ObjectKey::new(Kind::PinnedDeployment, Some("team-a"), "web")
+        );
+        let again: ObjectMeta =
+            serde_json::from_value(serde_json::to_value(&meta).expect("encodes")).expect("decodes");
+        assert_eq!(again, meta);
+        let unknown = serde_json::from_value::<ObjectMeta>(json!({
+            "name": "web-0",
+            "owner": {"kind": "PinnedDeployment", "name": "web", "uid": "u-1", "controller": true}
+        }));
+        assert!(unknown.is_err(), "an unknown owner field is refused");
+    }
+
+    #[test]
+    fn cascade_policies_parse_in_any_case() {
+        assert_eq!("orphan".parse(), Ok(Cascade::Orphan));
+        assert_eq!("Delete".parse(), Ok(Cascade::Delete));
+        let error = "foreground".parse::<Cascade>().expect_err("not a policy");
+        assert_eq!(
+            error.to_string(),
+            "cascade: \"foreground\" is not a cascade policy; expected delete or orphan"
+        );
+        assert_eq!(Cascade::default().to_string(), "delete");
+    }
+
+    #[test]
+    fn a_reference_names_one_object_by_uid() {
+        let mut deployment = Object::new(Kind::PinnedDeployment, None, "web", json!({}));
+        deployment.metadata.uid = "u-1".into();
+        let owner = OwnerReference::to(&deployment);
+        assert!(owner.names(&deployment));
+        deployment.metadata.uid = "u-2".into();
+        assert!(
+            !owner.names(&deployment),
+            "a later object of that name is not the owner"
+        );
+    }
 }

@@ -113,6 +113,25 @@ fn is_label_key(key: &str) -> bool {
 }
 
 /// Validates an object of any kind; all broken rules are reported together.
+/// An owner reference names an object by name and uid, and a cluster-wide
+/// object cannot belong to a namespaced one (it would have no namespace to
+/// find it in).
+fn check_owner(checker: &mut Checker, kind: Kind, owner: &crate::OwnerReference) {
+    checker.dns_label("metadata.owner.name", &owner.name);
+    if owner.uid.is_empty() {
+        checker.fail("metadata.owner.uid", "must name the owner's uid");
+    }
+    if !kind.is_namespaced() && owner.kind.is_namespaced() {
+        checker.fail(
+            "metadata.owner.kind",
+            format!(
+                "{kind} objects are cluster-wide and cannot belong to a namespaced {}",
+                owner.kind
+            ),
+        );
+    }
+}
+
 pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
     let mut checker = Checker::default();
     checker.dns_label("metadata.name", &object.metadata.name);
@@ -129,6 +148,9 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
     }
     checker.labels("metadata.labels", &object.metadata.labels);
     checker.labels("metadata.annotations", &object.metadata.annotations);
+    if let Some(owner) = &object.metadata.owner {
+        check_owner(&mut checker, object.kind, owner);
+    }
     match object.kind {
         Kind::Pod => {
             if let Some(spec) = decode_spec::<PodSpec>(&mut checker, &object.spec) {

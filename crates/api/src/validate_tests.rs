@@ -235,3 +235,42 @@ fn controller_paths_and_steps_are_checked() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn owner_references_name_a_uid_and_fit_the_dependent() {
+    let mut object = pod(json!({"containers": [{"name": "c", "image": "i"}]}));
+    object.metadata.owner = Some(crate::OwnerReference {
+        kind: Kind::PinnedDeployment,
+        name: "web".into(),
+        uid: "u-1".into(),
+    });
+    assert_eq!(messages(&object), Vec::<String>::new());
+    if let Some(owner) = object.metadata.owner.as_mut() {
+        owner.uid.clear();
+        owner.name = "Web_1".into();
+    }
+    let found = messages(&object);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found.iter().any(|m| m.starts_with("metadata.owner.uid")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|m| m.starts_with("metadata.owner.name")),
+        "{found:?}"
+    );
+
+    let mut node = Object::new(Kind::Node, None, "node-1", json!({}));
+    node.metadata.owner = Some(crate::OwnerReference {
+        kind: Kind::PinnedDeployment,
+        name: "web".into(),
+        uid: "u-1".into(),
+    });
+    let found = messages(&node);
+    assert!(
+        found
+            .iter()
+            .any(|m| m.contains("metadata.owner.kind") && m.contains("cluster-wide")),
+        "{found:?}"
+    );
+}

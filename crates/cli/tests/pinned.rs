@@ -2,14 +2,17 @@
 //! at 25% run 1 pod on next and 3 on previous; 50% converts one pod in
 //! place (same name, same uid, a new revision authored by the
 //! pinned-deployment controller); promote makes next the previous. Also:
-//! an unschedulable pod's `why` names each node's reason. Needs root,
-//! runc and busybox-static; fails (never skips) without them.
+//! an unschedulable pod's `why` names each node's reason; deleting a
+//! PinnedDeployment deletes its pods and stops their containers, while
+//! `--cascade=orphan` keeps them and a returning deployment adopts them.
+//! Needs root, runc and busybox-static; fails (never skips) without them.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::process::Command;
 use std::time::Duration;
 
 use common::{Cluster, wait_for};
@@ -224,4 +227,168 @@ spec:
     for pod in ["pod/flaky-0", "pod/flaky-1"] {
         let _ = cluster.corral(&["delete", pod]);
     }
+}
+
+const SMALL: &str = "kind: PinnedDeployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {app: web}
+  templates:
+    previous:
+      metadata: {labels: {app: web}}
+      spec:
+        terminationGraceSeconds: 0
+        containers:
+          - {name: web, image: local/busybox:1, command: [sleep, \"3600\"]}
+    next:
+      metadata: {labels: {app: web}}
+      spec:
+        terminationGraceSeconds: 0
+        containers:
+          - {name: web, image: local/busybox:1, command: [sleep, \"3600\"]}
+";
+
+/// The pods of pd/web as `get pods -o json` lists them, by name.
+fn web_pods(cluster: &Cluster) -> BTreeMap<String, Value> {
+    let listed: Value = serde_json::from_str(&cluster.ok(&["get", "pods", "-o", "json"])).unwrap();
+    listed["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|pod| pod["metadata"]["annotations"]["corral.dev/pinned-deployment"] == "web")
+        .map(|pod| (pod["metadata"]["name"].as_str().unwrap().to_string(), pod))
+        .collect()
+}
+
+/// Applies pd/web and waits until both its pods run; returns them.
+fn apply_and_settle(cluster: &Cluster) -> BTreeMap<String, Value> {
+    cluster.ok(&["apply", "-f", &cluster.manifest("small.yaml", SMALL)]);
+    let out = settle(cluster);
+    assert!(out.contains("rollout settled"), "{out}");
+    let pods = web_pods(cluster);
+    assert_eq!(
+        pods.keys().collect::<Vec<_>>(),
+        ["web-0", "web-1"],
+        "{pods:?}"
+    );
+    pods
+}
+
+/// The container ids runc knows on the cluster's node.
+fn runc_containers(cluster: &Cluster) -> Vec<String> {
+    let listed = Command::new("runc")
+        .arg("--root")
+        .arg(cluster.data_dir.path().join("runc"))
+        .args(["list", "-q"])
+        .output()
+        .expect("runc list");
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn container_ids(pods: &BTreeMap<String, Value>) -> Vec<String> {
+    pods.values()
+        .flat_map(|pod| {
+            pod["status"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|c| c["containerId"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn deleting_a_pinned_deployment_deletes_its_pods_unless_orphaned() {
+    let cluster = &common::start_node();
+    let pods = apply_and_settle(cluster);
+    let uid = cluster.get_json("pd/web")["metadata"]["uid"].clone();
+    for (name, pod) in &pods {
+        let owner = &pod["metadata"]["owner"];
+        assert_eq!(owner["kind"], "PinnedDeployment", "{name}: {pod}");
+        assert_eq!(owner["name"], "web", "{name}: {pod}");
+        assert_eq!(owner["uid"], uid, "{name}: {pod}");
+    }
+    let wide = cluster.ok(&["get", "pods", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().contains("OWNER"), "{wide}");
+    assert!(
+        wide.lines().filter(|line| line.contains("pd/web")).count() == 2,
+        "{wide}"
+    );
+    let described = cluster.ok(&["describe", "pod/web-0"]);
+    assert!(
+        described.contains("Owner:       pd/web (uid "),
+        "{described}"
+    );
+    let containers = container_ids(&pods);
+    assert_eq!(containers.len(), 2, "{pods:?}");
+    let running = runc_containers(cluster);
+    for id in &containers {
+        assert!(
+            running.contains(id),
+            "{id} runs before the delete: {running:?}"
+        );
+    }
+
+    let out = cluster.ok(&["delete", "pd/web"]);
+    assert!(out.contains("pd/web deleted"), "{out}");
+    wait_for("pd/web's pods to go", Duration::from_secs(30), || {
+        web_pods(cluster).is_empty().then_some(())
+    });
+    wait_for("their containers to stop", Duration::from_secs(60), || {
+        let running = runc_containers(cluster);
+        (!containers.iter().any(|id| running.contains(id))).then_some(())
+    });
+    let history: Value =
+        serde_json::from_str(&cluster.ok(&["history", "pod/web-0", "-o", "json"])).unwrap();
+    let last = history.as_array().and_then(|h| h.last()).cloned().unwrap();
+    assert_eq!(last["message"], "deleted with pd/web", "{history}");
+
+    // Orphaned: the pods stay, running, without an owner…
+    let pods = apply_and_settle(cluster);
+    cluster.ok(&["delete", "pd/web", "--cascade=orphan"]);
+    let refused = cluster.fails(&["get", "pd/web"]);
+    assert!(refused.contains("not found"), "{refused}");
+    std::thread::sleep(Duration::from_secs(3));
+    let orphans = web_pods(cluster);
+    assert_eq!(orphans.keys().collect::<Vec<_>>(), ["web-0", "web-1"]);
+    for (name, pod) in &orphans {
+        assert!(pod["metadata"].get("owner").is_none(), "{name}: {pod}");
+        assert_eq!(
+            pod["metadata"]["uid"], pods[name]["metadata"]["uid"],
+            "{name}"
+        );
+        assert_eq!(pod["status"]["phase"], "Running", "{name}: {pod}");
+    }
+    let running = runc_containers(cluster);
+    for id in container_ids(&orphans) {
+        assert!(running.contains(&id), "{id} still runs: {running:?}");
+    }
+    let wide = cluster.ok(&["get", "pods", "-o", "wide"]);
+    assert!(!wide.contains("pd/web"), "{wide}");
+
+    // …and a deployment of that name adopts them instead of making more.
+    cluster.ok(&["apply", "-f", &cluster.manifest("small.yaml", SMALL)]);
+    let uid = cluster.get_json("pd/web")["metadata"]["uid"].clone();
+    let adopted = wait_for("pd/web to adopt its pods", Duration::from_secs(30), || {
+        let pods = web_pods(cluster);
+        pods.values()
+            .all(|pod| pod["metadata"]["owner"]["uid"] == uid)
+            .then_some(pods)
+    });
+    assert_eq!(adopted.keys().collect::<Vec<_>>(), ["web-0", "web-1"]);
+    for (name, pod) in &adopted {
+        assert_eq!(
+            pod["metadata"]["uid"], pods[name]["metadata"]["uid"],
+            "{name} adopted, not made again"
+        );
+    }
+    cluster.ok(&["delete", "pd/web"]);
+    wait_for("the adopted pods to go", Duration::from_secs(30), || {
+        web_pods(cluster).is_empty().then_some(())
+    });
 }

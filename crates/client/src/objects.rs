@@ -3,7 +3,7 @@
 
 use corral_api::history::RevisionDiff;
 use corral_api::watch::ObjectList;
-use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
+use corral_api::{Cascade, HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use reqwest::Method;
 
 use crate::watch::scope;
@@ -93,14 +93,27 @@ impl Client {
         self.call(request).await
     }
 
+    /// Deletes the object at `key` and its dependents.
     pub async fn delete(
         &self,
         key: &ObjectKey,
         message: Option<&str>,
     ) -> Result<Object, ClientError> {
-        let request = self
-            .request(Method::DELETE, &object_path(key))
-            .query(&[("message", message.unwrap_or_default())]);
+        self.delete_with(key, message, Cascade::Delete).await
+    }
+
+    /// Deletes the object at `key`; `cascade` says what happens to the
+    /// objects it owns (deleted too, or kept without an owner).
+    pub async fn delete_with(
+        &self,
+        key: &ObjectKey,
+        message: Option<&str>,
+        cascade: Cascade,
+    ) -> Result<Object, ClientError> {
+        let request = self.request(Method::DELETE, &object_path(key)).query(&[
+            ("message", message.unwrap_or_default()),
+            ("cascade", cascade.as_str()),
+        ]);
         self.call(request).await
     }
 

@@ -39,6 +39,12 @@ pub enum Violation {
     /// `corral.dev/managed-by` names a controller that may not manage
     /// objects of this kind.
     NotAManager { manager: String, kind: Kind },
+    /// `metadata.owner` changed, and the writer is not the controller
+    /// managing the object (`manager`, if it names one).
+    OwnerReference {
+        manager: Option<String>,
+        writer: Box<Identity>,
+    },
 }
 
 impl fmt::Display for Violation {
@@ -87,6 +93,20 @@ impl fmt::Display for Violation {
                     "metadata.annotations.{}: controller {manager} may not manage {kind} objects (allowed: {allowed})",
                     corral_api::MANAGED_BY
                 )
+            }
+            Violation::OwnerReference { manager, writer } => {
+                let writer = Writer(writer);
+                match manager {
+                    Some(manager) => write!(
+                        f,
+                        "metadata.owner is written by controller {manager}, which manages the object; {writer} may not write it"
+                    ),
+                    None => write!(
+                        f,
+                        "metadata.owner is written by the controller managing an object, and this one names none in {}; {writer} may not write it",
+                        corral_api::MANAGED_BY
+                    ),
+                }
             }
             Violation::Delete { key, writer } => {
                 let who = if matches!(key.kind, Kind::Policy | Kind::Controller) {
@@ -264,6 +284,9 @@ impl Registry {
                 kind: new.kind,
             });
         }
+        if let Some(violation) = check_owner_reference(writer, old, new) {
+            violations.push(violation);
+        }
         let engine_owner = self.owner_of(new.kind, WORKFLOW_PATH);
         if !workflow.is_empty() && !engine_owner.admits(writer, &subject) {
             let old_status = old.map_or(&Value::Null, |o| &o.status);
@@ -277,6 +300,27 @@ impl Registry {
             Err(Refusal { violations })
         }
     }
+}
+
+/// A change of `metadata.owner` is the managing controller's: the one the
+/// object names in `corral.dev/managed-by` (as stored; on create, as
+/// written), if [`crate::managers`] lets it manage the kind. The server
+/// clears an owner itself when it orphans an object, outside this check.
+pub fn check_owner_reference(
+    writer: &Identity,
+    old: Option<&Object>,
+    new: &Object,
+) -> Option<Violation> {
+    if old.and_then(|o| o.metadata.owner.as_ref()) == new.metadata.owner.as_ref() {
+        return None;
+    }
+    let manager = corral_api::manager_of(&old.unwrap_or(new).metadata)
+        .filter(|manager| crate::owner::managers(new.kind).contains(manager));
+    let admitted = writer.role == Role::Controller && manager == Some(writer.name.as_str());
+    (!admitted).then(|| Violation::OwnerReference {
+        manager: manager.map(str::to_string),
+        writer: Box::new(writer.clone()),
+    })
 }
 
 /// The node an object is bound to: a pod's or VM's `status.node`, a Node's

@@ -12,7 +12,8 @@
 //!   hand-over ([`Registry::plan_transfer`]);
 //! - managed objects: a controller allowed by [`managers`] creates objects
 //!   naming it in `corral.dev/managed-by`, owns their people-owned fields
-//!   and may delete them ([`check_delete_object`]);
+//!   and may delete them ([`check_delete_object`]); it alone writes their
+//!   `metadata.owner` ([`check_owner_reference`]);
 //! - the write check ([`Registry::check_write`], [`Registry::check_changes`],
 //!   [`check_delete`]) with refusals that name the path and its owner;
 //! - read masks ([`strip`], [`overlay`]) and the convergence check
@@ -34,7 +35,7 @@ mod registry;
 pub use builtin::builtin_controllers;
 pub use check::{
     Refusal, Violation, WORKFLOW_PATH, bound_node, changed_fields, check_delete,
-    check_delete_object,
+    check_delete_object, check_owner_reference,
 };
 pub use convergence::{Convergence, Cycle, Edge, MAX_CYCLES};
 pub use mask::{overlay, segment_count, strip, strip_owned};

@@ -91,3 +91,70 @@ fn a_person_cannot_take_a_managed_pod_back_by_removing_the_annotation() {
         .check_write(&Identity::new("admin", Role::Operator), Some(&pod), &taken)
         .expect_err("the annotation is the manager's too");
 }
+
+fn owned_by(pod: &Object, uid: &str) -> Object {
+    let mut owned = pod.clone();
+    owned.metadata.owner = Some(corral_api::OwnerReference {
+        kind: Kind::PinnedDeployment,
+        name: "web".into(),
+        uid: uid.into(),
+    });
+    owned
+}
+
+#[test]
+fn the_manager_alone_writes_the_owner_reference() {
+    let registry = Registry::new(builtin_controllers());
+    let orphan = managed_pod(PINNED_DEPLOYMENT);
+    let owned = owned_by(&orphan, "u-1");
+    registry
+        .check_write(&pinned(), None, &owned)
+        .expect("the manager creates an owned pod");
+    registry
+        .check_write(&pinned(), Some(&orphan), &owned)
+        .expect("the manager adopts an orphan");
+    registry
+        .check_write(&Identity::new("alice", Role::User), Some(&owned), &owned)
+        .expect("leaving the owner alone is no write of it");
+
+    let error = registry
+        .check_write(&Identity::new("alice", Role::User), Some(&orphan), &owned)
+        .expect_err("people do not adopt");
+    assert_eq!(
+        error.to_string(),
+        "metadata.owner is written by controller pinned-deployment, which manages the object; alice (user) may not write it"
+    );
+    let error = registry
+        .check_write(
+            &Identity::new("scheduler", Role::Controller),
+            Some(&owned),
+            &owned_by(&orphan, "u-2"),
+        )
+        .expect_err("another controller does not take the pod over");
+    assert!(
+        error
+            .to_string()
+            .starts_with("metadata.owner is written by controller pinned-deployment"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_unmanaged_object_takes_no_owner() {
+    let registry = Registry::new(builtin_controllers());
+    let mut plain = managed_pod(PINNED_DEPLOYMENT);
+    plain.metadata.annotations.clear();
+    let error = registry
+        .check_write(
+            &Identity::new("admin", Role::Operator),
+            None,
+            &owned_by(&plain, "u-1"),
+        )
+        .expect_err("an owner needs a managing controller");
+    assert!(
+        error.to_string().contains(
+            "this one names none in corral.dev/managed-by; admin (operator) may not write it"
+        ),
+        "{error}"
+    );
+}

@@ -16,6 +16,7 @@
 //! on etcd): `corral up` and `corral server` only call it.
 
 pub mod auth;
+pub mod cascade;
 pub mod clock;
 pub mod control_plane;
 pub mod datastore;

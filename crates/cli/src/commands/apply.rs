@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::Args;
 use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
-use corral_api::{Object, parse_manifests};
+use corral_api::{Cascade, Object, parse_manifests};
 use corral_client::Client;
 
 use super::connect;
@@ -270,7 +270,12 @@ async fn apply_edit(
 #[command(after_help = "Examples:
   corral delete pod/web                         delete one object
   corral delete pd web -m \"replaced by pd/api\"  KIND NAME, with a message for its history
-  corral delete -f web.yaml                     every object in the manifest")]
+  corral delete pd/web --cascade=orphan         keep its pods, without an owner
+  corral delete -f web.yaml                     every object in the manifest
+
+Deleting an object deletes its dependents too: the objects whose
+metadata.owner names it (a PinnedDeployment's pods), each recorded in its
+history as `deleted with pd/web`.")]
 pub struct DeleteArgs {
     /// KIND/NAME (or KIND NAME) of the object to delete.
     target: Option<String>,
@@ -287,6 +292,10 @@ pub struct DeleteArgs {
     message: Option<String>,
     #[arg(short = 'n', long, value_name = "NS")]
     namespace: Option<String>,
+    /// What happens to the objects it owns: `delete` them too (the
+    /// default), or `orphan` them (kept, their owner cleared).
+    #[arg(long, value_name = "POLICY", default_value_t = Cascade::Delete)]
+    cascade: Cascade,
 }
 
 pub async fn delete(config: Option<PathBuf>, args: DeleteArgs) -> anyhow::Result<()> {
@@ -302,7 +311,9 @@ pub async fn delete(config: Option<PathBuf>, args: DeleteArgs) -> anyhow::Result
     };
     let client = connect(config)?;
     for key in keys {
-        client.delete(&key, args.message.as_deref()).await?;
+        client
+            .delete_with(&key, args.message.as_deref(), args.cascade)
+            .await?;
         println!("{key} deleted");
     }
     Ok(())

@@ -70,6 +70,9 @@ pub async fn describe(config: Option<PathBuf>, args: DescribeArgs) -> anyhow::Re
     if let Some(manager) = manager_of(meta) {
         line(&mut out, "Managed by", manager);
     }
+    if let Some(owner) = &meta.owner {
+        line(&mut out, "Owner", &format!("{owner} (uid {})", owner.uid));
+    }
     match object.kind {
         Kind::Pod => pod(&mut out, &client, &object, now).await,
         _ => generic(&mut out, &object),

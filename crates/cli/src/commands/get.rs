@@ -238,28 +238,20 @@ fn headers(kind: Kind, show_namespace: bool, wide: bool) -> Vec<&'static str> {
         headers.push("NAMESPACE");
     }
     headers.extend(["NAME", "REVISION"]);
-    if kind == Kind::Pod {
-        headers.extend(["STATUS", "READY", "RESTARTS", "NODE"]);
-        if wide {
-            headers.extend(["ADDRESS", "UID"]);
+    match kind {
+        Kind::Pod => {
+            headers.extend(["STATUS", "READY", "RESTARTS", "NODE"]);
+            if wide {
+                headers.push("ADDRESS");
+            }
         }
-    } else if kind == Kind::LoadBalancer {
-        headers.extend(["ADDRESSES", "PORTS", "READY"]);
-        if wide {
-            headers.push("UID");
-        }
-    } else if kind == Kind::Secret {
-        headers.extend(["TYPE", "KEYS"]);
-        if wide {
-            headers.push("UID");
-        }
-    } else if kind == Kind::Config {
-        headers.push("KEYS");
-        if wide {
-            headers.push("UID");
-        }
-    } else if wide {
-        headers.push("UID");
+        Kind::LoadBalancer => headers.extend(["ADDRESSES", "PORTS", "READY"]),
+        Kind::Secret => headers.extend(["TYPE", "KEYS"]),
+        Kind::Config => headers.push("KEYS"),
+        _ => {}
+    }
+    if wide {
+        headers.extend(["OWNER", "UID"]);
     }
     headers.push("AGE");
     headers
@@ -308,10 +300,20 @@ pub(super) fn row(
         row.push(list_or_dash(&keys));
     }
     if wide {
+        row.push(owner_cell(object));
         row.push(object.metadata.uid.clone());
     }
     row.push(age(object.metadata.created_at, now));
     row
+}
+
+/// The OWNER cell: `pd/web`, or `-`.
+fn owner_cell(object: &Object) -> String {
+    object
+        .metadata
+        .owner
+        .as_ref()
+        .map_or_else(|| "-".into(), ToString::to_string)
 }
 
 fn list_or_dash(items: &[String]) -> String {

@@ -8,6 +8,13 @@
 //! is a revision authored by `pinned-deployment` (a system change). A pod
 //! changes version by an in-place update of its spec — same name, same
 //! uid — so the node restarts it in place. Decisions are [`plan`]'s.
+//!
+//! Each pod names its deployment in `metadata.owner`, so deleting the
+//! deployment deletes its pods (the server's cascade). Pods left without
+//! an owner (`delete --cascade=orphan`) keep their name and annotations; a
+//! deployment of that name that comes back finds them by name and adopts
+//! those carrying its selector's labels instead of making
+//! new ones.
 
 pub mod plan;
 
@@ -16,7 +23,7 @@ use std::collections::BTreeMap;
 use corral_api::kinds::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodPhase, PodSpec, PodStatus, PodTemplate,
 };
-use corral_api::{Kind, MANAGED_BY, Object, ObjectKey};
+use corral_api::{Kind, MANAGED_BY, Object, ObjectKey, OwnerReference};
 use corral_client::runtime::{self, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
 use tokio_util::sync::CancellationToken;
@@ -188,6 +195,14 @@ async fn reconcile(
     let mut planned = plan::plan(spec.replicas, spec.next_replicas(), &views);
     planned.status.observed_revision = Some(deployment.metadata.revision);
     let mut failed = None;
+    for index in adoptable(deployment, &spec, &existing, &planned.actions) {
+        if let Some(pod) = existing.get(&index)
+            && let Err(error) = adopt(client, deployment, pod).await
+        {
+            tracing::info!(deployment = %key, pod = %pod.key(), %error, "adoption failed; retried");
+            failed = Some(error);
+        }
+    }
     for action in &planned.actions {
         let result = match *action {
             Action::Create { index, version } => {
@@ -222,6 +237,52 @@ async fn reconcile(
     failed.map_or(Ok(()), Err)
 }
 
+/// The indexes of `deployment`'s pods that name no owner, or an earlier
+/// object of its name (one deleted while they were orphaned), and carry
+/// its selector's labels: it adopts them as they are. A pod an action
+/// rewrites anyway (convert, refresh) is adopted by that write instead,
+/// and one about to be deleted is not adopted at all.
+fn adoptable(
+    deployment: &Object,
+    spec: &PinnedDeploymentSpec,
+    pods: &BTreeMap<u32, &Object>,
+    actions: &[Action],
+) -> Vec<u32> {
+    let rewritten = |index: u32| {
+        actions.iter().any(|action| match *action {
+            Action::Convert { index: i, .. }
+            | Action::Refresh { index: i, .. }
+            | Action::Delete { index: i } => i == index,
+            Action::Create { .. } => false,
+        })
+    };
+    pods.iter()
+        .filter(|(_, pod)| {
+            !pod.metadata
+                .owner
+                .as_ref()
+                .is_some_and(|owner| owner.names(deployment))
+        })
+        .filter(|(_, pod)| {
+            spec.selector
+                .iter()
+                .all(|(k, v)| pod.metadata.labels.get(k) == Some(v))
+        })
+        .map(|(index, _)| *index)
+        .filter(|index| !rewritten(*index))
+        .collect()
+}
+
+/// Names `deployment` as `pod`'s owner, at the version read.
+async fn adopt(client: &Client, deployment: &Object, pod: &Object) -> Result<(), ClientError> {
+    let mut next = pod.clone();
+    next.metadata.owner = Some(OwnerReference::to(deployment));
+    let message = format!("{}: adopted", deployment.key());
+    client.apply(&next, Some(&message)).await?;
+    tracing::info!(pod = %pod.key(), "adopted");
+    Ok(())
+}
+
 /// The pod `NAME-index` as `version`'s template makes it.
 fn desired_pod(
     deployment: &Object,
@@ -234,6 +295,7 @@ fn desired_pod(
     let body = serde_json::to_value(&wanted.spec).map_err(ClientError::Decode)?;
     let name = format!("{}-{index}", key.name);
     let mut pod = Object::new(Kind::Pod, Some(&key.namespace), &name, body);
+    pod.metadata.owner = Some(OwnerReference::to(deployment));
     pod.metadata.labels = labels(spec, version);
     pod.metadata.annotations = wanted.metadata.annotations.clone();
     pod.metadata
@@ -284,6 +346,8 @@ async fn convert(
     next.spec = desired.spec;
     next.metadata.labels = desired.metadata.labels;
     next.metadata.annotations = desired.metadata.annotations;
+    // A rewrite adopts the pod too, should it have been orphaned.
+    next.metadata.owner = desired.metadata.owner;
     let message = if switching {
         let from = pod
             .metadata
@@ -329,4 +393,64 @@ pub fn deployment_of(pod: &Object) -> Option<ObjectKey> {
         Some(&pod.key().namespace),
         name,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(uid: &str) -> (Object, PinnedDeploymentSpec) {
+        let template = json!({"metadata": {"labels": {"app": "web"}},
+                              "spec": {"containers": [{"name": "web", "image": "busybox"}]}});
+        let spec = json!({"replicas": 2, "selector": {"app": "web"},
+                          "templates": {"previous": template, "next": template}});
+        let mut object = Object::new(Kind::PinnedDeployment, None, "web", spec);
+        object.metadata.uid = uid.into();
+        let spec = object.typed_spec().expect("a valid spec");
+        (object, spec)
+    }
+
+    fn pod_of(deployment: &Object, spec: &PinnedDeploymentSpec, index: u32) -> Object {
+        desired_pod(deployment, spec, index, Version::Previous).expect("a pod")
+    }
+
+    #[test]
+    fn pods_name_their_deployment_as_owner() {
+        let (web, spec) = deployment("u-1");
+        let pod = pod_of(&web, &spec, 0);
+        let owner = pod.metadata.owner.clone().expect("an owner");
+        assert!(owner.names(&web));
+        assert_eq!(owner.to_string(), "pd/web");
+        assert_eq!(deployment_of(&pod), Some(web.key()));
+    }
+
+    #[test]
+    fn orphans_with_the_selector_labels_are_adopted() {
+        let (old, spec) = deployment("u-old");
+        let (web, _) = deployment("u-new");
+        let mut orphan = pod_of(&old, &spec, 0);
+        orphan.metadata.owner = None;
+        let stale = pod_of(&old, &spec, 1);
+        let mut unselected = pod_of(&old, &spec, 2);
+        unselected.metadata.owner = None;
+        unselected.metadata.labels.clear();
+        let owned = pod_of(&web, &spec, 3);
+        let pods = BTreeMap::from([(0, &orphan), (1, &stale), (2, &unselected), (3, &owned)]);
+        assert_eq!(adoptable(&web, &spec, &pods, &[]), [0, 1]);
+        let rewritten = [Action::Refresh {
+            index: 0,
+            version: Version::Previous,
+        }];
+        assert_eq!(
+            adoptable(&web, &spec, &pods, &rewritten),
+            [1],
+            "a pod an action rewrites is adopted by that write"
+        );
+        assert_eq!(
+            adoptable(&web, &spec, &pods, &[Action::Delete { index: 1 }]),
+            [0],
+            "a pod about to go is left alone"
+        );
+    }
 }

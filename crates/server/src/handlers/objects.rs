@@ -110,6 +110,11 @@ pub async fn apply(
         next.spec = desired.spec.clone();
         next.metadata.labels = desired.metadata.labels.clone();
         next.metadata.annotations = desired.metadata.annotations.clone();
+        // An apply naming no owner keeps the stored one: only the server
+        // clears an owner (when it orphans the object).
+        if desired.metadata.owner.is_some() {
+            next.metadata.owner = desired.metadata.owner.clone();
+        }
         let expected = if pinned_version != 0 {
             pinned_version
         } else {
@@ -200,6 +205,8 @@ fn keep_workflows(current: &Object, next: &mut Object) {
     next.status["workflow"] = workflows.clone();
 }
 
+/// `DELETE`: deletes the object, then its dependents (`?cascade=orphan`
+/// keeps them and clears their owner instead; see [`crate::cascade`]).
 pub async fn delete(
     State(server): State<SharedServer>,
     Caller(caller): Caller,
@@ -209,9 +216,19 @@ pub async fn delete(
     let key = Target::from_params(&params)?.key()?;
     let params = Params::parse(query.as_deref());
     let expected = params.number("resourceVersion")?;
+    let cascade = crate::cascade::parse(params.get("cascade"))?;
     let change = change(&server, &caller, params.get("message"));
     let deleted = ownership::delete(&server, &caller, &key, expected, &change).await?;
     prune_secret(&server, &key, false).await;
+    let outcome = crate::cascade::follow(&server, &deleted, cascade, &change).await?;
+    if !outcome.deleted.is_empty() || !outcome.orphaned.is_empty() {
+        tracing::info!(
+            owner = %key,
+            deleted = outcome.deleted.len(),
+            orphaned = outcome.orphaned.len(),
+            "dependents followed their owner"
+        );
+    }
     Ok(Json(deleted))
 }
 

@@ -75,8 +75,13 @@ impl ObjectDocs {
     }
 
     pub(crate) fn delete(&self) -> Value {
-        json!({"summary": "delete an object",
-            "parameters": self.named_and(vec![message(), json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}})]),
+        let cascade = query(
+            "cascade",
+            json!({"type": "string", "enum": ["delete", "orphan"]}),
+            "what happens to the objects whose metadata.owner names this one: delete (default) deletes them too; orphan keeps them and clears their owner",
+        );
+        json!({"summary": "delete an object, and its dependents unless cascade=orphan",
+            "parameters": self.named_and(vec![message(), json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}}), cascade]),
             "responses": ok(schema_ref("Object"), "the deleted object")})
     }
 

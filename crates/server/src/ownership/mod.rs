@@ -90,6 +90,9 @@ pub async fn create(
         .await
         .map_err(WriteError::Refused)?;
     admit(&registry, caller, None, &object)?;
+    crate::cascade::check_owner(server, &object)
+        .await
+        .map_err(WriteError::Refused)?;
     crate::security::admit(server, None, &mut object)
         .await
         .map_err(WriteError::Refused)?;
@@ -135,6 +138,11 @@ pub async fn update(
         return Ok(ReadView::new(caller, registry).serve(next));
     }
     admit(&registry, caller, Some(current), &next)?;
+    if next.metadata.owner != current.metadata.owner {
+        crate::cascade::check_owner(server, &next)
+            .await
+            .map_err(WriteError::Refused)?;
+    }
     crate::security::admit(server, Some(current), &mut next)
         .await
         .map_err(WriteError::Refused)?;

@@ -81,6 +81,7 @@ mod tests {
             resource_version: 1,
             node: node.map(str::to_string),
             labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+            owner_uid: None,
             json: Bytes::new(),
         })
     }

@@ -21,6 +21,7 @@
 //! `Gone`: their clients list again, from the cache.
 
 mod filter;
+mod owners;
 mod serve;
 mod tracked;
 
@@ -62,6 +63,8 @@ pub struct CachedObject {
     /// `status.node` of pods and VirtualMachines.
     pub node: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The uid `metadata.owner` names, for the dependents index.
+    pub owner_uid: Option<String>,
     pub json: Bytes,
 }
 
@@ -78,6 +81,11 @@ impl CachedObject {
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string),
             labels: object.metadata.labels.clone(),
+            owner_uid: object
+                .metadata
+                .owner
+                .as_ref()
+                .map(|owner| owner.uid.clone()),
             json: Bytes::from(serde_json::to_vec(object)?),
         })
     }
@@ -123,6 +131,8 @@ struct State {
     /// things derived from a kind, like workflow definitions from
     /// `Controller`s).
     changes: HashMap<Kind, u64>,
+    /// Every cached object that names an owner, by the owner's uid.
+    dependents: owners::Dependents,
 }
 
 /// A live change or the news that the cache loaded everything again.
@@ -200,6 +210,7 @@ impl WatchCache {
             Err(error) => return error,
         };
         let mut kinds = HashMap::new();
+        let mut dependents = owners::Dependents::default();
         // Each kind is listed at its own revision, all at or after `start`:
         // replaying the changes after `start` brings them to one revision
         // (a change older than a cached object is skipped).
@@ -217,6 +228,7 @@ impl WatchCache {
                 for object in &page.objects {
                     match CachedObject::from_object(object) {
                         Ok(cached) => {
+                            dependents.add(kind, &cached);
                             let slot = (cached.namespace.clone(), cached.name.clone());
                             objects.insert(slot, Arc::new(cached));
                         }
@@ -239,6 +251,7 @@ impl WatchCache {
         {
             let mut state = self.write();
             state.kinds = kinds;
+            state.dependents = dependents;
             state.window.clear();
             state.window_start = listed_through;
             state.resource_version = start;
@@ -296,6 +309,12 @@ impl WatchCache {
             objects.remove(&slot);
         } else {
             objects.insert(slot, cached.clone());
+        }
+        if let Some(current) = &current {
+            state.dependents.remove(kind, current);
+        }
+        if event.event_type != EventType::Deleted {
+            state.dependents.add(kind, &cached);
         }
         if !ready {
             return Ok(());
