@@ -237,6 +237,24 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
 }
 
 fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Value) -> Option<T> {
+    decode_with(checker, spec, |error| error.to_string())
+}
+
+/// A Secret's spec, decoded without ever quoting a value: serde's messages
+/// may (`invalid type: integer 1234`), so only the path is kept.
+fn decode_secret(checker: &mut Checker, spec: &Value) -> Option<SecretSpec> {
+    decode_with(checker, spec, |_| {
+        "is not part of a Secret (type, data: {KEY: base64}, stringData: {KEY: text}), or a value that is not a string; values are not shown".to_string()
+    })
+}
+
+/// The typed spec, or a failure at the path serde stopped at with
+/// `message`'s words for serde's error.
+fn decode_with<T: serde::de::DeserializeOwned>(
+    checker: &mut Checker,
+    spec: &Value,
+    message: impl FnOnce(&serde_json::Error) -> String,
+) -> Option<T> {
     let spec = if spec.is_null() {
         Value::Object(Default::default())
     } else {
@@ -251,33 +269,7 @@ fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Val
             } else {
                 format!("spec.{inner}")
             };
-            checker.fail(path, error.into_inner().to_string());
-            None
-        }
-    }
-}
-
-/// A Secret's spec, decoded without ever quoting a value: serde's messages
-/// may (`invalid type: integer 1234`), so only the path is kept.
-fn decode_secret(checker: &mut Checker, spec: &Value) -> Option<SecretSpec> {
-    let spec = if spec.is_null() {
-        Value::Object(Default::default())
-    } else {
-        spec.clone()
-    };
-    match serde_path_to_error::deserialize::<_, SecretSpec>(spec) {
-        Ok(typed) => Some(typed),
-        Err(error) => {
-            let inner = error.path().to_string();
-            let path = if inner == "." {
-                "spec".to_string()
-            } else {
-                format!("spec.{inner}")
-            };
-            checker.fail(
-                path,
-                "is not part of a Secret (type, data: {KEY: base64}, stringData: {KEY: text}), or a value that is not a string; values are not shown",
-            );
+            checker.fail(path, message(error.inner()));
             None
         }
     }

@@ -114,7 +114,7 @@ fn a_failing_plugin_shows_its_message_in_why_and_its_output_in_step_logs() {
         || {
             let why = cluster.ok(&["why", &target]);
             why.lines()
-                .any(|l| l.contains("dirvol/prepare") && l.contains(message))
+                .any(|l| l.contains("✗ dirvol/prepare") && l.contains(message))
                 .then_some(why)
         },
     );

@@ -4,6 +4,7 @@
 //! htpasswd credentials; the pull step's log shows the layers' progress.
 //! Real runc, root.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{Cluster, wait_for};
@@ -11,25 +12,44 @@ use corral_testkit::{ImageFormat, RegistryServer, TestCa, busybox_image_tar};
 
 mod common;
 
-#[test]
-fn pod_image_from_a_tls_registry_with_credentials_runs() {
+/// A scratch dir outside the node's data dir, for a test that needs root
+/// and runc (it fails without them, never skips).
+fn scratch(prefix: &str) -> tempfile::TempDir {
     corral_testkit::require_root();
     corral_testkit::require_tool("runc");
-    let outside = tempfile::Builder::new()
-        .prefix("corral-e2e-registry-")
+    tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir()
-        .expect("tempdir");
+        .expect("tempdir")
+}
+
+/// A `docker-registry` on loopback speaking TLS (a test CA) and asking for
+/// `user`'s htpasswd credentials, holding the busybox image as
+/// `repository:1`; and a certs dir (`--registry-certs-dir`) trusting it.
+fn secure_registry(
+    outside: &Path,
+    user: &str,
+    password: &str,
+    repository: &str,
+) -> (RegistryServer, PathBuf) {
     let ca = TestCa::for_loopback();
-    let registry = RegistryServer::start_secure(
-        &outside.path().join("registry"),
-        &ca,
+    let registry = RegistryServer::start_secure(&outside.join("registry"), &ca, user, password);
+    let tar = busybox_image_tar(outside, ImageFormat::OciLayout);
+    registry.push(repository, "1", &tar);
+    let certs_dir = outside.join("certs.d");
+    registry.install_ca(&certs_dir);
+    (registry, certs_dir)
+}
+
+#[test]
+fn pod_image_from_a_tls_registry_with_credentials_runs() {
+    let outside = scratch("corral-e2e-registry-");
+    let (registry, certs_dir) = secure_registry(
+        outside.path(),
         "node-puller",
         "correct horse",
+        "corral/busybox",
     );
-    let tar = busybox_image_tar(outside.path(), ImageFormat::OciLayout);
-    registry.push("corral/busybox", "1", &tar);
-    let certs_dir = outside.path().join("certs.d");
-    registry.install_ca(&certs_dir);
     let auth_file = outside.path().join("registry-auth.json");
     std::fs::write(&auth_file, registry.docker_config_json()).expect("write auth file");
 
@@ -61,23 +81,13 @@ fn pod_image_from_a_tls_registry_with_credentials_runs() {
 
 #[test]
 fn a_pods_pull_secret_brings_credentials_the_node_lacks() {
-    corral_testkit::require_root();
-    corral_testkit::require_tool("runc");
-    let outside = tempfile::Builder::new()
-        .prefix("corral-e2e-pullsecret-")
-        .tempdir()
-        .expect("tempdir");
-    let ca = TestCa::for_loopback();
-    let registry = RegistryServer::start_secure(
-        &outside.path().join("registry"),
-        &ca,
+    let outside = scratch("corral-e2e-pullsecret-");
+    let (registry, certs_dir) = secure_registry(
+        outside.path(),
         "team-puller",
         "battery staple",
+        "team/busybox",
     );
-    let tar = busybox_image_tar(outside.path(), ImageFormat::OciLayout);
-    registry.push("team/busybox", "1", &tar);
-    let certs_dir = outside.path().join("certs.d");
-    registry.install_ca(&certs_dir);
     // The node trusts the registry's CA but has no credentials for it.
     let cluster =
         Cluster::start_with(&["up", "--registry-certs-dir", &certs_dir.to_string_lossy()]);

@@ -50,20 +50,7 @@ fn wait_running(cluster: &Cluster, target: &str) {
 
 /// Imports the node's busybox image again under `local/NAME:1`.
 fn import_as(cluster: &Cluster, name: &str) {
-    let tar = corral_testkit::busybox_image_tar(
-        cluster.data_dir.path(),
-        corral_testkit::ImageFormat::OciLayout,
-    );
-    let data_dir = cluster.data_dir.path().to_string_lossy().into_owned();
-    cluster.ok(&[
-        "image",
-        "import",
-        &tar.to_string_lossy(),
-        "--name",
-        &format!("local/{name}:1"),
-        "--data-dir",
-        &data_dir,
-    ]);
+    common::import_busybox(cluster, Some(&format!("local/{name}:1")));
 }
 
 #[test]

@@ -250,7 +250,10 @@ async fn apply_edit(
         );
     }
     let mut edited = edited.clone();
-    for _ in 0..5 {
+    // Controllers and the node write the object's status all along (a pod
+    // being placed or started): only a new spec revision refuses the edit;
+    // status writes are waited out, a little longer each time.
+    for attempt in 0..10u64 {
         match client.apply(&edited, message).await {
             Ok(stored) => return Ok(stored.metadata.revision),
             Err(error) if error.status() == Some(409) => {
@@ -259,6 +262,7 @@ async fn apply_edit(
                     return Err(error.into());
                 }
                 edited.metadata.resource_version = fresh.metadata.resource_version;
+                tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
             }
             Err(error) => return Err(error.into()),
         }

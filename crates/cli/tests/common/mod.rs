@@ -289,17 +289,22 @@ pub fn start_node() -> Cluster {
     corral_testkit::require_root();
     corral_testkit::require_tool("runc");
     let cluster = Cluster::start();
+    import_busybox(&cluster, None);
+    cluster
+}
+
+/// Imports the busybox image into the node's store (`local/busybox:1`, or
+/// `name`), straight into its data dir.
+pub fn import_busybox(cluster: &Cluster, name: Option<&str>) {
     let tar = corral_testkit::busybox_image_tar(
         cluster.data_dir.path(),
         corral_testkit::ImageFormat::OciLayout,
     );
     let data_dir = cluster.data_dir.path().to_string_lossy().into_owned();
-    cluster.ok(&[
-        "image",
-        "import",
-        &tar.to_string_lossy(),
-        "--data-dir",
-        &data_dir,
-    ]);
-    cluster
+    let tar = tar.to_string_lossy().into_owned();
+    let mut args = vec!["image", "import", tar.as_str(), "--data-dir", &data_dir];
+    if let Some(name) = name {
+        args.extend(["--name", name]);
+    }
+    cluster.ok(&args);
 }
