@@ -214,6 +214,13 @@ fn pods_read_secrets_and_configs_updated_in_place_and_values_stay_hidden() {
         0,
         "not counted as a crash"
     );
+    let why = cluster.ok(&["why", &target]);
+    assert!(
+        why.contains(&format!(
+            "Restarted in place:\n  envy: restarted: secret/{db} revision 2 changed DB_PASS"
+        )),
+        "{why}"
+    );
 
     // The values are nowhere they must not be.
     std::thread::sleep(Duration::from_secs(1));

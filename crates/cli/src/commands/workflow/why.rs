@@ -88,6 +88,10 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     if !lines.is_empty() {
         print!("\nAt work now:\n{}", super::running_lines_text(&lines));
     }
+    let restarted = restarted_in_place(&object);
+    if !restarted.is_empty() {
+        print!("\nRestarted in place:\n{restarted}");
+    }
     if args.workflow.is_none() && instance.outcome == WorkflowOutcome::Failed {
         let namespace = match key.namespace.as_str() {
             "" | "default" => String::new(),
@@ -98,6 +102,25 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `  envy: restarted: secret/db revision 2 changed DB_PASS` per container
+/// the node restarted in place for new data (not a crash: no revision, so
+/// no history record either; this is where it shows).
+fn restarted_in_place(object: &Object) -> String {
+    let Ok(status) = object.typed_status::<PodStatus>() else {
+        return String::new();
+    };
+    status
+        .containers
+        .iter()
+        .filter_map(|c| {
+            let message = c.message.as_deref()?;
+            message
+                .starts_with("restarted: ")
+                .then(|| format!("  {}: {message}\n", c.name))
+        })
+        .collect()
 }
 
 /// Why the object is not healthy now, if it is a pod that is not: its
