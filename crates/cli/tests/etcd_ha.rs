@@ -407,7 +407,10 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
         },
     );
     let (seen, samples) = sampler.finish();
-    assert!(samples.len() > 20, "the sampler ran: {samples:?}");
+    // Enough samples to span the kills (a sample waits up to 2 s on a
+    // server stalled by the etcd failover, so on a loaded machine there
+    // are fewer of them).
+    assert!(samples.len() >= 10, "the sampler ran: {samples:?}");
     let overlapping: Vec<(&Seen, &Seen)> = seen
         .iter()
         .flat_map(|a| seen.iter().map(move |b| (a, b)))

@@ -1,7 +1,8 @@
 //! Secrets on the etcd backend: a known value, applied, changed, rolled
 //! back and rotated through a real `corral server` on a real etcd, is
 //! nowhere in etcd's keyspace (keys and values, every revision etcd keeps),
-//! and is still revealed after the rotation.
+//! and is still revealed after the rotation; `corral migrate` carries the
+//! sealed values from SQLite, and the old keyring opens them on etcd.
 
 mod common;
 
@@ -74,4 +75,41 @@ fn secret_values_never_reach_etcd_and_survive_a_rotation() {
     for value in [VALUE, NEXT] {
         assert!(!keyspace.contains(value), "etcd holds {value}");
     }
+}
+
+#[test]
+fn migrate_carries_secrets_sealed_and_the_old_keyring_opens_them() {
+    let mut old = Cluster::start_with(&["server"]);
+    old.ok(&["apply", "-f", &old.manifest("v1.yaml", &secret(VALUE))]);
+    old.kill9();
+
+    let etcd = EtcdCluster::start(1);
+    let url = etcd.datastore_url();
+    let store = old.data_dir.path().join("store.db");
+    let output = Command::new(common::CORRAL)
+        .args([
+            "migrate",
+            "--from",
+            &format!("sqlite:{}", store.display()),
+            "--to",
+            &url,
+        ])
+        .output()
+        .expect("run corral migrate");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "migrate: {stdout}{output:?}");
+    assert!(stdout.contains("1 sealed values"), "{stdout}");
+    assert!(!keyspace(&etcd).contains(VALUE), "the value reached etcd");
+
+    // The new server reads them with the old cluster's keyring.
+    let keyring = old.data_dir.path().join("secrets-keyring");
+    let new = Cluster::start_with(&[
+        "server",
+        "--datastore",
+        &url,
+        "--secrets-keyring",
+        keyring.to_str().expect("utf-8 path"),
+    ]);
+    let revealed = new.ok(&["get", "secret/db", "--reveal"]);
+    assert_eq!(revealed.trim(), format!("password: {VALUE}"));
 }
