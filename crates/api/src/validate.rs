@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ConfigSpec, ControllerSpec, EnvValue, LoadBalancerSpec, MAX_DATA_BYTES, NodeSpec,
-    PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
+    ConfigSpec, ControllerSpec, EnvValue, LoadBalancerSpec, NodeSpec, PinnedDeploymentSpec,
+    PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -272,60 +272,6 @@ fn decode_with<T: serde::de::DeserializeOwned>(
             checker.fail(path, message(error.inner()));
             None
         }
-    }
-}
-
-fn check_secret(checker: &mut Checker, spec: &SecretSpec) {
-    use base64::Engine;
-    check_data_keys(checker, "spec.data", spec.data.keys());
-    check_data_keys(checker, "spec.stringData", spec.string_data.keys());
-    check_data_keys(checker, "spec.keys", spec.keys.keys());
-    if let Some(kind) = &spec.secret_type {
-        checker.non_empty("spec.type", kind);
-    }
-    let mut size = 0;
-    for (key, value) in &spec.data {
-        match base64::engine::general_purpose::STANDARD.decode(value) {
-            Ok(bytes) => size += bytes.len(),
-            Err(_) => checker.fail(
-                format!("spec.data.{key}"),
-                "is not valid base64 (put text in stringData instead); the value is not shown",
-            ),
-        }
-        if spec.string_data.contains_key(key) {
-            checker.fail(
-                format!("spec.stringData.{key}"),
-                "is also in spec.data: give each key once",
-            );
-        }
-    }
-    size += spec.string_data.values().map(String::len).sum::<usize>();
-    check_data_size(checker, size);
-    if spec.has_values() && !spec.keys.is_empty() {
-        checker.fail(
-            "spec.keys",
-            "is the server's record of stored values: give values in data or stringData, without keys",
-        );
-    }
-}
-
-fn check_data_keys<'a>(checker: &mut Checker, path: &str, keys: impl Iterator<Item = &'a String>) {
-    for key in keys {
-        if !is_data_key(key) {
-            checker.fail(
-                format!("{path}.{key}"),
-                "is not a valid key: letters, digits, '-', '_' and '.' only (it becomes a file name), at most 253, not '.' or '..'",
-            );
-        }
-    }
-}
-
-fn check_data_size(checker: &mut Checker, size: usize) {
-    if size > MAX_DATA_BYTES {
-        checker.fail(
-            "spec",
-            format!("holds {size} bytes of data; the limit is {MAX_DATA_BYTES} (1 MiB)"),
-        );
     }
 }
 
@@ -595,6 +541,10 @@ fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
         checker.fail("spec.disk", "must set exactly one of volume or image");
     }
 }
+
+#[path = "validate_data.rs"]
+mod data;
+use data::{check_data_keys, check_data_size, check_secret};
 
 #[cfg(test)]
 #[path = "validate_tests.rs"]
