@@ -100,6 +100,18 @@ fn revealed(value: &Value, key: &str) -> String {
     String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap()
 }
 
+/// `GET …/secrets/db/reveal?QUERY` as the holder of `token`.
+async fn reveal_as(c: &Cluster, token: &str, query: &str) -> (StatusCode, Value) {
+    call(
+        &c.server,
+        "GET",
+        &format!("{DB}/reveal{query}"),
+        Some(token),
+        None,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn values_are_sealed_shown_to_nobody_and_revealed_to_those_who_may() {
     let c = Cluster::new().await;
@@ -204,14 +216,7 @@ async fn values_are_sealed_shown_to_nobody_and_revealed_to_those_who_may() {
     .await;
     let controller = issue(&c.server, Identity::new("acme", Role::Controller)).await;
     let node = issue(&c.server, Identity::new("node-1", Role::Node)).await;
-    let (status, value) = call(
-        &c.server,
-        "GET",
-        &format!("{DB}/reveal"),
-        Some(&reader),
-        None,
-    )
-    .await;
+    let (status, value) = reveal_as(&c, &reader, "").await;
     assert_eq!(
         (status, revealed(&value, "password")),
         (StatusCode::OK, NEW_PASSWORD.to_string())
@@ -225,8 +230,7 @@ async fn values_are_sealed_shown_to_nobody_and_revealed_to_those_who_may() {
             "only the Secrets of pods bound to it that use them: name the pod",
         ),
     ] {
-        let (status, value) =
-            call(&c.server, "GET", &format!("{DB}/reveal"), Some(token), None).await;
+        let (status, value) = reveal_as(&c, token, "").await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{value}");
         assert!(value["message"].as_str().unwrap().contains(rule), "{value}");
     }
@@ -283,14 +287,7 @@ async fn a_node_reads_a_secret_only_for_a_pod_bound_to_it_that_uses_it() {
     let other = issue(&c.server, Identity::new("node-2", Role::Node)).await;
 
     // The right node, for the pod that uses the Secret.
-    let (status, value) = call(
-        &c.server,
-        "GET",
-        &format!("{DB}/reveal?pod=app"),
-        Some(&node),
-        None,
-    )
-    .await;
+    let (status, value) = reveal_as(&c, &node, "?pod=app").await;
     assert_eq!(
         (status, revealed(&value, "password")),
         (StatusCode::OK, PASSWORD.to_string())
@@ -302,14 +299,7 @@ async fn a_node_reads_a_secret_only_for_a_pod_bound_to_it_that_uses_it() {
         (&node, "waiting", "pod waiting is bound to no node"),
         (&node, "ghost", "pod ghost not found in namespace default"),
     ] {
-        let (status, value) = call(
-            &c.server,
-            "GET",
-            &format!("{DB}/reveal?pod={pod}"),
-            Some(token),
-            None,
-        )
-        .await;
+        let (status, value) = reveal_as(&c, token, &format!("?pod={pod}")).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{pod}: {value}");
         let message = value["message"].as_str().unwrap();
         assert!(
