@@ -145,22 +145,27 @@ pub fn run_step(
     }
 }
 
-/// Runs `unmount`, then (if it worked) `release`, for every plugin volume of `spec` (the
-/// pod is leaving the node). Failures are returned as lines for the agent's
-/// log: the pod is gone from the API, and its directory is removed anyway
-/// (after detaching whatever is still mounted there).
+/// Runs `unmount`, then (if it worked) `release`, for every volume of
+/// `spec` made by one of `drivers` (the pod is leaving the node without
+/// those verbs as steps of its stop workflow). Failures are returned as
+/// lines for the log: the directory is removed later anyway (after
+/// detaching whatever is still mounted there).
 pub fn teardown(
     plugins: &Plugins,
     pods_dir: &Path,
     pod: &Object,
     spec: &PodSpec,
     host_uid: Option<u32>,
+    drivers: &[String],
 ) -> Vec<String> {
     let mut problems = Vec::new();
     for volume in &spec.volumes {
         let Some(plugin) = &volume.plugin else {
             continue;
         };
+        if !drivers.contains(&plugin.driver) {
+            continue;
+        }
         let Some(request) = request(pods_dir, pod, volume, host_uid) else {
             continue;
         };
@@ -177,6 +182,53 @@ pub fn teardown(
         }
     }
     problems
+}
+
+/// `PLUGIN/unmount` or `PLUGIN/release` as a step of the pod's stop
+/// workflow: `verb` for every volume of `spec` the plugin makes, the
+/// plugin's output as the step's log.
+pub fn teardown_verb(
+    plugins: &Plugins,
+    pods_dir: &Path,
+    pod: &Object,
+    spec: &PodSpec,
+    host_uid: Option<u32>,
+    plugin: &str,
+    verb: Verb,
+) -> StepRun {
+    let mut log = Vec::new();
+    let mut done = Vec::new();
+    for volume in volumes_of(spec, plugin) {
+        let Some(request) = request(pods_dir, pod, volume, host_uid) else {
+            continue;
+        };
+        match plugins.call(plugin, verb, &request) {
+            Ok(called) => {
+                log.extend(log_lines(plugin, verb, &called.output));
+                done.push(volume.name.clone());
+            }
+            Err(failure) => {
+                log.extend(log_lines(plugin, verb, &failure.output));
+                return StepRun {
+                    result: Err(format!(
+                        "volume {}: {}",
+                        volume.name,
+                        crate::chain(&failure.error)
+                    )),
+                    log,
+                };
+            }
+        }
+    }
+    let note = if done.is_empty() {
+        format!("no volume of plugin {plugin} in this pod")
+    } else {
+        format!("{} {}", verb.as_str(), done.join(", "))
+    };
+    StepRun {
+        result: Ok(Some(note)),
+        log,
+    }
 }
 
 #[cfg(test)]
@@ -289,8 +341,9 @@ mod tests {
                 format!("mount a path={:?}", Some(&dir_a)),
             ]
         );
+        let drivers = ["dirvol".to_string(), "other".to_string()];
         assert_eq!(
-            teardown(&plugins, &pods, &pod, &spec, None).len(),
+            teardown(&plugins, &pods, &pod, &spec, None, &drivers).len(),
             1,
             "plugin `other` is missing"
         );
@@ -301,6 +354,15 @@ mod tests {
                 format!("unmount a path={:?}", Some(&dir_a)),
                 format!("release a path={:?}", Some(&dir_a))
             ]
+        );
+        // As steps of the stop workflow: one verb at a time, its note
+        // naming the volumes.
+        let released = teardown_verb(&plugins, &pods, &pod, &spec, None, "dirvol", Verb::Release);
+        assert_eq!(released.result, Ok(Some("release a".to_string())));
+        let none = teardown_verb(&plugins, &pods, &pod, &spec, None, "absent", Verb::Unmount);
+        assert_eq!(
+            none.result,
+            Ok(Some("no volume of plugin absent in this pod".to_string()))
         );
     }
 

@@ -48,15 +48,23 @@ impl Verb {
         }
     }
 
-    /// The verb a delegated step `PLUGIN/VERB` of a pod's start or update
-    /// workflow runs (teardown verbs run with the pod's removal).
+    /// The verb a delegated step `PLUGIN/VERB` runs: `prepare` and
+    /// `mount` in a pod's start, move or update workflow, `unmount` and
+    /// `release` in its stop workflow.
     pub fn of_step(step: &str) -> Option<(&str, Verb)> {
         let (plugin, verb) = step.split_once('/')?;
         match verb {
             "prepare" => Some((plugin, Verb::Prepare)),
             "mount" => Some((plugin, Verb::Mount)),
+            "unmount" => Some((plugin, Verb::Unmount)),
+            "release" => Some((plugin, Verb::Release)),
             _ => None,
         }
+    }
+
+    /// Whether the verb undoes a volume (runs when the pod stops).
+    pub fn is_teardown(self) -> bool {
+        matches!(self, Verb::Unmount | Verb::Release)
     }
 }
 

@@ -222,20 +222,34 @@ pub fn prepare(
 /// (a plugin may have mounted below its volume's directory): only then may
 /// the directory be removed without reaching into a mounted filesystem.
 pub fn release(pods_dir: &Path, uid: &str, spec: &PodSpec) -> bool {
+    release_own(pods_dir, uid, spec);
     for volume in &spec.volumes {
         if let Ok(place) = volume_path(pods_dir, uid, volume)
-            && (place.memory || volume.plugin.is_some())
+            && volume.plugin.is_some()
+            && is_mount_point(&place.path)
+        {
+            let _ = nix::mount::umount2(&place.path, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let pod_dir = crate::containers::pod_dir(pods_dir, uid);
+    for mounted in mounts_below(&pod_dir) {
+        let _ = nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH);
+    }
+    mounts_below(&pod_dir).is_empty()
+}
+
+/// Unmounts what the node itself mounted for the pod: memory emptyDirs and
+/// the Secret/Config files. Plugin volumes are their plugin's to unmount.
+pub fn release_own(pods_dir: &Path, uid: &str, spec: &PodSpec) {
+    for volume in &spec.volumes {
+        if let Ok(place) = volume_path(pods_dir, uid, volume)
+            && place.memory
             && is_mount_point(&place.path)
         {
             let _ = nix::mount::umount2(&place.path, nix::mount::MntFlags::MNT_DETACH);
         }
     }
     crate::pod_data::files::unmount(&crate::pod_data::files::data_dir(pods_dir, uid));
-    let pod_dir = crate::containers::pod_dir(pods_dir, uid);
-    for mounted in mounts_below(&pod_dir) {
-        let _ = nix::mount::umount2(&mounted, nix::mount::MntFlags::MNT_DETACH);
-    }
-    mounts_below(&pod_dir).is_empty()
 }
 
 /// The bind mounts of `container`'s `mounts`.

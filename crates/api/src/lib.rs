@@ -25,8 +25,8 @@ pub use history::{HistoryQuery, RevisionRecord};
 pub use identity::{AuthorClass, Identity, Role};
 pub use manifest::{ManifestError, parse_manifests};
 pub use meta::{
-    Cascade, Kind, MANAGED_BY, ObjectKey, ObjectMeta, OwnerReference, UnknownCascade, UnknownKind,
-    manager_of,
+    Cascade, Deletion, Kind, MANAGED_BY, ObjectKey, ObjectMeta, OwnerReference, UnknownCascade,
+    UnknownKind, manager_of,
 };
 pub use object::Object;
 pub use selector::{LabelSelector, SelectorError};

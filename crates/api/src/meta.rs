@@ -218,6 +218,30 @@ pub struct ObjectMeta {
     /// server clears it when it orphans the object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<OwnerReference>,
+    /// Set by the server when someone deleted an object whose kind stops
+    /// through a workflow (a Pod): its `stop` instance runs, and the object
+    /// is removed when that finishes. Never written by clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleting: Option<Deletion>,
+}
+
+/// A deletion under way: who asked, when and why, and the steps people
+/// skipped. The removal is recorded in history as theirs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Deletion {
+    pub since: DateTime<Utc>,
+    /// The author of the deletion.
+    pub by: String,
+    pub class: crate::AuthorClass,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The `stop` workflow instance that runs it (`stop-3`).
+    pub workflow: String,
+    /// Steps skipped by people (`delete --skip`, `--force`), each as
+    /// `STEP (by NAME)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// Names an object's owner: kind, name and uid. The owner lives in the

@@ -347,6 +347,11 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
                 check_probe(checker, &format!("{path}.{name}"), probe);
             }
         }
+        if let Some(hook) = &container.pre_stop
+            && hook.exec.command.is_empty()
+        {
+            checker.fail(format!("{path}.preStop.exec.command"), "must not be empty");
+        }
         for (mount_index, mount) in container.mounts.iter().enumerate() {
             let mount_path = format!("{path}.mounts[{mount_index}]");
             if !volume_names.contains(mount.volume.as_str()) {

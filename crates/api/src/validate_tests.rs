@@ -40,7 +40,7 @@ fn pod_rules_name_their_paths() {
     let object = pod(json!({
         "containers": [
             {"name": "Web", "image": "busybox", "mounts": [{"volume": "nope", "path": "data"}]},
-            {"name": "Web", "image": " ", "readiness": {}}
+            {"name": "Web", "image": " ", "readiness": {}, "preStop": {"exec": {"command": []}}}
         ],
         "volumes": [{"name": "data"}]
     }));
@@ -50,6 +50,7 @@ fn pod_rules_name_their_paths() {
         "spec.containers[1].name: duplicate container name",
         "spec.containers[1].image: must not be empty",
         "spec.containers[1].readiness: must set exactly one of exec, http or tcp",
+        "spec.containers[1].preStop.exec.command: must not be empty",
         "spec.containers[0].mounts[0].volume: no volume named \"nope\"",
         "spec.containers[0].mounts[0].path: must be an absolute path",
         "spec.volumes[0]: must set exactly one of emptyDir, local, plugin, secret or config",

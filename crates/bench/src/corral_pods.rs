@@ -134,13 +134,16 @@ impl CorralNode {
     }
 
     /// Deletes pod `name` and creates it again; returns the time from the
-    /// delete request until the new pod is seen running.
+    /// delete request until the new pod is seen running. The name is free
+    /// again once the pod's stop workflow finished and it is removed.
     pub async fn recreate_pod(&self, name: &str, value: usize) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        self.client
+        let deleted = self
+            .client
             .delete(&key(name), Some("bench: delete"))
             .await
             .with_context(|| format!("cannot delete pod {name}"))?;
+        self.watch.gone(&deleted.metadata.uid, POD_TIMEOUT).await?;
         let created = self
             .client
             .apply(&pod(name, value), Some("bench: create again"))

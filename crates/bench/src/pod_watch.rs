@@ -26,6 +26,8 @@ struct Seen {
     running: HashMap<RunningKey, Instant>,
     /// The latest status of each pod, for error messages.
     last: HashMap<String, serde_json::Value>,
+    /// The uids of pods seen deleted (removed from the store).
+    gone: std::collections::HashSet<String>,
 }
 
 /// A background watch of pods in one namespace; stopped when dropped.
@@ -119,6 +121,26 @@ impl PodWatch {
         }
     }
 
+    /// Waits up to `timeout` until the pod with `uid` is removed from the
+    /// store (its stop workflow finished).
+    pub async fn gone(&self, uid: &str, timeout: Duration) -> anyhow::Result<()> {
+        let mut changed = self.changed.clone();
+        let wait = async {
+            loop {
+                changed.borrow_and_update();
+                if self.lock().gone.contains(uid) {
+                    return Ok(());
+                }
+                if changed.changed().await.is_err() {
+                    anyhow::bail!("the pod watch ended");
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .with_context(|| format!("pod {uid} not removed within {timeout:?}"))?
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
         // A panic while holding the lock cannot leave `Seen` inconsistent
         // (single inserts), so a poisoned lock is still usable.
@@ -148,10 +170,15 @@ async fn follow(
         while let Some(Ok(event)) = events.next().await {
             let at = Instant::now();
             after = after.max(event.resource_version());
-            if event.event_type != EventType::Deleted {
+            if event.event_type == EventType::Deleted {
+                seen.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .gone
+                    .insert(event.object.metadata.uid.clone());
+            } else {
                 record(&seen, &event.object, at);
-                notify.send_modify(|generation| *generation += 1);
             }
+            notify.send_modify(|generation| *generation += 1);
         }
         // The stream ended or broke: resume from the last revision seen.
         loop {

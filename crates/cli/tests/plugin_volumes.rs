@@ -76,13 +76,21 @@ fn a_plugin_volume_is_prepared_mounted_and_released_by_its_plugin() {
     let steps = cluster.ok(&["logs", "--steps", &target, "--step", "dirvol/prepare"]);
     assert!(steps.contains("backing directory"), "{steps}");
 
-    // Deleting the pod unmounts and releases the volume.
-    cluster.ok(&["delete", &target]);
-    let calls = common::wait_for("unmount and release", Duration::from_secs(60), || {
-        std::fs::read_to_string(&journal)
-            .ok()
-            .filter(|j| j.contains(&format!("release data {uid}")))
-    });
+    // Deleting the pod unmounts and releases the volume, as steps of its
+    // stop workflow that `logs --steps` shows.
+    let deleted = cluster.ok(&["delete", &target, "--wait", "--timeout", "90s"]);
+    assert!(
+        deleted.contains("deleted: its stop workflow stop-1 finished"),
+        "{deleted}"
+    );
+    for step in ["dirvol/unmount", "dirvol/release"] {
+        let log = cluster.ok(&["logs", "--steps", &target, "--step", step]);
+        assert!(
+            log.contains("stop-1") && log.contains("done: "),
+            "{step}: {log}"
+        );
+    }
+    let calls = std::fs::read_to_string(&journal).expect("the plugin's journal");
     let verbs: Vec<&str> = calls
         .lines()
         .filter(|l| l.ends_with(&uid))

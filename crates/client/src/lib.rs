@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 pub use config::{ClientConfig, ConfigError};
+pub use objects::DeleteOptions;
 pub use pod_io::{ExecEvent, ExecInput, ExecOutput, ExecRequest, LogsQuery};
 
 /// How long one request may take before it fails.

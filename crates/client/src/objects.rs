@@ -110,10 +110,35 @@ impl Client {
         message: Option<&str>,
         cascade: Cascade,
     ) -> Result<Object, ClientError> {
-        let request = self.request(Method::DELETE, &object_path(key)).query(&[
-            ("message", message.unwrap_or_default()),
-            ("cascade", cascade.as_str()),
-        ]);
+        let options = DeleteOptions {
+            message,
+            cascade,
+            ..DeleteOptions::default()
+        };
+        self.delete_as(key, &options).await
+    }
+
+    /// Deletes the object at `key` as `options` say. A Pod a node took is
+    /// answered while its stop workflow runs (`metadata.deleting` set); it
+    /// is gone when that finishes.
+    pub async fn delete_as(
+        &self,
+        key: &ObjectKey,
+        options: &DeleteOptions<'_>,
+    ) -> Result<Object, ClientError> {
+        let mut query = vec![
+            ("message", options.message.unwrap_or_default().to_string()),
+            ("cascade", options.cascade.as_str().to_string()),
+        ];
+        if options.force {
+            query.push(("force", "true".to_string()));
+        }
+        for step in options.skip {
+            query.push(("skip", step.clone()));
+        }
+        let request = self
+            .request(Method::DELETE, &object_path(key))
+            .query(&query);
         self.call(request).await
     }
 
@@ -221,4 +246,15 @@ impl Client {
         self.call(self.request(Method::GET, "/v1/history").query(&params))
             .await
     }
+}
+
+/// How a deletion goes besides its cascade.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeleteOptions<'a> {
+    pub message: Option<&'a str>,
+    pub cascade: Cascade,
+    /// Skip every step of the stop workflow not done yet: removed now.
+    pub force: bool,
+    /// Skip these steps of the stop workflow.
+    pub skip: &'a [String],
 }

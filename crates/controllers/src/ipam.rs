@@ -5,7 +5,9 @@
 //!
 //! It follows nodes, pods and VMs through informers that keep only the
 //! addresses (pods filed by node), and answers a ready step with one
-//! request that claims it, writes the address and completes it.
+//! request that claims it, writes the address and completes it. A deleted
+//! pod's `ipam/release-address` (after its node removed the sandbox)
+//! clears the address, which frees it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv6Addr;
@@ -23,6 +25,8 @@ use crate::steps::{ReadyStep, ready_instance};
 
 pub const PREFIX_STEP: &str = "ipam/assign-prefix";
 pub const ADDRESS_STEP: &str = "ipam/assign-address";
+/// A deleted pod's `stop` step: its address is free again.
+pub const RELEASE_STEP: &str = "ipam/release-address";
 
 /// Objects answered at once: choices are made one at a time, the writes
 /// that carry them go out together (and share the store's commits).
@@ -43,6 +47,8 @@ pub struct Addressing {
     address: Option<Ipv6Addr>,
     /// The instance whose IPAM step is ready.
     ready: Option<String>,
+    /// The instance whose `ipam/release-address` is ready.
+    releasing: Option<String>,
 }
 
 fn status_text(object: &Object, field: &str) -> Option<String> {
@@ -64,6 +70,7 @@ fn project(object: &Object) -> Addressing {
         prefix: status_text(object, "prefix").and_then(|p| p.parse().ok()),
         address: status_text(object, "address").and_then(|a| a.parse().ok()),
         ready: ready_instance(object, step),
+        releasing: ready_instance(object, RELEASE_STEP),
     }
 }
 
@@ -176,14 +183,14 @@ pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationT
         let (existing, changed, shared) = (queue.clone(), queue.clone(), shared.clone());
         informer.on_change(
             move |key, addressing| {
-                if addressing.ready.is_some() {
+                if addressing.ready.is_some() || addressing.releasing.is_some() {
                     existing.add(key.clone());
                 }
             },
             move |change| {
                 if let Change::Applied { key, new, .. } = change {
                     shared.pending().seen(new);
-                    if new.ready.is_some() {
+                    if new.ready.is_some() || new.releasing.is_some() {
                         changed.add((*key).clone());
                     }
                 }
@@ -201,6 +208,22 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
     let Some(addressing) = shared.cache(key.kind).get(key) else {
         return Ok(Action::Done);
     };
+    if let Some(workflow) = &addressing.releasing {
+        // `status.address` cleared in the same write: the address leaves
+        // the caches, so it can be handed out again.
+        let step = ReadyStep {
+            key,
+            step: RELEASE_STEP,
+            workflow,
+        };
+        let note = match addressing.address {
+            Some(address) => format!("{address} is free again"),
+            None => "it had no address".to_string(),
+        };
+        let status = BTreeMap::from([("address".to_string(), serde_json::Value::Null)]);
+        step.finish(&shared.client, Ok(note), status).await?;
+        return Ok(Action::Done);
+    }
     let Some(workflow) = &addressing.ready else {
         return Ok(Action::Done);
     };

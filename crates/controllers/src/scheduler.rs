@@ -4,7 +4,9 @@
 //! node. It also unbinds pods that must leave a silent or lost node
 //! ([`crate::evacuate`]): clearing `status.node` makes the server begin
 //! the pod's `move` workflow, whose `scheduler/place` then places it
-//! elsewhere.
+//! elsewhere. A deleted pod's `scheduler/release` (in its `stop`
+//! workflow, after its node removed the sandbox) frees its room and
+//! unbinds it.
 //!
 //! It follows pods, VMs and nodes through informers that keep only what
 //! it needs of each (a workload's reservation and its placement request),
@@ -35,6 +37,8 @@ use crate::lifecycle::Timing;
 use crate::steps::{ReadyStep, ready_instance, retrying_instance};
 
 pub const STEP: &str = "scheduler/place";
+/// A deleted pod's `stop` step: its room is freed and it is unbound.
+pub const RELEASE_STEP: &str = "scheduler/release";
 
 /// Workloads answered at once: placements are decided one at a time on the
 /// shared reservations, the writes that record them go out together (and
@@ -52,9 +56,12 @@ pub struct Workload {
     /// The instance whose `scheduler/place` failed and waits for its
     /// retry, and what to place.
     retrying: Option<(String, Request)>,
+    /// The instance whose `scheduler/release` is ready (a pod being
+    /// deleted).
+    releasing: Option<String>,
     /// `status.node`.
     node: Option<String>,
-    /// What a departure depends on (pods only).
+    /// What a departure depends on (pods only; none while it is deleted).
     leaving: Option<Leaving>,
 }
 
@@ -77,7 +84,8 @@ fn project_workload(object: &Object) -> Workload {
         .get("node")
         .and_then(serde_json::Value::as_str)
         .map(str::to_string);
-    let leaving = (object.kind == Kind::Pod)
+    let deleting = object.metadata.deleting.is_some();
+    let leaving = (object.kind == Kind::Pod && !deleting)
         .then(|| object.typed_spec::<PodSpec>().ok())
         .flatten()
         .map(|spec| Leaving {
@@ -91,6 +99,7 @@ fn project_workload(object: &Object) -> Workload {
         bound: BoundWorkload::from_object(object).ok().flatten(),
         placing,
         retrying,
+        releasing: ready_instance(object, RELEASE_STEP),
         node,
         leaving,
     }
@@ -304,6 +313,7 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
 /// ready, or it is bound and its pin or room may have changed.
 fn wants_attention(workload: &Workload) -> bool {
     workload.placing.is_some()
+        || workload.releasing.is_some()
         || workload.leaving.as_ref().is_some_and(|leaving| {
             leaving.refused.is_some()
                 || (workload.node.is_some()
@@ -322,6 +332,10 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
     }
     if let Some((workflow, request)) = &workload.retrying {
         retry(shared, key, workflow, request).await?;
+        return Ok(Action::Done);
+    }
+    if let Some(workflow) = &workload.releasing {
+        release(shared, key, workflow, workload.node.as_deref()).await?;
         return Ok(Action::Done);
     }
     match (&workload.node, &workload.leaving) {
@@ -372,6 +386,29 @@ async fn place(
             .await
         }
     }
+}
+
+/// Frees a deleted pod's room and unbinds it (`status.node` cleared in the
+/// request that completes `scheduler/release`); its node's steps are done.
+async fn release(
+    shared: &Shared,
+    key: &ObjectKey,
+    workflow: &str,
+    node: Option<&str>,
+) -> Result<(), ClientError> {
+    let step = ReadyStep {
+        key,
+        step: RELEASE_STEP,
+        workflow,
+    };
+    let note = match node {
+        Some(node) => format!("freed its room on {node}"),
+        None => "it held no room".to_string(),
+    };
+    let status = BTreeMap::from([("node".to_string(), serde_json::Value::Null)]);
+    step.finish(&shared.client, Ok(note), status).await?;
+    shared.with_scheduler(|scheduler| scheduler.release(key));
+    Ok(())
 }
 
 /// Places a workload whose placement failed before its backoff ends, if a

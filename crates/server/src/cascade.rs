@@ -8,9 +8,9 @@
 //! refused, because [`check_owner`] wants its owner to exist.
 //!
 //! Each dependent's deletion is its own revision in history, authored by
-//! whoever deleted the owner, with the message `deleted with pd/web`. For
-//! now a dependent is deleted as a direct delete would: when deletion
-//! becomes a workflow, each goes through its own.
+//! whoever deleted the owner, with the message `deleted with pd/web`. A
+//! dependent is deleted as a direct delete would be: a pod through its own
+//! `stop` workflow ([`crate::deletion`]), so it is gone when that finishes.
 
 use std::collections::VecDeque;
 
@@ -93,14 +93,17 @@ pub async fn follow(
             }
             match cascade {
                 Cascade::Delete => {
+                    // Through the dependent's own stop workflow, if its
+                    // kind has one; its dependents follow now either way.
                     let change = deleted_with(&owner_key, change);
-                    match server.store.delete(&key, None, &change).await {
+                    let request = crate::deletion::Request::default();
+                    match crate::deletion::delete(server, &key, &request, &change).await {
                         Ok(deleted) => {
                             outcome.deleted.push(key);
-                            owners.push_back(deleted);
+                            owners.push_back(deleted.object().clone());
                         }
-                        Err(StoreError::NotFound { .. }) => {}
-                        Err(error) => return Err(unfinished(&owner_key, &key, error.into())),
+                        Err(ApiError::NotFound(_)) => {}
+                        Err(error) => return Err(unfinished(&owner_key, &key, error)),
                     }
                 }
                 Cascade::Orphan => {

@@ -20,6 +20,7 @@ pub mod cascade;
 pub mod clock;
 pub mod control_plane;
 pub mod datastore;
+pub mod deletion;
 pub mod error;
 mod handlers;
 pub mod metrics;

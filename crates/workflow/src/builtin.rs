@@ -186,11 +186,16 @@ fn pod_update() -> Vec<StepDefinition> {
     ]
 }
 
+/// Deletion of a pod that a node took. Finalizers are steps: a
+/// `Controller` registers one into `stop` (`requires: [stopped], wantedBy:
+/// deleted`, say) and the pod is removed only when it is done; volume
+/// plugins register `PLUGIN/unmount` and `PLUGIN/release` before
+/// `volumes-released`, so the pod's directory goes only after them.
 fn pod_stop() -> Vec<StepDefinition> {
     vec![
         node_step(
             PodStep::MarkUnready,
-            "mark the pod not ready so DNS stops serving it",
+            "mark the pod not ready so DNS and load balancers stop sending to it",
         )
         .wanted_by("draining")
         .timeout_secs(30)
@@ -199,7 +204,7 @@ fn pod_stop() -> Vec<StepDefinition> {
         target("draining", "the pod receives no new traffic", &[]),
         node_step(
             PodStep::StopContainers,
-            "send the containers SIGTERM, wait their grace period, then kill",
+            "run each container's preStop hook, send SIGTERM, wait the grace period, then kill",
         )
         .requires(&["draining"])
         .wanted_by("stopped")
@@ -209,19 +214,27 @@ fn pod_stop() -> Vec<StepDefinition> {
         target("stopped", "no process of the pod runs", &[]),
         node_step(
             PodStep::ReleaseVolumes,
-            "unmount the pod's volumes and remove emptyDirs",
+            "unmount the pod's volumes and Secret/Config files, remove emptyDirs",
         )
         .requires(&["stopped"])
-        .wanted_by("released")
+        .wanted_by("volumes-released")
         .timeout_secs(120)
         .attempts(3)
         .build(),
-        node_step(PodStep::RemoveSandbox, "remove the pod's namespaces")
-            .requires(&["stopped"])
-            .wanted_by("released")
-            .timeout_secs(60)
-            .attempts(3)
-            .build(),
+        target(
+            "volumes-released",
+            "every volume is unmounted and released; the pod's directory can go",
+            &[],
+        ),
+        node_step(
+            PodStep::RemoveSandbox,
+            "remove the pod's namespaces, veth, cgroups, id range and directory",
+        )
+        .requires(&["volumes-released"])
+        .wanted_by("released")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
         step(
             "ipam/release-address",
             "return the pod's address to its node's /64",
@@ -233,9 +246,9 @@ fn pod_stop() -> Vec<StepDefinition> {
         .build(),
         step(
             "scheduler/release",
-            "free the pod's reservation on its node",
+            "free the pod's reservation on its node and unbind it",
         )
-        .requires(&["stopped"])
+        .requires(&["ipam/release-address"])
         .wanted_by("released")
         .timeout_secs(30)
         .attempts(3)

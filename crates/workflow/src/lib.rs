@@ -8,8 +8,8 @@
 //! - validation: unknown references and ordering cycles are errors that name
 //!   them ([`validate`]);
 //! - the engine ([`instantiate`], [`tick`]), the owners' transitions
-//!   ([`claim`], [`complete`], [`fail`], [`append_log`]) and a person's
-//!   [`retry`], with the rule of who may move which step ([`may_act`],
+//!   ([`claim`], [`complete`], [`fail`], [`append_log`]), a person's
+//!   [`retry`] and [`skip`], with the rule of who may move which step ([`may_act`],
 //!   [`check_write`]);
 //! - the verdict and the renderers ([`why_text`], [`blame_text`],
 //!   [`critical_chain_text`], [`dot`], and their JSON forms).
@@ -28,6 +28,7 @@ mod owner;
 mod registration;
 mod render;
 mod retry;
+mod skip;
 mod stored;
 mod transition;
 mod verdict;
@@ -48,6 +49,7 @@ pub use render::{
     why_text,
 };
 pub use retry::retry;
+pub use skip::{skip, unfinished_steps};
 pub use stored::{
     definition_from_spec, definition_name, definition_spec, dehydrate, hydrate, stored_deadline,
 };

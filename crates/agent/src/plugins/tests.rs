@@ -66,7 +66,11 @@ fn steps_name_their_plugin_and_verb() {
         Some(("dirvol", Verb::Prepare))
     );
     assert_eq!(Verb::of_step("dirvol/mount"), Some(("dirvol", Verb::Mount)));
-    assert_eq!(Verb::of_step("dirvol/release"), None);
+    assert_eq!(
+        Verb::of_step("dirvol/release"),
+        Some(("dirvol", Verb::Release))
+    );
+    assert_eq!(Verb::of_step("dirvol/format"), None);
     assert_eq!(Verb::of_step("prepare"), None);
 }
 

@@ -67,6 +67,9 @@ pub struct PodWorkload {
     pull_log: Option<Arc<PullLog>>,
     /// A Secret or Config change whose fetch failed, and when to try again.
     data_retry: Option<(DataChange, Instant)>,
+    /// `node/remove-sandbox` of the pod's stop workflow is done: its
+    /// removal only forgets it.
+    sandbox_removed: bool,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -85,6 +88,7 @@ impl PodWorkload {
             cleanups: Vec::new(),
             pull_log: None,
             data_retry: None,
+            sandbox_removed: false,
         }
     }
 
@@ -320,7 +324,9 @@ impl PodWorkload {
                             started_at: r.started_at,
                             container_id: Some(r.runtime_id.clone()),
                             exit_code: r.exit_code,
-                            ready: r.pid.is_some() && (r.ready || c.readiness.is_none()),
+                            ready: !self.deleting()
+                                && r.pid.is_some()
+                                && (r.ready || c.readiness.is_none()),
                             reason: Some(reason),
                             message,
                             last_exit: r.last_exit.clone(),
@@ -409,7 +415,11 @@ impl Workload for PodWorkload {
                 // the node: a step of another owner named like it must not
                 // make the node run the plugin.
                 Some((plugin, verb)) if work.delegated_to_node(step, plugin) => {
-                    self.plugin_step(spec, plugin.to_string(), verb).await
+                    if verb.is_teardown() {
+                        self.plugin_teardown_step(plugin.to_string(), verb).await
+                    } else {
+                        self.plugin_step(spec, plugin.to_string(), verb).await
+                    }
                 }
                 _ => StepOutcome::Failed(format!("this node does not know step {step}")).into(),
             };
@@ -423,18 +433,19 @@ impl Workload for PodWorkload {
             }
             PodStep::StopChangedContainers => self.apply_containers(&spec, true).await.into(),
             PodStep::AwaitReadiness => self.await_readiness(&spec).into(),
-            PodStep::MarkUnready
-            | PodStep::StopContainers
-            | PodStep::ReleaseVolumes
-            | PodStep::RemoveSandbox => StepOutcome::Failed(format!(
-                "this node does not run {step}: a deleted pod is removed from its node directly, not through the stop workflow yet"
-            ))
-            .into(),
+            PodStep::MarkUnready => self.mark_unready(),
+            PodStep::StopContainers => self.stop_containers().await,
+            PodStep::ReleaseVolumes => self.release_volumes(Some(work)).await,
+            PodStep::RemoveSandbox => self.remove_sandbox().await,
         }
     }
 
     async fn supervise(&mut self) -> bool {
         self.cleanups.retain(|cleanup| !cleanup.is_finished());
+        if self.deleting() {
+            // Its stop workflow stops the containers: nothing restarts.
+            return false;
+        }
         let restarted = self.restart_exited().await;
         let probed = self.probe().await;
         let data = self.retry_data_change().await;

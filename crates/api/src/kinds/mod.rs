@@ -28,9 +28,9 @@ pub use pinned::{
 };
 pub use pod::{
     Availability, Container, ContainerExit, ContainerReason, ContainerState, ContainerStatus,
-    EmptyDir, ExecProbe, HttpProbe, LocalVolume, Mount, Placement, PluginVolume, PodPhase, PodSpec,
-    PodStatus, Probe, Resources, RestartPolicy, RollbackPolicy, RuntimeClass, SecurityRequest,
-    TcpProbe, Volume,
+    EmptyDir, ExecProbe, Hook, HttpProbe, LocalVolume, Mount, Placement, PluginVolume, PodPhase,
+    PodSpec, PodStatus, Probe, Resources, RestartPolicy, RollbackPolicy, RuntimeClass,
+    SecurityRequest, TcpProbe, Volume,
 };
 pub use pod_data::{DataRef, DataVolume, EnvFrom, EnvValue};
 pub use pod_health::exit_message;

@@ -165,6 +165,17 @@ pub struct Container {
     pub liveness: Option<Probe>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
+    /// Runs in the container when the pod is deleted, before SIGTERM,
+    /// within the grace period (`preStop: {exec: {command: [...]}}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_stop: Option<Hook>,
+}
+
+/// A command run in a container at a point of its lifecycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hook {
+    pub exec: ExecProbe,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -164,18 +164,25 @@ async fn hollow_nodes_join_and_run_pods_through_the_real_api() {
     }
     assert!(nodes_used.len() > 1, "spread over nodes: {nodes_used:?}");
 
-    // A deleted pod is forgotten: no errors, nothing left in progress.
+    // A deleted pod stops through its node's steps and is removed: no
+    // errors, nothing left in progress.
     admin
         .delete(&pod(3).key(), Some("test"))
         .await
         .expect("delete a pod");
     assert!(cluster.wait_idle(Duration::from_secs(10)).await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin.get(&pod(3).key()).await.is_ok() {
+        assert!(Instant::now() < deadline, "the deleted pod was not removed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let counters = cluster.counters();
     let errors = counters.errors.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(errors, 0, "{}", counters.describe());
     let steps = counters.steps.load(std::sync::atomic::Ordering::Relaxed);
-    // Per node 5 join steps and per pod 5 start steps, each claimed once.
-    assert_eq!(steps, 3 * 5 + 10 * 5, "{}", counters.describe());
+    // Per node 5 join steps, per pod 5 start steps, and the deleted pod's
+    // 4 node steps of its stop workflow, each claimed once.
+    assert_eq!(steps, 3 * 5 + 10 * 5 + 4, "{}", counters.describe());
 }
 
 /// The `scheduler/place` state of the pod's newest instance.

@@ -7,9 +7,10 @@ use anyhow::{Context, bail};
 use clap::Args;
 use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{Cascade, Object, parse_manifests};
-use corral_client::Client;
+use corral_client::{Client, DeleteOptions};
 
 use super::connect;
+use super::workflow::Until;
 use crate::target::Target;
 
 #[derive(Debug, Args)]
@@ -276,6 +277,16 @@ async fn apply_edit(
   corral delete pd web -m \"replaced by pd/api\"  KIND NAME, with a message for its history
   corral delete pd/web --cascade=orphan         keep its pods, without an owner
   corral delete -f web.yaml                     every object in the manifest
+  corral delete pod/web --wait                  follow its stop workflow until it is gone
+  corral delete pod/web --skip acme/backup      do not wait for that step
+  corral delete pod/web --force                 skip every step left: remove it now
+
+A pod a node runs stops through its `stop` workflow: preStop hooks,
+SIGTERM and the grace period, volumes released through their plugins,
+the sandbox and address freed, and every step a Controller registered
+(a finalizer); it is removed when that finishes. `corral why pod/web`
+names what a deletion waits on. --skip and --force are recorded in the
+step log and in the pod's history.
 
 Deleting an object deletes its dependents too: the objects whose
 metadata.owner names it (a PinnedDeployment's pods), each recorded in its
@@ -300,6 +311,20 @@ pub struct DeleteArgs {
     /// default), or `orphan` them (kept, their owner cleared).
     #[arg(long, value_name = "POLICY", default_value_t = Cascade::Delete)]
     cascade: Cascade,
+    /// Follow the stop workflow live until the object is gone.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits in all (`90s`, `10m`).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = humantime::parse_duration, requires = "wait")]
+    timeout: std::time::Duration,
+    /// Skip this step of the stop workflow (repeatable); it is recorded as
+    /// skipped by you.
+    #[arg(long, value_name = "STEP")]
+    skip: Vec<String>,
+    /// Skip every step of the stop workflow not done yet: the object is
+    /// removed now, whatever still runs on its node is left to the node.
+    #[arg(long)]
+    force: bool,
 }
 
 pub async fn delete(config: Option<PathBuf>, args: DeleteArgs) -> anyhow::Result<()> {
@@ -314,11 +339,44 @@ pub async fn delete(config: Option<PathBuf>, args: DeleteArgs) -> anyhow::Result
         (None, None) => bail!("name what to delete: KIND/NAME or -f FILE"),
     };
     let client = connect(config)?;
+    let options = DeleteOptions {
+        message: args.message.as_deref(),
+        cascade: args.cascade,
+        force: args.force,
+        skip: &args.skip,
+    };
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let live = std::io::stdout().is_terminal();
     for key in keys {
-        client
-            .delete_with(&key, args.message.as_deref(), args.cascade)
-            .await?;
-        println!("{key} deleted");
+        let answered = client.delete_as(&key, &options).await?;
+        let Some(deletion) = answered
+            .metadata
+            .deleting
+            .as_ref()
+            .filter(|deletion| !stop_finished(&answered, &deletion.workflow))
+        else {
+            println!("{key} deleted");
+            continue;
+        };
+        if args.wait {
+            super::workflow::follow_until(&client, &answered, deadline, live, Until::Gone).await?;
+        } else {
+            println!(
+                "{key} deleting: its stop workflow {} runs (corral why {key}; --wait to follow it)",
+                deletion.workflow
+            );
+        }
     }
     Ok(())
+}
+
+/// Whether the object's stop instance `id` succeeded: the server removed it
+/// in the same request (a pod with nothing left to wait for, `--force`).
+fn stop_finished(object: &Object, id: &str) -> bool {
+    StoredWorkflows::of(&object.status).is_ok_and(|status| {
+        status
+            .instances
+            .iter()
+            .any(|instance| instance.id == id && instance.outcome == WorkflowOutcome::Succeeded)
+    })
 }

@@ -273,7 +273,10 @@ pub(super) fn row(
     row.push(object.metadata.revision.to_string());
     if kind == Kind::Pod {
         let status: PodStatus = object.typed_status().unwrap_or_default();
-        row.push(status.reason());
+        row.push(match &object.metadata.deleting {
+            Some(_) => "Deleting".to_string(),
+            None => status.reason(),
+        });
         row.push(status.ready_count());
         row.push(status.restarts().to_string());
         row.push(status.node.clone().unwrap_or_else(|| "-".into()));

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
 use bytes::Bytes;
 use corral_api::Object;
 use corral_store::StoreError;
@@ -61,6 +62,7 @@ pub(crate) fn fresh(server: &crate::Server, mut object: Object) -> Object {
     object.metadata.created_at = Some(server.clock.now());
     object.metadata.revision = 0;
     object.metadata.resource_version = 0;
+    object.metadata.deleting = None;
     object.status = Value::Null;
     object
 }
@@ -206,19 +208,38 @@ fn keep_workflows(current: &Object, next: &mut Object) {
 }
 
 /// `DELETE`: deletes the object, then its dependents (`?cascade=orphan`
-/// keeps them and clears their owner instead; see [`crate::cascade`]).
+/// keeps them and clears their owner instead; see [`crate::cascade`]). A
+/// Pod a node took is not removed yet: its `stop` workflow starts, and the
+/// answer is the pod with `metadata.deleting` set (202); `?skip=STEP`
+/// (repeated) skips steps of it, `?force=true` all that are left (see
+/// [`crate::deletion`]).
 pub async fn delete(
     State(server): State<SharedServer>,
     Caller(caller): Caller,
     Path(params): Path<HashMap<String, String>>,
     RawQuery(query): RawQuery,
-) -> Result<Json<Object>, ApiError> {
+) -> Result<(StatusCode, Json<Object>), ApiError> {
     let key = Target::from_params(&params)?.key()?;
     let params = Params::parse(query.as_deref());
-    let expected = params.number("resourceVersion")?;
+    let request = crate::deletion::Request {
+        expected: params.number("resourceVersion")?,
+        force: params.flag("force"),
+        skip: params.all("skip"),
+    };
     let cascade = crate::cascade::parse(params.get("cascade"))?;
     let change = change(&server, &caller, params.get("message"));
-    let deleted = ownership::delete(&server, &caller, &key, expected, &change).await?;
+    let outcome = if crate::deletion::stops_through_workflow(key.kind) {
+        ownership::authorize_delete(&server, &caller, &key).await?;
+        crate::deletion::delete(&server, &key, &request, &change).await?
+    } else {
+        crate::deletion::check_skips(&key, &request)?;
+        let removed = ownership::delete(&server, &caller, &key, request.expected, &change).await?;
+        crate::deletion::Outcome::Removed(removed)
+    };
+    let (status, deleted) = match outcome {
+        crate::deletion::Outcome::Removed(object) => (StatusCode::OK, object),
+        crate::deletion::Outcome::Stopping(object) => (StatusCode::ACCEPTED, object),
+    };
     prune_secret(&server, &key, false).await;
     let outcome = crate::cascade::follow(&server, &deleted, cascade, &change).await?;
     if !outcome.deleted.is_empty() || !outcome.orphaned.is_empty() {
@@ -229,7 +250,7 @@ pub async fn delete(
             "dependents followed their owner"
         );
     }
-    Ok(Json(deleted))
+    Ok((status, Json(deleted)))
 }
 
 /// Whether an apply just forgot a Node (`spec.forgotten` turned on).

@@ -80,9 +80,24 @@ impl ObjectDocs {
             json!({"type": "string", "enum": ["delete", "orphan"]}),
             "what happens to the objects whose metadata.owner names this one: delete (default) deletes them too; orphan keeps them and clears their owner",
         );
-        json!({"summary": "delete an object, and its dependents unless cascade=orphan",
-            "parameters": self.named_and(vec![message(), json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}}), cascade]),
-            "responses": ok(schema_ref("Object"), "the deleted object")})
+        let force = query(
+            "force",
+            json!({"type": "boolean"}),
+            "skip every step of the object's stop workflow not done yet and remove it now (recorded in its step log and history)",
+        );
+        let skip = query(
+            "skip",
+            json!({"type": "string"}),
+            "a step of the stop workflow to skip (repeatable, or comma-separated); an unknown step is a 404 that changes nothing",
+        );
+        let mut responses = ok(schema_ref("Object"), "removed: the object's last state");
+        responses["202"] = json!({
+            "description": "a Pod a node runs: its stop workflow runs (metadata.deleting set) and it is removed when that finishes",
+            "content": {"application/json": {"schema": schema_ref("Object")}}
+        });
+        json!({"summary": "delete an object, and its dependents unless cascade=orphan; a Pod a node runs is stopped through its stop workflow first",
+            "parameters": self.named_and(vec![message(), json!({"name": "resourceVersion", "in": "query", "schema": {"type": "integer"}}), cascade, force, skip]),
+            "responses": responses})
     }
 
     pub(crate) fn put_status(&self) -> Value {

@@ -159,12 +159,7 @@ pub async fn delete(
     expected: Option<u64>,
     change: &ChangeMeta,
 ) -> Result<Object, ApiError> {
-    // A controller may delete only what it manages, so look at the object.
-    let verdict = match (caller.role, server.store.get(key).await?) {
-        (Role::Controller, Some(stored)) => check_delete_object(caller, &stored),
-        _ => check_delete(caller, key),
-    };
-    verdict.map_err(|refusal| ApiError::Forbidden(refusal.to_string()))?;
+    authorize_delete(server, caller, key).await?;
     let registering = key.kind == Kind::Controller;
     let _serial = if registering {
         Some(server.ownership.registrations.lock().await)
@@ -176,6 +171,21 @@ pub async fn delete(
         invalidate(server);
     }
     Ok(deleted?)
+}
+
+/// Whether `caller` may delete the object at `key`: people, and the
+/// controller managing it; policies and controllers operators only.
+pub async fn authorize_delete(
+    server: &Server,
+    caller: &Identity,
+    key: &ObjectKey,
+) -> Result<(), ApiError> {
+    // A controller may delete only what it manages, so look at the object.
+    let verdict = match (caller.role, server.store.get(key).await?) {
+        (Role::Controller, Some(stored)) => check_delete_object(caller, &stored),
+        _ => check_delete(caller, key),
+    };
+    verdict.map_err(|refusal| ApiError::Forbidden(refusal.to_string()))
 }
 
 /// The registry, reloaded from the store when a registration is being

@@ -6,7 +6,8 @@
 //! It lists nothing on a timer. It follows pods, VirtualMachines and nodes
 //! through the watch cache, keeps an index of each object's nearest
 //! deadline (a running step's timeout, a failed step's retry), and sleeps
-//! until the nearest one; an object is read and ticked only when its
+//! until the nearest one; it removes an object being deleted when its stop
+//! workflow succeeded; an object is read and ticked only when its
 //! deadline is due. Owners' transitions already derive the states that
 //! follow them in the same write, so the driver has nothing to do between
 //! deadlines.
@@ -176,7 +177,16 @@ async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &C
             Err(error) => tracing::warn!(object = %object.key(), %error, "rollback check failed"),
         }
     }
-    deadlines.set(object.key(), object_deadline(&object));
+    let key = object.key();
+    let deadline = object_deadline(&object);
+    if object.metadata.deleting.is_some() {
+        match crate::deletion::finish(server, object).await {
+            Ok(crate::deletion::Outcome::Removed(_)) => return,
+            Ok(crate::deletion::Outcome::Stopping(_)) => {}
+            Err(error) => tracing::warn!(object = %key, %error, "cannot remove a stopped object"),
+        }
+    }
+    deadlines.set(key, deadline);
 }
 
 /// The nearest deadline of the object's running instances.
@@ -207,6 +217,15 @@ pub async fn tick_all(server: &Server) -> Result<usize, StoreError> {
         let listed = server.store.list(kind, None).await?;
         for object in listed.objects {
             if kind == Kind::Pod && super::rollback::maybe_roll_back(server, &object).await? {
+                written += 1;
+                continue;
+            }
+            if object.metadata.deleting.is_some()
+                && matches!(
+                    crate::deletion::finish(server, object.clone()).await?,
+                    crate::deletion::Outcome::Removed(_)
+                )
+            {
                 written += 1;
                 continue;
             }

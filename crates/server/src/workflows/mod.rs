@@ -18,9 +18,8 @@
 //!   an unchanged re-apply of an object whose newest instance failed,
 //!   [`retry_failed`]).
 //!
-//! Deletion is still immediate: the `stop` workflow needs the node agent to
-//! stop containers and release resources, so it is instantiated when the
-//! agent lands (deletion then becomes "run stop, remove at `deleted`").
+//! Deleting a Pod starts its `stop` instance ([`crate::deletion`]); the
+//! driver removes the pod when that instance succeeds.
 //!
 //! This module decides nothing about steps itself: the definitions, state
 //! machine and owner rule are `corral_workflow`'s; the module persists what
@@ -98,8 +97,24 @@ pub async fn update(
     change: &ChangeMeta,
 ) -> Result<Object, WriteError> {
     admit_controller(server, &next).await?;
-    let unbound =
-        next.kind == Kind::Pod && bound_node(current).is_some() && bound_node(&next).is_none();
+    // Only the deletion itself marks an object as being deleted.
+    next.metadata.deleting = current.metadata.deleting.clone();
+    if let Some(deletion) = &current.metadata.deleting
+        && next.spec != current.spec
+    {
+        return Err(WriteError::Refused(ApiError::Conflict(format!(
+            "{} is being deleted (by {} since {}; its {} workflow runs): its spec no longer changes; wait until it is gone (corral delete {} --wait), then create it again",
+            current.key(),
+            deletion.by,
+            deletion.since.format("%Y-%m-%d %H:%M:%S UTC"),
+            deletion.workflow,
+            current.key()
+        ))));
+    }
+    let unbound = next.kind == Kind::Pod
+        && current.metadata.deleting.is_none()
+        && bound_node(current).is_some()
+        && bound_node(&next).is_none();
     let mut change = change.clone();
     let logs = if next.spec == current.spec && unbound {
         // The scheduler unbound it from a silent or lost node: place and
@@ -127,7 +142,7 @@ pub async fn update(
 /// Adds a new instance of `workflow` serving `revision` to `object`'s
 /// status, if its kind has that workflow; a running older one is
 /// cancelled. Returns the log entries to store once the object is written.
-async fn begin(
+pub(crate) async fn begin(
     server: &Server,
     object: &mut Object,
     workflow: &str,

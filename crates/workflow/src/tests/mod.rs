@@ -5,6 +5,7 @@ mod engine;
 mod ownership;
 mod render;
 mod retry;
+mod stop;
 mod stored;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};

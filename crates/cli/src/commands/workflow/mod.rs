@@ -11,7 +11,7 @@ mod why_pd;
 
 pub use logs::{LogsArgs, logs};
 pub use retry::{RetryArgs, retry};
-pub use wait::follow;
+pub use wait::{Until, follow, follow_until};
 pub(crate) use why::unhealthy_now;
 pub use why::{AnalyzeArgs, WhyArgs, analyze, why};
 

@@ -1,5 +1,6 @@
-//! `apply --wait`: follows an object's newest workflow instance through
-//! watch until it succeeds, fails or the deadline passes. In a terminal the
+//! `apply --wait` and `delete --wait`: follows an object's newest workflow
+//! instance through watch until it succeeds (for a deletion: until the
+//! object is gone), fails or the deadline passes. In a terminal the
 //! `why` view is redrawn in place every second; otherwise one line is
 //! printed per step transition.
 
@@ -31,6 +32,27 @@ pub async fn follow(
     deadline: Instant,
     live: bool,
 ) -> anyhow::Result<()> {
+    follow_until(client, stored, deadline, live, Until::Finished).await
+}
+
+/// When following ends well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The instance succeeded.
+    Finished,
+    /// The object is gone (its stop instance succeeded and the server
+    /// removed it).
+    Gone,
+}
+
+/// [`follow`], ending as `until` says.
+pub async fn follow_until(
+    client: &Client,
+    stored: &Object,
+    deadline: Instant,
+    live: bool,
+    until: Until,
+) -> anyhow::Result<()> {
     let key = stored.key();
     let name = display_name(&key);
     let mut hydrator = Hydrator::new(client);
@@ -47,7 +69,8 @@ pub async fn follow(
         corral_workflow::tick(&mut current, now);
         let lines = super::running_lines(client, &key, &current).await;
         view.show(&current, &lines)?;
-        if current.outcome != WorkflowOutcome::Running {
+        let gone_next = until == Until::Gone && current.outcome == WorkflowOutcome::Succeeded;
+        if current.outcome != WorkflowOutcome::Running && !gone_next {
             return view.finish(&current);
         }
         tokio::select! {
@@ -58,13 +81,25 @@ pub async fn follow(
             }
             _ = refresh.tick() => {
                 if watch.is_none() {
-                    let object = client.get(&key).await?;
+                    let object = match client.get(&key).await {
+                        Err(error) if until == Until::Gone && error.status() == Some(404) => {
+                            println!("{name} deleted: its {} workflow {} finished", instance.workflow, instance.id);
+                            return Ok(());
+                        }
+                        other => other?,
+                    };
                     instance = find(&mut hydrator, &object, &instance.id, &name).await?;
                 }
             }
             event = next_event(&mut watch) => {
                 match event {
                     Some(Ok(event)) if event.event_type == EventType::Deleted => {
+                        if until == Until::Gone {
+                            instance.outcome = WorkflowOutcome::Succeeded;
+                            view.close(&instance)?;
+                            println!("{name} deleted: its {} workflow {} finished", instance.workflow, instance.id);
+                            return Ok(());
+                        }
                         bail!("{name} was deleted while waiting for it");
                     }
                     Some(Ok(event)) => {
