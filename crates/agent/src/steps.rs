@@ -499,7 +499,7 @@ mod tests {
             "node/pull-image",
             "node/prepare-volumes",
         ]);
-        assert_eq!(next, ["node/start-containers"]);
+        assert_eq!(next, ["node/run-init-containers"]);
         let mut batch = StepBatch::default();
         for step in [
             "node/create-sandbox",
@@ -510,7 +510,7 @@ mod tests {
         }
         batch.claim(&work, &next[0]);
         let work = block_on(api.batch(&object.key(), &batch)).expect("the server agrees");
-        assert_eq!(work.running()[0].name, "node/start-containers");
+        assert_eq!(work.running()[0].name, "node/run-init-containers");
     }
 
     #[test]

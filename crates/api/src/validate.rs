@@ -318,8 +318,31 @@ fn check_pod(checker: &mut Checker, prefix: &str, spec: &PodSpec) {
         checker.relaxation(&format!("{prefix}.security.relax[{index}]"), name);
     }
     let mut container_names = BTreeSet::new();
-    for (index, container) in spec.containers.iter().enumerate() {
-        let path = format!("{prefix}.containers[{index}]");
+    let init = spec
+        .init_containers
+        .iter()
+        .enumerate()
+        .map(|(index, container)| (format!("{prefix}.initContainers[{index}]"), container));
+    let regular = spec
+        .containers
+        .iter()
+        .enumerate()
+        .map(|(index, container)| (format!("{prefix}.containers[{index}]"), container));
+    for (path, container) in init.chain(regular) {
+        if path.contains(".initContainers[") {
+            for (field, set) in [
+                ("readiness", container.readiness.is_some()),
+                ("liveness", container.liveness.is_some()),
+                ("preStop", container.pre_stop.is_some()),
+            ] {
+                if set {
+                    checker.fail(
+                        format!("{path}.{field}"),
+                        "an init container runs to completion: it has no readiness, liveness or preStop",
+                    );
+                }
+            }
+        }
         checker.dns_label(&format!("{path}.name"), &container.name);
         if !container_names.insert(container.name.as_str()) {
             checker.fail(

@@ -42,12 +42,16 @@ fn pod_rules_name_their_paths() {
             {"name": "Web", "image": "busybox", "mounts": [{"volume": "nope", "path": "data"}]},
             {"name": "Web", "image": " ", "readiness": {}, "preStop": {"exec": {"command": []}}}
         ],
-        "volumes": [{"name": "data"}]
+        "volumes": [{"name": "data"}],
+        "initContainers": [{"name": "Web", "image": "busybox"}, {"name": "migrate", "image": "", "readiness": {"tcp": {"port": 1}}}]
     }));
     let errors = messages(&object);
     for expected in [
         "spec.containers[0].name: \"Web\" is not a valid name",
         "spec.containers[1].name: duplicate container name",
+        "spec.containers[0].name: duplicate container name \"Web\"",
+        "spec.initContainers[1].image: must not be empty",
+        "spec.initContainers[1].readiness: an init container runs to completion",
         "spec.containers[1].image: must not be empty",
         "spec.containers[1].readiness: must set exactly one of exec, http or tcp",
         "spec.containers[1].preStop.exec.command: must not be empty",

@@ -741,10 +741,11 @@ spec:
     ] {
         cluster.ok(&["delete", pod]);
     }
-    // The watch says when a pod is deleted.
+    // The watch says when a pod is deleting, and when it is gone (after
+    // its stop workflow: the grace period of a shell that ignores SIGTERM).
     common::wait_for(
         "get -w to print the deletion",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || {
             watch
                 .rows("healthy")

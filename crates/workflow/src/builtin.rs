@@ -109,8 +109,17 @@ fn pod_start() -> Vec<StepDefinition> {
             "every prerequisite of the containers is in place; they start after it",
             &["network", "storage", "image"],
         ),
+        node_step(
+            PodStep::RunInitContainers,
+            "run the init containers in order, each to a successful exit",
+        )
+        .requires(&["containers"])
+        .wanted_by("running")
+        .timeout_secs(600)
+        .attempts(3)
+        .build(),
         node_step(PodStep::StartContainers, "start the pod's containers")
-            .requires(&["containers"])
+            .requires(&[PodStep::RunInitContainers.as_str()])
             .wanted_by("running")
             .timeout_secs(120)
             .attempts(2)

@@ -90,6 +90,9 @@ node_steps! {
         PullImage => "node/pull-image",
         /// start, update: the pod's volumes made or mounted.
         PrepareVolumes => "node/prepare-volumes",
+        /// start: the init containers run one after another, each to a
+        /// successful exit.
+        RunInitContainers => "node/run-init-containers",
         /// start: every container started.
         StartContainers => "node/start-containers",
         /// start, update: every readiness probe passes.

@@ -17,6 +17,7 @@ const ADDRESS: &str = "ipam/assign-address";
 const SANDBOX: &str = "node/create-sandbox";
 const PULL: &str = "node/pull-image";
 const VOLUMES: &str = "node/prepare-volumes";
+const INIT: &str = "node/run-init-containers";
 const START: &str = "node/start-containers";
 const READY: &str = "node/await-readiness";
 
@@ -184,17 +185,17 @@ async fn a_pod_start_runs_every_node_step_once_after_claiming_it() {
     executor.reconcile().await;
     assert_eq!(
         runs(&executor),
-        [SANDBOX, PULL, VOLUMES, START, READY],
+        [SANDBOX, PULL, VOLUMES, INIT, START, READY],
         "graph order, one at a time"
     );
-    for step in [SANDBOX, PULL, VOLUMES, START, READY] {
+    for step in [SANDBOX, PULL, VOLUMES, INIT, START, READY] {
         assert_eq!(api.step(step), ("done", 1), "{step}");
     }
     // Looking again does nothing: everything is reported.
     let requests = api.requests().len();
     executor.reconcile().await;
     assert_eq!(api.requests().len(), requests);
-    assert_eq!(runs(&executor).len(), 5);
+    assert_eq!(runs(&executor).len(), 6);
 }
 
 #[tokio::test]
@@ -220,7 +221,7 @@ async fn steps_that_run_on_their_own_are_claimed_together_and_run_beside_one_inl
             .flatten()
             .filter(|a| a.starts_with("claim"))
             .count()
-            == 5,
+            == 6,
         "{actions:?}"
     );
     assert_eq!(api.step(READY), ("done", 1));
@@ -235,7 +236,8 @@ async fn a_completion_and_the_claim_of_the_step_it_makes_ready_share_a_request()
         vec![format!("claim {SANDBOX}")],
         vec![format!("complete {SANDBOX}"), format!("claim {PULL}")],
         vec![format!("complete {PULL}"), format!("claim {VOLUMES}")],
-        vec![format!("complete {VOLUMES}"), format!("claim {START}")],
+        vec![format!("complete {VOLUMES}"), format!("claim {INIT}")],
+        vec![format!("complete {INIT}"), format!("claim {START}")],
         vec![format!("complete {START}"), format!("claim {READY}")],
         vec![format!("complete {READY}")],
     ]
@@ -249,14 +251,14 @@ async fn a_refused_claim_costs_a_request_not_a_report() {
     api.refuse_claims_of(START);
     let mut executor = executor(&api, FakeWorkload::new(&api));
     executor.admit().await;
-    assert_eq!(api.step(VOLUMES), ("done", 1), "reported alone");
+    assert_eq!(api.step(INIT), ("done", 1), "reported alone");
     assert_eq!(api.step(START), ("ready", 0));
     let actions = api.actions();
     let refused = actions
         .iter()
         .position(|r| r.contains(&format!("claim {START}")))
         .unwrap();
-    assert_eq!(actions[refused + 1], [format!("complete {VOLUMES}")]);
+    assert_eq!(actions[refused + 1], [format!("complete {INIT}")]);
     assert!(!runs(&executor).contains(&START.to_string()));
 }
 
@@ -414,7 +416,7 @@ async fn a_stale_view_never_runs_a_finished_step_again() {
     let with_sandbox_claimed = view_with_claimed(&api, SANDBOX);
     let mut executor = executor(&api, FakeWorkload::new(&api));
     executor.admit().await;
-    assert_eq!(runs(&executor).len(), 5);
+    assert_eq!(runs(&executor).len(), 6);
     let requests = api.requests().len();
     // Older watch events arrive after the fresh instances the API returned:
     // every node step ready or waiting again, or the sandbox still running
@@ -422,7 +424,7 @@ async fn a_stale_view_never_runs_a_finished_step_again() {
     for stale in [before, with_sandbox_claimed] {
         executor.workload.set_desired(stale);
         executor.reconcile().await;
-        assert_eq!(runs(&executor).len(), 5, "nothing ran twice");
+        assert_eq!(runs(&executor).len(), 6, "nothing ran twice");
         assert_eq!(api.requests().len(), requests, "nothing was claimed again");
     }
 }

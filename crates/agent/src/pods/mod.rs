@@ -6,6 +6,7 @@
 //!
 //! - [`namespaces`]: the pod's user and network namespaces, wired to the
 //!   node's pod network (`node/create-sandbox`);
+//! - [`init`]: the init containers, in order, before the others start;
 //! - [`revision`]: starting and stopping containers for a revision, and
 //!   recording it as admitted;
 //! - [`supervision`]: restarts after exits, and the probes;
@@ -14,6 +15,7 @@
 //!   up to date in place.
 
 mod data;
+mod init;
 mod namespaces;
 mod removal;
 mod revision;
@@ -70,6 +72,8 @@ pub struct PodWorkload {
     /// `node/remove-sandbox` of the pod's stop workflow is done: its
     /// removal only forgets it.
     sandbox_removed: bool,
+    /// The init containers' progress while `node/run-init-containers` runs.
+    init: Option<init::InitRun>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -89,6 +93,7 @@ impl PodWorkload {
             pull_log: None,
             data_retry: None,
             sandbox_removed: false,
+            init: None,
         }
     }
 
@@ -120,7 +125,12 @@ impl PodWorkload {
         // `running_log`) and, the last ones, with its outcome.
         let log = Arc::new(PullLog::new(PROGRESS_INTERVAL));
         self.pull_log = Some(log.clone());
-        let images: Vec<String> = spec.containers.iter().map(|c| c.image.clone()).collect();
+        let images: Vec<String> = spec
+            .init_containers
+            .iter()
+            .chain(&spec.containers)
+            .map(|c| c.image.clone())
+            .collect();
         // Recorded first, so image GC never takes what is being pulled.
         self.record.pulling.clone_from(&images);
         self.save();
@@ -428,6 +438,7 @@ impl Workload for PodWorkload {
             PodStep::CreateSandbox => StepRun::from(self.ensure_sandbox().await.map(Some)),
             PodStep::PullImage => self.pull_images(&spec).await,
             PodStep::PrepareVolumes => self.prepare_volumes(spec, work).await,
+            PodStep::RunInitContainers => self.run_init_containers(&spec).await,
             PodStep::StartContainers | PodStep::StartChangedContainers => {
                 self.apply_containers(&spec, false).await.into()
             }

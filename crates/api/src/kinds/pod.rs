@@ -38,6 +38,11 @@ pub struct PodSpec {
     /// pod's pulls instead of the node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_secret: Option<String>,
+    /// Run one after another when the pod starts, each to a successful
+    /// exit, before `containers` start (in the start workflow's
+    /// `node/run-init-containers`; an update does not run them again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<Container>,
     pub containers: Vec<Container>,
 }
 

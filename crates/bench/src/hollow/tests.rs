@@ -180,9 +180,9 @@ async fn hollow_nodes_join_and_run_pods_through_the_real_api() {
     let errors = counters.errors.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(errors, 0, "{}", counters.describe());
     let steps = counters.steps.load(std::sync::atomic::Ordering::Relaxed);
-    // Per node 5 join steps, per pod 5 start steps, and the deleted pod's
+    // Per node 5 join steps, per pod 6 start steps, and the deleted pod's
     // 4 node steps of its stop workflow, each claimed once.
-    assert_eq!(steps, 3 * 5 + 10 * 5 + 4, "{}", counters.describe());
+    assert_eq!(steps, 3 * 5 + 10 * 6 + 4, "{}", counters.describe());
 }
 
 /// The `scheduler/place` state of the pod's newest instance.

@@ -103,7 +103,16 @@ pub async fn follow_until(
                         bail!("{name} was deleted while waiting for it");
                     }
                     Some(Ok(event)) => {
-                        instance = find(&mut hydrator, &event.object, &instance.id, &name).await?;
+                        match find(&mut hydrator, &event.object, &instance.id, &name).await {
+                            Ok(found) => instance = found,
+                            // A finished stop instance is replayed from
+                            // the object, which may be gone already.
+                            Err(error) if until == Until::Gone && is_not_found(&error) => {
+                                println!("{name} deleted: its {} workflow {} finished", instance.workflow, instance.id);
+                                return Ok(());
+                            }
+                            Err(error) => return Err(error),
+                        }
                     }
                     // The watch ended: poll on the refresh tick instead.
                     Some(Err(_)) | None => watch = None,
@@ -138,6 +147,15 @@ async fn next_event(
         Some(stream) => stream.next().await,
         None => std::future::pending().await,
     }
+}
+
+/// Whether `error` is the API's 404.
+fn is_not_found(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<corral_client::ClientError>()
+            .is_some_and(|error| error.status() == Some(404))
+    })
 }
 
 /// The followed instance in a newer copy of the object.
