@@ -203,6 +203,15 @@ fn a_person_watches_explains_diffs_and_rolls_back_a_pod_in_the_browser() {
     let history = cluster.ok(&["history", &format!("pod/{name}")]);
     assert!(history.contains(&message), "{history}");
     browser.screenshot("5-rolled-back");
+    // The object page follows the object: a change made elsewhere shows.
+    browser.script("window.dashboardMark = 'object page'", json!([]));
+    cluster.ok(&["apply", "-f", &cluster.manifest("v4.yaml", &pod(&name, "four"))]);
+    browser.wait_for(
+        "revision 4 in the history without a reload",
+        Duration::from_secs(20),
+        "return document.querySelector('#timeline tr[data-revision=\"4\"]') !== null \
+           && window.dashboardMark === 'object page'",
+    );
 
     // Apply from the browser: an invalid manifest names the field, a
     // valid one is created.

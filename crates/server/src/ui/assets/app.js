@@ -111,6 +111,9 @@ function objectPage() {
   const parts = document.querySelectorAll(".part");
   for (const target of parts) load(target.dataset.part, target);
   const history = document.querySelector('[data-part="history"]');
+  watchObject(plural, namespace, name, () => {
+    for (const target of parts) load(target.dataset.part, target);
+  });
 
   document.getElementById("diff-form").addEventListener("submit", (event) => {
     event.preventDefault();
@@ -146,6 +149,25 @@ function objectPage() {
   if (consoleButton) consoleButton.addEventListener("click", () => openConsole(namespace, name));
 }
 
+// Calls `changed` (at most every 500 ms) whenever the object changes:
+// the /v1 watch of this one object, read as a stream of JSON lines.
+async function watchObject(plural, namespace, name, changed) {
+  const collection = (namespace ? "/v1/namespaces/" + encodeURIComponent(namespace) : "/v1") + "/" + plural;
+  const current = await fetch(collection + "/" + encodeURIComponent(name), { credentials: "same-origin" });
+  if (!current.ok) return;
+  const version = (await current.json()).metadata.resourceVersion || 0;
+  const response = await fetch(collection + "?watch=true&name=" + encodeURIComponent(name) +
+    "&resourceVersion=" + version, { credentials: "same-origin" });
+  if (!response.ok) return;
+  const reader = response.body.getReader();
+  let timer = null;
+  for (;;) {
+    const { done } = await reader.read();
+    if (done) break;
+    if (timer === null) timer = setTimeout(() => { timer = null; changed(); }, 500);
+  }
+}
+
 // Container logs, followed: the /v1 logs endpoint read as a stream.
 async function streamLogs(namespace, name) {
   const out = document.getElementById("logs");
@@ -177,7 +199,7 @@ async function openConsole(namespace, name) {
   const state = document.getElementById("console-state");
   const recent = await fetch("/v1/namespaces/" + encodeURIComponent(namespace) + "/virtualmachines/" +
     encodeURIComponent(name) + "/logs?tail=200", { credentials: "same-origin" });
-  out.textContent = recent.ok ? (await recent.text()).replace(/\r/g, "") : "";
+  out.textContent = recent.ok ? terminalText(await recent.text()) : "";
   const socket = new WebSocket("wss://" + location.host + "/ui/console/" + encodeURIComponent(name) +
     "?namespace=" + encodeURIComponent(namespace));
   socket.binaryType = "arraybuffer";
@@ -189,7 +211,7 @@ async function openConsole(namespace, name) {
   socket.addEventListener("close", () => { state.textContent = "disconnected"; });
   socket.addEventListener("message", (event) => {
     const text = typeof event.data === "string" ? "\n" + event.data + "\n" : decoder.decode(event.data, { stream: true });
-    out.textContent += text.replace(/\r/g, "");
+    out.textContent += terminalText(text);
     out.scrollTop = out.scrollHeight;
   });
   out.addEventListener("keydown", (event) => {
@@ -203,6 +225,11 @@ async function openConsole(namespace, name) {
     event.preventDefault();
     socket.send(key);
   });
+}
+
+// Console output as plain text: no carriage returns, no escape sequences.
+function terminalText(text) {
+  return text.replace(/\r/g, "").replace(/\x1b\[[0-9;?]*[A-Za-z]/g, "");
 }
 
 // ---- Apply a pasted manifest.
