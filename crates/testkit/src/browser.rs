@@ -181,6 +181,16 @@ impl Browser {
         )
     }
 
+    /// Runs `script` in the page and waits for it to call its last
+    /// argument (WebDriver's asynchronous script) with the result.
+    pub fn script_async(&self, script: &str, args: Value) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            &self.session_path("/execute/async"),
+            Some(json!({"script": script, "args": args})),
+        )
+    }
+
     /// Runs `script` every 100 ms until it returns something other than
     /// `null` or `false`; panics naming `what` (and the page's text) after
     /// `timeout`.
