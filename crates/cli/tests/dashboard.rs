@@ -231,6 +231,25 @@ fn a_person_watches_explains_diffs_and_rolls_back_a_pod_in_the_browser() {
     );
     browser.screenshot("6-logs");
 
+    // A cluster-wide object's page: the node and its join workflow.
+    let node = cluster.get_json(&format!("pod/{name}"))["status"]["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    browser.goto(&format!("{server}/ui/objects/nodes/{node}"));
+    let verdict = browser.wait_for(
+        "the node's verdict",
+        Duration::from_secs(10),
+        "const v = document.getElementById('verdict'); return v ? v.textContent : null",
+    );
+    assert!(
+        verdict
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("node/{node} (revision")),
+        "{verdict}"
+    );
+
     // Apply from the browser: an invalid manifest names the field, a
     // valid one is created.
     browser.goto(&format!("{server}/ui/apply"));
@@ -595,6 +614,21 @@ fn a_vm_console_in_the_browser_shows_the_boot_marker_and_answers() {
         "the console button",
         Duration::from_secs(10),
         "return document.getElementById('console-open') !== null",
+    );
+    let facts = browser.wait_for(
+        "the VM's disk and network",
+        Duration::from_secs(10),
+        "const t = document.getElementById('summary'); if (!t) return null; \
+         return Object.fromEntries([...t.rows].map(r => [r.dataset.field, r.cells[1].textContent]))",
+    );
+    let vm = cluster.get_json(&format!("vm/{name}"));
+    assert_eq!(facts["network"], vm["status"]["address"], "{facts}");
+    assert!(
+        facts["disk"]
+            .as_str()
+            .unwrap()
+            .starts_with("local volume disk-"),
+        "{facts}"
     );
     browser.click("#console-open");
     browser.wait_for(

@@ -176,6 +176,7 @@ pub async fn object(
     };
     let main = format!(
         "<h1>{} <span class=\"ns\">{}</span></h1>\
+         <section><div class=\"part\" data-part=\"summary\">loading…</div></section>\
          <section id=\"why\"><h2>Workflow</h2><div class=\"part\" data-part=\"why\">loading…</div></section>\
          <section id=\"history\"><h2>History</h2><div class=\"part\" data-part=\"history\">loading…</div>\
          <form id=\"diff-form\" class=\"inline\"><label>From <input id=\"diff-from\" size=\"4\"></label>\

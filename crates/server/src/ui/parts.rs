@@ -82,6 +82,7 @@ async fn render(
     let key = readable_key(session, plural, query.namespace.as_deref(), name)?;
     match part {
         "object" => Ok(object_part(&current(server, &key).await?)),
+        "summary" => Ok(summary_part(&current(server, &key).await?)),
         "why" => why_part(server, &key).await,
         "history" => history_part(server, &key).await,
         "diff" => {
@@ -96,7 +97,7 @@ async fn render(
         }
         "steplogs" => steplogs_part(server, &key).await,
         other => Err(ApiError::NotFound(format!(
-            "part: {other:?} is not one of object, why, history, diff, steplogs"
+            "part: {other:?} is not one of object, summary, why, history, diff, steplogs"
         ))),
     }
 }
@@ -116,6 +117,80 @@ fn object_part(object: &Object) -> String {
         escape(&to_yaml(&object.spec)),
         escape(&to_yaml(&object.status))
     )
+}
+
+/// The facts a person looks for first: revision, age, owner, and for a
+/// VM its node, phase, size, disk and network.
+fn summary_part(object: &Object) -> String {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("revision", object.metadata.revision.to_string()),
+        (
+            "created",
+            object
+                .metadata
+                .created_at
+                .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+                .unwrap_or_default(),
+        ),
+        (
+            "owner",
+            object
+                .metadata
+                .owner
+                .as_ref()
+                .map_or_else(|| "-".into(), ToString::to_string),
+        ),
+    ];
+    if object.kind == Kind::VirtualMachine {
+        let status = |field: &str| {
+            object
+                .status
+                .get(field)
+                .and_then(Value::as_str)
+                .unwrap_or("-")
+                .to_string()
+        };
+        let spec = object
+            .typed_spec::<corral_api::kinds::VirtualMachineSpec>()
+            .ok();
+        let disk = spec.as_ref().and_then(|s| s.disk.as_ref()).map_or_else(
+            || "none".to_string(),
+            |disk| {
+                let source = match (&disk.volume, &disk.image) {
+                    (Some(volume), _) => format!("local volume {volume}"),
+                    (None, Some(image)) => format!("image {image} (copy-on-write)"),
+                    (None, None) => "a disk of its own".into(),
+                };
+                match &disk.size {
+                    Some(size) => format!("{source}, {size}"),
+                    None => source,
+                }
+            },
+        );
+        rows.extend([
+            ("node", status("node")),
+            ("phase", status("phase")),
+            ("message", status("message")),
+            (
+                "size",
+                spec.as_ref()
+                    .map(|s| format!("{} vCPU, {} memory", s.cpus, s.memory))
+                    .unwrap_or_default(),
+            ),
+            ("disk", disk),
+            ("network", status("address")),
+        ]);
+    }
+    let mut html = String::from("<table id=\"summary\"><tbody>");
+    for (name, value) in rows {
+        let _ = write!(
+            html,
+            "<tr data-field=\"{name}\"><th>{name}</th><td>{}</td></tr>",
+            escape(&value)
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
 }
 
 async fn why_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiError> {
