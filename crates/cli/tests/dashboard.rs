@@ -156,6 +156,12 @@ fn a_person_watches_explains_diffs_and_rolls_back_a_pod_in_the_browser() {
         first_line.starts_with(&format!("pod/{name} (revision 2)")),
         "{why}"
     );
+    let logged = browser.wait_for(
+        "the step logs",
+        Duration::from_secs(10),
+        "const n = document.querySelectorAll('#steplogs tbody tr').length; return n > 0 ? n : null",
+    );
+    assert!(logged.as_u64().unwrap() > 0);
     browser.screenshot("3-object-why");
     browser.wait_for(
         "revision 2 in the history",
@@ -282,7 +288,14 @@ fn a_person_watches_explains_diffs_and_rolls_back_a_pod_in_the_browser() {
     assert!(cli_refused.contains(field), "{cli_refused}");
     browser.screenshot("7-apply-refused");
     let made = unique_name("made");
-    browser.type_into("#manifest", &pod(&made, "browser"));
+    // This one uploaded as a file: it lands in the box, then applies.
+    let file = cluster.manifest("made.yaml", &pod(&made, "browser"));
+    browser.type_into_keys("#manifest-file", &file);
+    browser.wait_for(
+        "the uploaded manifest in the box",
+        Duration::from_secs(10),
+        &format!("return document.getElementById('manifest').value.includes('{made}')"),
+    );
     browser.click("#apply-button");
     let applied = browser.wait_for(
         "the apply result",

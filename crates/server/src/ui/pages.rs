@@ -204,11 +204,13 @@ pub async fn object(
     )
 }
 
-/// `GET /ui/apply`: paste a manifest; errors come back with field paths.
+/// `GET /ui/apply`: paste a manifest (or load a file into the box);
+/// errors come back with field paths.
 pub async fn apply(session: Session, Query(query): Query<NamespaceQuery>) -> Response {
     let namespace = query.or_default(&session.caller);
     let main = format!(
         "<h1>Apply a manifest</h1><form id=\"apply-form\"><label>Namespace <input id=\"apply-namespace\" value=\"{}\"></label>\
+         <label>or upload a file <input type=\"file\" id=\"manifest-file\" accept=\".yaml,.yml,.json\"></label>\
          <textarea id=\"manifest\" rows=\"20\" cols=\"80\" spellcheck=\"false\"></textarea>\
          <button type=\"submit\" id=\"apply-button\">Apply</button></form><pre id=\"apply-result\"></pre>",
         escape(&namespace)

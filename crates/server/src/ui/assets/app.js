@@ -43,12 +43,18 @@ if (signOut) {
 }
 
 // ---- Overview: tables fed by one server-sent-event stream.
+// A `gone` event (a watch fell behind the server's window) starts over
+// with a fresh list; EventSource itself reconnects after a network error.
 function overview() {
   const namespace = main.dataset.namespace;
   const tables = document.getElementById("tables");
   const state = document.getElementById("live-state");
   const bodies = new Map();
   const source = new EventSource("/ui/live?namespace=" + encodeURIComponent(namespace));
+  source.addEventListener("gone", () => {
+    source.close();
+    overview();
+  });
   source.addEventListener("open", () => {
     state.textContent = "live";
     state.dataset.state = "live";
@@ -234,6 +240,10 @@ function terminalText(text) {
 
 // ---- Apply a pasted manifest.
 function applyPage() {
+  document.getElementById("manifest-file").addEventListener("change", async (event) => {
+    const file = event.target.files[0];
+    if (file) document.getElementById("manifest").value = await file.text();
+  });
   document.getElementById("apply-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const namespace = document.getElementById("apply-namespace").value.trim();
