@@ -358,6 +358,19 @@ fn a_person_watches_explains_diffs_and_rolls_back_a_pod_in_the_browser() {
         "const e = document.querySelector('[data-part=\"object\"] .error'); return e ? e.textContent : null",
     );
     assert!(denied.as_str().unwrap().contains("team-b"), "{denied}");
+    // A write from the page runs with bob's rights too: refused.
+    browser.type_into("#rollback-to", "2");
+    browser.type_into("#rollback-message", "not mine");
+    browser.click("#rollback-button");
+    let refused = browser.wait_for(
+        "bob's rollback to be refused",
+        Duration::from_secs(10),
+        "const r = document.getElementById('rollback-result'); \
+         return r && r.className === 'error' ? r.textContent : null",
+    );
+    assert!(refused.as_str().unwrap().contains("team-b"), "{refused}");
+    let history = cluster.ok(&["history", &format!("pod/{name}")]);
+    assert!(!history.contains("not mine"), "{history}");
     browser.screenshot("9-user-refused-default");
 }
 
