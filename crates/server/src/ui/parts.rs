@@ -202,14 +202,53 @@ async fn why_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiE
     let name = format!("{}/{}", key.kind.short(), key.name);
     let now = Utc::now();
     let why = corral_workflow::why_json(&name, instance, now);
-    let state = why["verdict"]["state"].as_str().unwrap_or("unknown");
-    let line = why["verdict"]["line"].as_str().unwrap_or_default();
+    let mut state = why["verdict"]["state"]
+        .as_str()
+        .unwrap_or("unknown")
+        .to_string();
+    let mut line = why["verdict"]["line"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // Once its operation succeeded, an object answers for its health now,
+    // as `corral why` does.
+    if instance.outcome == corral_api::workflow::WorkflowOutcome::Succeeded
+        && let Some(problem) = health_problem(server, &object, now).await
+    {
+        state = "unhealthy".into();
+        line = format!(
+            "{name} (revision {}) is not healthy: {problem}",
+            instance.revision
+        );
+    }
     Ok(format!(
         "<p id=\"verdict\" class=\"verdict {}\">{}</p><div class=\"graph\">{}</div>",
-        escape(state),
-        escape(line),
+        escape(&state),
+        escape(&line),
         corral_workflow::svg(&name, instance, now)
     ))
+}
+
+/// [`corral_api::health::unhealthy_now`], its bound node read from the store.
+async fn health_problem(
+    server: &SharedServer,
+    object: &Object,
+    now: chrono::DateTime<Utc>,
+) -> Option<String> {
+    let node = match corral_api::health::bound_node(object) {
+        Some(name) => server
+            .store
+            .get(&ObjectKey::new(Kind::Node, None, &name))
+            .await
+            .ok()
+            .flatten()
+            .map(|node| {
+                node.typed_status::<corral_api::kinds::NodeStatus>()
+                    .unwrap_or_default()
+            }),
+        None => None,
+    };
+    corral_api::health::unhealthy_now(object, node.as_ref(), now)
 }
 
 async fn history_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiError> {
