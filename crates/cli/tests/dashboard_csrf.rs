@@ -2,7 +2,8 @@
 //! sign-in cookie's attributes, the strict Content-Security-Policy, and
 //! that a write made with the cookie is refused without the session's CSRF
 //! token (or with a wrong one, or from another origin) and goes through,
-//! as the signed-in person, with it.
+//! as the signed-in person, with it; and that the dashboard is for
+//! people only.
 
 #![allow(clippy::unwrap_used)]
 
@@ -161,4 +162,23 @@ fn cookie_writes_need_the_csrf_token_and_pages_carry_a_strict_policy() {
     let anonymous = client.get(format!("{server}/ui/")).send().unwrap();
     assert_eq!(anonymous.status(), 303);
     assert_eq!(anonymous.headers()["location"], "/ui/login");
+
+    // The dashboard is for people: a controller's token gets no page.
+    let controller = cluster
+        .ok(&["token", "create", "--controller", "dash-test"])
+        .trim()
+        .to_string();
+    let signed = client
+        .post(format!("{server}/ui/login"))
+        .form(&[("token", controller.as_str())])
+        .send()
+        .unwrap();
+    let cookie = signed.headers()["set-cookie"].to_str().unwrap().to_string();
+    let page = client
+        .get(format!("{server}/ui/"))
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .unwrap();
+    assert_eq!(page.status(), 403);
+    assert!(page.text().unwrap().contains("for people"));
 }
