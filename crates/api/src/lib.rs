@@ -8,6 +8,7 @@
 //! validation.
 
 pub mod fieldpath;
+pub mod health;
 pub mod history;
 pub mod identity;
 pub mod kinds;

@@ -4,8 +4,9 @@
 //! history, diff, rollback, cluster-wide history queries, watch streams),
 //! authentication of every caller by bearer token, admission (validation
 //! now; ownership and policy in their own modules as they land), `/healthz`
-//! and `/metrics`. It owns no state of its own beyond caches: everything
-//! durable goes through [`corral_store::Store`].
+//! and `/metrics`, and the web dashboard under `/ui/` ([`ui`]). It owns
+//! no state of its own beyond caches: everything durable goes through
+//! [`corral_store::Store`].
 //!
 //! [`app`] builds the router without a socket so tests drive it directly;
 //! [`serve`] runs it on a listener until cancelled.
@@ -34,6 +35,7 @@ pub mod scope;
 pub mod secrets;
 pub mod security;
 pub mod tls;
+pub mod ui;
 pub mod watchcache;
 pub mod workflows;
 
@@ -116,14 +118,27 @@ impl Server {
 /// The whole HTTP API, built from [`routes::table`]: object routes exist
 /// in two shapes, namespaced kinds under `/v1/namespaces/{namespace}/{plural}`,
 /// cluster-wide kinds (and lists across all namespaces) under `/v1/{plural}`.
+/// The dashboard ([`ui`]) is served beside it under `/ui/`, and a request
+/// with the dashboard's session cookie is authenticated as its token.
 pub fn app(server: SharedServer) -> Router {
     routes::router(routes::table())
+        .merge(ui::router())
+        .layer(middleware::from_fn(ui::session::cookie_to_bearer))
         .layer(middleware::from_fn(name_the_body_limit))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(
             server.clone(),
             metrics::record_request,
         ))
+        .with_state(server)
+}
+
+/// The `/v1` API alone, for the dashboard's in-process calls (already
+/// authenticated: they carry the session's bearer token).
+pub(crate) fn api_router(server: SharedServer) -> Router {
+    routes::router(routes::table())
+        .layer(middleware::from_fn(name_the_body_limit))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(server)
 }
 

@@ -2,12 +2,14 @@
 //! `busybox-static`, VM boot assets (a Debian cloud kernel and a busybox
 //! initramfs), real etcd clusters on loopback ([`etcd::EtcdCluster`]), a
 //! real `docker-registry` on loopback (plain, or TLS from a [`TestCa`] with
-//! htpasswd auth) and a token-auth front for it ([`TokenAuthProxy`]), guards that
+//! htpasswd auth) and a token-auth front for it ([`TokenAuthProxy`]), a
+//! headless Chromium over WebDriver ([`Browser`]), guards that
 //! clean up on drop, and `require_root` / `require_tool`, which panic (so
 //! a test missing a prerequisite fails rather than passes).
 //!
 //! Test-only: never a dependency of a shipped crate's `[dependencies]`.
 
+mod browser;
 pub mod etcd;
 mod guard;
 mod image;
@@ -15,6 +17,7 @@ mod registry;
 mod token_proxy;
 mod vm;
 
+pub use browser::{Browser, pixel_spread};
 pub use guard::{Defer, require_root, require_tool, unique_name};
 pub use image::{
     BUSYBOX_APPLETS, BUSYBOX_IMAGE, ImageBuilder, ImageFormat, LayerBuilder, LayerCompression,

@@ -45,8 +45,8 @@ pub use registration::{
     RegisteredController, check_controller, definition_for, step_from_registration,
 };
 pub use render::{
-    blame_json, blame_text, critical_chain_json, critical_chain_text, dot, verdict_line, why_json,
-    why_text,
+    blame_json, blame_text, critical_chain_json, critical_chain_text, dot, svg, verdict_line,
+    why_json, why_text,
 };
 pub use retry::retry;
 pub use skip::{skip, unfinished_steps};

@@ -316,6 +316,35 @@ pub async fn console(
     relay(server, caller, params, query, request, "console").await
 }
 
+/// Opens a VM's serial console on its node's agent for `caller`: the
+/// upgraded connection speaks [`corral_client::exec_protocol`]. The
+/// dashboard bridges it to a WebSocket ([`crate::ui::console`]).
+pub(crate) async fn open_console(
+    server: &SharedServer,
+    caller: &corral_api::Identity,
+    params: &HashMap<String, String>,
+) -> Result<reqwest::Upgraded, ApiError> {
+    let route = route(server, caller, params, None, "console").await?;
+    let response = agent_request(server, &route, reqwest::Method::POST)?
+        .header(reqwest::header::CONNECTION, "Upgrade")
+        .header(reqwest::header::UPGRADE, EXEC_PROTOCOL)
+        .send()
+        .await
+        .map_err(|error| unreachable(&route, &error))?;
+    if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        return Err(ApiError::Unavailable(format!(
+            "the agent of node {} refused the console ({status}): {text}",
+            route.node
+        )));
+    }
+    response
+        .upgrade()
+        .await
+        .map_err(|error| unreachable(&route, &error))
+}
+
 async fn relay(
     server: SharedServer,
     caller: corral_api::Identity,

@@ -62,7 +62,7 @@ pub fn dot(object: &str, instance: &WorkflowInstance, now: DateTime<Utc>) -> Str
     out
 }
 
-fn label(view: &StepView) -> String {
+pub(super) fn label(view: &StepView) -> String {
     let detail = match (view.phase, view.duration, view.at) {
         ("done", Some(duration), _) => format!("done +{}", format_duration(duration)),
         ("done", None, Some(at)) => format!("reached @{}", format_duration(at)),
@@ -80,7 +80,7 @@ fn label(view: &StepView) -> String {
     format!("{}\n{detail}", view.name)
 }
 
-fn fill(phase: &str) -> &'static str {
+pub(super) fn fill(phase: &str) -> &'static str {
     match phase {
         "done" => "#b7e1b0",
         "running" => "#ffe08a",

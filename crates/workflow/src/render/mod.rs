@@ -6,11 +6,13 @@
 mod blame;
 mod chain;
 mod dot;
+mod svg;
 mod why;
 
 pub use blame::{blame_json, blame_text};
 pub use chain::{critical_chain_json, critical_chain_text};
 pub use dot::dot;
+pub use svg::svg;
 pub use why::{verdict_line, why_json, why_text};
 
 use chrono::{DateTime, TimeDelta, Utc};

@@ -318,3 +318,26 @@ fn dot_output_renders_with_graphviz() {
         "{svg}"
     );
 }
+
+#[test]
+fn svg_lays_out_every_step_after_its_dependencies() {
+    let svg = crate::svg("pod/<web>", &slow_mount(), now());
+    assert!(svg.starts_with("<svg "), "{svg}");
+    assert!(svg.ends_with("</svg>"), "{svg}");
+    assert!(svg.contains("pod/&lt;web&gt;"), "text is escaped: {svg}");
+    assert!(!svg.contains("style="), "no inline styles (CSP): {svg}");
+    let x_of = |step: &str| {
+        let at = svg
+            .find(&format!("data-step=\"{step}\""))
+            .unwrap_or_else(|| panic!("{step} missing from {svg}"));
+        let rect = &svg[at..];
+        let x = rect.split("<rect x=\"").nth(1).expect("a rect");
+        x.split('"')
+            .next()
+            .expect("x")
+            .parse::<usize>()
+            .expect("x is a number")
+    };
+    assert!(x_of("scheduled") < x_of("acme/slow-mount"), "{svg}");
+    assert!(x_of("acme/slow-mount") < x_of("storage"), "{svg}");
+}

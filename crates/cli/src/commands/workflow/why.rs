@@ -123,59 +123,22 @@ fn restarted_in_place(object: &Object) -> String {
         .collect()
 }
 
-/// Why the object is not healthy now, if it is a pod that is not: its
-/// node first (what the node reported is only as fresh as the node), then
-/// its containers.
+/// Why the object is not healthy now ([`corral_api::health`]), its
+/// bound node read from the API.
 pub(crate) async fn unhealthy_now(
     client: &Client,
     object: &Object,
     now: DateTime<Utc>,
 ) -> Option<String> {
-    match object.kind {
-        Kind::Node => {
-            let status = object.typed_status::<NodeStatus>().ok()?;
-            status
-                .problem(now)
-                .map(|problem| format!("it is {problem}"))
-        }
-        Kind::Pod => {
-            let status = object.typed_status::<PodStatus>().ok()?;
-            if let Some(problem) = node_problem(client, status.node.as_deref(), now).await {
-                return Some(problem);
-            }
-            status.unhealthy(now)
-        }
-        Kind::VirtualMachine => {
-            let node = object.status.get("node").and_then(|n| n.as_str());
-            if let Some(problem) = node_problem(client, node, now).await {
-                return Some(problem);
-            }
-            // The node reports `Running` only while QEMU runs and the guest
-            // booted; anything else says why in its message.
-            let phase = object.status.get("phase").and_then(|p| p.as_str());
-            let message = object.status.get("message").and_then(|m| m.as_str());
-            (node.is_some() && phase != Some("Running")).then(|| {
-                format!(
-                    "it is not running: {}",
-                    message.unwrap_or("its node reported no reason")
-                )
-            })
-        }
-        _ => None,
-    }
-}
-
-/// What is wrong with `node` now, for something bound to it.
-async fn node_problem(client: &Client, node: Option<&str>, now: DateTime<Utc>) -> Option<String> {
-    let node = node?;
-    let key = ObjectKey::new(Kind::Node, None, node);
-    let status = client
-        .get(&key)
-        .await
-        .ok()?
-        .typed_status::<NodeStatus>()
-        .unwrap_or_default();
-    status.unhealthy(node, now)
+    let node = match corral_api::health::bound_node(object) {
+        Some(name) => client
+            .get(&ObjectKey::new(Kind::Node, None, &name))
+            .await
+            .ok()
+            .map(|node| node.typed_status::<NodeStatus>().unwrap_or_default()),
+        None => None,
+    };
+    corral_api::health::unhealthy_now(object, node.as_ref(), now)
 }
 
 #[derive(Debug, Args)]
