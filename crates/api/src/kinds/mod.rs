@@ -33,7 +33,7 @@ pub use pod::{
     SecurityRequest, TcpProbe, Volume,
 };
 pub use pod_data::{DataRef, DataVolume, EnvFrom, EnvValue};
-pub use pod_health::exit_message;
+pub use pod_health::{exit_message, pod_status_word};
 pub use policy::PolicySpec;
 pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSpec, is_data_key};
 pub use vm::{BootSource, VirtualMachineSpec, VmDisk};

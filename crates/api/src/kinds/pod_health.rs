@@ -7,6 +7,15 @@ use chrono::{DateTime, Utc};
 
 use super::pod::{ContainerReason, ContainerStatus, PodPhase, PodStatus};
 
+/// The word for a pod's STATUS (`get pods`, the dashboard): `Deleting`
+/// while its stop workflow runs, else its status' [`PodStatus::reason`].
+pub fn pod_status_word(pod: &crate::Object) -> String {
+    if pod.metadata.deleting.is_some() {
+        return "Deleting".to_string();
+    }
+    pod.typed_status::<PodStatus>().unwrap_or_default().reason()
+}
+
 impl PodStatus {
     /// The word for `get pods`' STATUS: the worst container reason when one
     /// is unhealthy, otherwise the phase.

@@ -273,10 +273,7 @@ pub(super) fn row(
     row.push(object.metadata.revision.to_string());
     if kind == Kind::Pod {
         let status: PodStatus = object.typed_status().unwrap_or_default();
-        row.push(match &object.metadata.deleting {
-            Some(_) => "Deleting".to_string(),
-            None => status.reason(),
-        });
+        row.push(corral_api::kinds::pod_status_word(object));
         row.push(status.ready_count());
         row.push(status.restarts().to_string());
         row.push(status.node.clone().unwrap_or_else(|| "-".into()));

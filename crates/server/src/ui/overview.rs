@@ -78,7 +78,7 @@ pub fn cells(object: &Object, now: DateTime<Utc>) -> Vec<String> {
             vec![
                 name,
                 revision,
-                status.reason(),
+                corral_api::kinds::pod_status_word(object),
                 status.ready_count(),
                 status.restarts().to_string(),
                 status.node.clone().unwrap_or_else(|| "-".into()),
