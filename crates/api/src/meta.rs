@@ -26,19 +26,20 @@ pub enum Kind {
     WorkflowDefinition,
     Secret,
     Config,
+    Job,
 }
 
 /// A kind name that matches no kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config"
+    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config, job"
 )]
 pub struct UnknownKind {
     pub given: String,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Pod,
         Kind::Node,
         Kind::PinnedDeployment,
@@ -49,6 +50,7 @@ impl Kind {
         Kind::WorkflowDefinition,
         Kind::Secret,
         Kind::Config,
+        Kind::Job,
     ];
 
     /// The canonical name, as written in manifests (`Pod`).
@@ -64,6 +66,7 @@ impl Kind {
             Kind::WorkflowDefinition => "WorkflowDefinition",
             Kind::Secret => "Secret",
             Kind::Config => "Config",
+            Kind::Job => "Job",
         }
     }
 
@@ -80,6 +83,7 @@ impl Kind {
             Kind::WorkflowDefinition => "workflowdefinitions",
             Kind::Secret => "secrets",
             Kind::Config => "configs",
+            Kind::Job => "jobs",
         }
     }
 
@@ -96,6 +100,7 @@ impl Kind {
             Kind::WorkflowDefinition => "wfd",
             Kind::Secret => "secret",
             Kind::Config => "config",
+            Kind::Job => "job",
         }
     }
 
@@ -110,6 +115,7 @@ impl Kind {
                 | Kind::LoadBalancer
                 | Kind::Secret
                 | Kind::Config
+                | Kind::Job
         )
     }
 }
@@ -137,6 +143,7 @@ impl FromStr for Kind {
             "workflowdefinition" | "workflowdefinitions" | "wfd" => Kind::WorkflowDefinition,
             "secret" | "secrets" => Kind::Secret,
             "config" | "configs" | "cfg" => Kind::Config,
+            "job" | "jobs" => Kind::Job,
             _ => {
                 return Err(UnknownKind {
                     given: given.to_string(),

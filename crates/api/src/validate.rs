@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ConfigSpec, ControllerSpec, EnvValue, LoadBalancerSpec, NodeSpec, PinnedDeploymentSpec,
-    PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
+    ConfigSpec, ControllerSpec, EnvValue, JobSpec, LoadBalancerSpec, NodeSpec,
+    PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -200,6 +200,11 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
                 check_data_size(&mut checker, size);
             }
         }
+        Kind::Job => {
+            if let Some(spec) = decode_spec::<JobSpec>(&mut checker, &object.spec) {
+                job::check_job(&mut checker, &spec);
+            }
+        }
     }
     if checker.errors.is_empty() {
         Ok(())
@@ -232,6 +237,7 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
         Kind::WorkflowDefinition => round_trip::<crate::workflow::WorkflowDefinitionSpec>(&spec),
         Kind::Secret => round_trip::<SecretSpec>(&spec),
         Kind::Config => round_trip::<ConfigSpec>(&spec),
+        Kind::Job => round_trip::<JobSpec>(&spec),
     };
     canonical.unwrap_or(spec)
 }
@@ -545,6 +551,9 @@ fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
 #[path = "validate_data.rs"]
 mod data;
 use data::{check_data_keys, check_data_size, check_secret};
+
+#[path = "validate_job.rs"]
+mod job;
 
 #[cfg(test)]
 #[path = "validate_tests.rs"]

@@ -289,7 +289,8 @@ async fn builtins_register_as_themselves_and_converge() {
             "scheduler",
             "ipam",
             "node-lifecycle",
-            "pinned-deployment"
+            "pinned-deployment",
+            "job"
         ]
     );
 

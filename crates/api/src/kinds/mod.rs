@@ -5,6 +5,7 @@
 //! read leniently.
 
 mod controller;
+mod job;
 mod loadbalancer;
 mod node;
 mod node_images;
@@ -17,6 +18,7 @@ mod secret;
 mod vm;
 
 pub use controller::{ControllerSpec, StepRegistration};
+pub use job::{ConcurrencyPolicy, JobPhase, JobSpec, JobStatus};
 pub use loadbalancer::{
     DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
 };
@@ -55,5 +57,6 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         }
         Kind::Secret => generator.subschema_for::<SecretSpec>(),
         Kind::Config => generator.subschema_for::<ConfigSpec>(),
+        Kind::Job => generator.subschema_for::<JobSpec>(),
     }
 }

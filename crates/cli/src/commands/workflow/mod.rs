@@ -7,6 +7,7 @@ mod logs;
 mod retry;
 mod wait;
 mod why;
+mod why_job;
 mod why_pd;
 
 pub use logs::{LogsArgs, logs};
