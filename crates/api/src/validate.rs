@@ -413,6 +413,17 @@ fn check_pinned(checker: &mut Checker, spec: &PinnedDeploymentSpec) {
     if spec.replicas_percent_next > 100 {
         checker.fail("spec.replicasPercentNext", "must be between 0 and 100");
     }
+    if let Some(max) = &spec.max_unavailable
+        && max.resolve(spec.replicas).is_none()
+    {
+        checker.fail(
+            "spec.maxUnavailable",
+            "must be a count or a percent from 0% to 100%",
+        );
+    }
+    if spec.progress_deadline_seconds == Some(0) {
+        checker.fail("spec.progressDeadlineSeconds", "must be at least 1");
+    }
     if spec.selector.is_empty() {
         checker.fail("spec.selector", "must hold at least one label");
     }

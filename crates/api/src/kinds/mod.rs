@@ -25,8 +25,8 @@ pub use loadbalancer::{
 pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
 pub use node_images::{NodeImage, NodeImages, NodeImagesReport, SkippedNode};
 pub use pinned::{
-    PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
-    Templates, VersionStatus,
+    DEFAULT_PROGRESS_DEADLINE_SECONDS, IntOrPercent, PinnedDeploymentSpec, PinnedDeploymentStatus,
+    PodTemplate, RolloutHalt, RoundingStrategy, TemplateMeta, Templates, VersionStatus,
 };
 pub use pod::{
     Availability, Container, ContainerExit, ContainerReason, ContainerState, ContainerStatus,
