@@ -27,19 +27,20 @@ pub enum Kind {
     Secret,
     Config,
     Job,
+    PerNodeDeployment,
 }
 
 /// A kind name that matches no kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config, job"
+    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config, job, pernodedeployment (pnd)"
 )]
 pub struct UnknownKind {
     pub given: String,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Pod,
         Kind::Node,
         Kind::PinnedDeployment,
@@ -51,6 +52,7 @@ impl Kind {
         Kind::Secret,
         Kind::Config,
         Kind::Job,
+        Kind::PerNodeDeployment,
     ];
 
     /// The canonical name, as written in manifests (`Pod`).
@@ -67,6 +69,7 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::Config => "Config",
             Kind::Job => "Job",
+            Kind::PerNodeDeployment => "PerNodeDeployment",
         }
     }
 
@@ -84,6 +87,7 @@ impl Kind {
             Kind::Secret => "secrets",
             Kind::Config => "configs",
             Kind::Job => "jobs",
+            Kind::PerNodeDeployment => "pernodedeployments",
         }
     }
 
@@ -101,6 +105,7 @@ impl Kind {
             Kind::Secret => "secret",
             Kind::Config => "config",
             Kind::Job => "job",
+            Kind::PerNodeDeployment => "pnd",
         }
     }
 
@@ -116,6 +121,7 @@ impl Kind {
                 | Kind::Secret
                 | Kind::Config
                 | Kind::Job
+                | Kind::PerNodeDeployment
         )
     }
 }
@@ -144,6 +150,7 @@ impl FromStr for Kind {
             "secret" | "secrets" => Kind::Secret,
             "config" | "configs" | "cfg" => Kind::Config,
             "job" | "jobs" => Kind::Job,
+            "pernodedeployment" | "pernodedeployments" | "pnd" | "pnds" => Kind::PerNodeDeployment,
             _ => {
                 return Err(UnknownKind {
                     given: given.to_string(),

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::kinds::{
     ConfigSpec, ControllerSpec, EnvValue, JobSpec, LoadBalancerSpec, NodeSpec,
-    PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
+    PerNodeDeploymentSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, SecretSpec,
+    VirtualMachineSpec, is_data_key,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -202,7 +203,12 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
         }
         Kind::Job => {
             if let Some(spec) = decode_spec::<JobSpec>(&mut checker, &object.spec) {
-                job::check_job(&mut checker, &spec);
+                workloads::check_job(&mut checker, &spec);
+            }
+        }
+        Kind::PerNodeDeployment => {
+            if let Some(spec) = decode_spec::<PerNodeDeploymentSpec>(&mut checker, &object.spec) {
+                workloads::check_per_node(&mut checker, &spec);
             }
         }
     }
@@ -238,6 +244,7 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
         Kind::Secret => round_trip::<SecretSpec>(&spec),
         Kind::Config => round_trip::<ConfigSpec>(&spec),
         Kind::Job => round_trip::<JobSpec>(&spec),
+        Kind::PerNodeDeployment => round_trip::<PerNodeDeploymentSpec>(&spec),
     };
     canonical.unwrap_or(spec)
 }
@@ -563,8 +570,8 @@ fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
 mod data;
 use data::{check_data_keys, check_data_size, check_secret};
 
-#[path = "validate_job.rs"]
-mod job;
+#[path = "validate_workloads.rs"]
+mod workloads;
 
 #[cfg(test)]
 #[path = "validate_tests.rs"]

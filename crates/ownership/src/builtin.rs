@@ -4,7 +4,7 @@
 
 use corral_api::kinds::ControllerSpec;
 
-use crate::owner::{IPAM, JOB, NODE_LIFECYCLE, PINNED_DEPLOYMENT, SCHEDULER, WORKFLOW};
+use crate::owner::{IPAM, JOB, NODE_LIFECYCLE, PER_NODE, PINNED_DEPLOYMENT, SCHEDULER, WORKFLOW};
 use crate::registry::Registration;
 
 fn spec(owns: &[&str], reads: &[&str]) -> ControllerSpec {
@@ -99,6 +99,21 @@ pub fn builtin_controllers() -> Vec<Registration> {
                     "Pod:spec",
                     "Pod:status.phase",
                     "Pod:status.containers",
+                ],
+            ),
+        ),
+        (
+            PER_NODE,
+            spec(
+                &["PerNodeDeployment:status"],
+                &[
+                    "PerNodeDeployment:spec",
+                    "Node:spec",
+                    "Node:status.phase",
+                    "Pod:spec",
+                    "Pod:status.phase",
+                    "Pod:status.containers",
+                    "Pod:status.observedRevision",
                 ],
             ),
         ),

@@ -75,7 +75,7 @@ fn a_controller_cannot_make_itself_a_manager() {
         .expect_err("the scheduler manages nothing");
     assert_eq!(
         error.to_string(),
-        "metadata.annotations.corral.dev/managed-by: controller scheduler may not manage Pod objects (allowed: pinned-deployment, job)"
+        "metadata.annotations.corral.dev/managed-by: controller scheduler may not manage Pod objects (allowed: pinned-deployment, job, per-node)"
     );
     check_delete_object(&Identity::new("scheduler", Role::Controller), &pod)
         .expect_err("and deletes nothing");

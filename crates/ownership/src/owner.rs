@@ -19,6 +19,8 @@ pub const NODE_LIFECYCLE: &str = "node-lifecycle";
 pub const PINNED_DEPLOYMENT: &str = "pinned-deployment";
 /// The built-in Job controller.
 pub const JOB: &str = "job";
+/// The built-in PerNodeDeployment controller.
+pub const PER_NODE: &str = "per-node";
 
 /// Who may write a field.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -259,6 +261,11 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
             rows.push(row("status", controller(JOB)));
             rows
         }
+        Kind::PerNodeDeployment => {
+            let mut rows = people_meta(Owner::People);
+            rows.push(row("status", controller(PER_NODE)));
+            rows
+        }
     }
 }
 
@@ -267,7 +274,7 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
 /// registered controllers cannot claim this right yet.
 pub fn managers(kind: Kind) -> &'static [&'static str] {
     match kind {
-        Kind::Pod => &[PINNED_DEPLOYMENT, JOB],
+        Kind::Pod => &[PINNED_DEPLOYMENT, JOB, PER_NODE],
         // A scheduled Job's runs.
         Kind::Job => &[JOB],
         _ => &[],

@@ -6,7 +6,9 @@
 //! by field ownership (`corral_ownership` owns `Policy` fields to
 //! operators).
 
-use corral_api::kinds::{JobSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, RuntimeClass};
+use corral_api::kinds::{
+    JobSpec, PerNodeDeploymentSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, RuntimeClass,
+};
 use corral_api::security::{admit_pod, namespace_runtime};
 use corral_api::{Kind, Object};
 
@@ -94,6 +96,10 @@ fn pod_specs(object: &Object) -> Vec<PodSpec> {
         Kind::PinnedDeployment => object
             .typed_spec::<PinnedDeploymentSpec>()
             .map(|spec| vec![spec.templates.previous.spec, spec.templates.next.spec])
+            .unwrap_or_default(),
+        Kind::PerNodeDeployment => object
+            .typed_spec::<PerNodeDeploymentSpec>()
+            .map(|spec| vec![spec.template.spec])
             .unwrap_or_default(),
         Kind::Job => object
             .typed_spec::<JobSpec>()

@@ -290,7 +290,8 @@ async fn builtins_register_as_themselves_and_converge() {
             "ipam",
             "node-lifecycle",
             "pinned-deployment",
-            "job"
+            "job",
+            "per-node"
         ]
     );
 

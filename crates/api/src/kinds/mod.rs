@@ -9,6 +9,7 @@ mod job;
 mod loadbalancer;
 mod node;
 mod node_images;
+mod per_node;
 mod pinned;
 mod pod;
 mod pod_data;
@@ -24,6 +25,7 @@ pub use loadbalancer::{
 };
 pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
 pub use node_images::{NodeImage, NodeImages, NodeImagesReport, SkippedNode};
+pub use per_node::{PerNodeDeploymentSpec, PerNodeDeploymentStatus};
 pub use pinned::{
     DEFAULT_PROGRESS_DEADLINE_SECONDS, IntOrPercent, PinnedDeploymentSpec, PinnedDeploymentStatus,
     PodTemplate, RolloutHalt, RoundingStrategy, TemplateMeta, Templates, VersionStatus,
@@ -58,5 +60,6 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         Kind::Secret => generator.subschema_for::<SecretSpec>(),
         Kind::Config => generator.subschema_for::<ConfigSpec>(),
         Kind::Job => generator.subschema_for::<JobSpec>(),
+        Kind::PerNodeDeployment => generator.subschema_for::<PerNodeDeploymentSpec>(),
     }
 }

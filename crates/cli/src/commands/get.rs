@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use corral_api::kinds::{
-    ConfigSpec, JobSpec, JobStatus, LoadBalancerSpec, LoadBalancerStatus, PodStatus,
-    RevealedSecret, SecretSpec,
+    ConfigSpec, JobSpec, JobStatus, LoadBalancerSpec, LoadBalancerStatus, PerNodeDeploymentStatus,
+    PodStatus, RevealedSecret, SecretSpec,
 };
 use corral_api::{Kind, Object};
 
@@ -250,6 +250,7 @@ fn headers(kind: Kind, show_namespace: bool, wide: bool) -> Vec<&'static str> {
         Kind::Secret => headers.extend(["TYPE", "KEYS"]),
         Kind::Config => headers.push("KEYS"),
         Kind::Job => headers.extend(["STATUS", "COMPLETIONS", "ACTIVE", "FAILED"]),
+        Kind::PerNodeDeployment => headers.extend(["DESIRED", "CURRENT", "READY"]),
         _ => {}
     }
     if wide {
@@ -303,6 +304,10 @@ pub(super) fn row(
     }
     if kind == Kind::Job {
         row.extend(job_columns(object));
+    }
+    if kind == Kind::PerNodeDeployment {
+        let status: PerNodeDeploymentStatus = object.typed_status().unwrap_or_default();
+        row.extend([status.desired, status.current, status.ready].map(|n| n.to_string()));
     }
     if wide {
         row.push(owner_cell(object));

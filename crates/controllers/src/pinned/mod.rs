@@ -135,22 +135,22 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
 }
 
 /// How long to wait for the cache to catch up with a write.
-const CACHE_LAG: Duration = Duration::from_millis(100);
+pub(crate) const CACHE_LAG: Duration = Duration::from_millis(100);
 
 /// The pod revisions this controller wrote and its cache has not shown
 /// yet (what kube's controllers call expectations).
 #[derive(Debug, Clone, Default)]
-struct Written(Arc<Mutex<HashMap<ObjectKey, u64>>>);
+pub(crate) struct Written(Arc<Mutex<HashMap<ObjectKey, u64>>>);
 
 impl Written {
-    fn wrote(&self, pod: &Object) {
+    pub(crate) fn wrote(&self, pod: &Object) {
         let mut written = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         written.insert(pod.key(), pod.metadata.revision);
     }
 
     /// Whether `pods` (as cached) show every write made to them; forgets
     /// the writes they show.
-    fn seen(&self, pods: &[Object]) -> bool {
+    pub(crate) fn seen(&self, pods: &[Object]) -> bool {
         let mut written = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = true;
         for pod in pods {

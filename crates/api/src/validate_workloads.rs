@@ -1,9 +1,10 @@
-//! The rules of a Job: pods that run to completion, counts that make
-//! sense, and a schedule that parses.
+//! The rules of workloads beyond pods and PinnedDeployments: a Job (pods
+//! that run to completion, counts that make sense, a schedule that
+//! parses) and a PerNodeDeployment (a template pinned to no node).
 
 use super::{Checker, check_pod};
 use crate::cron::Schedule;
-use crate::kinds::{JobSpec, RestartPolicy};
+use crate::kinds::{JobSpec, PerNodeDeploymentSpec, RestartPolicy};
 
 pub(super) fn check_job(checker: &mut Checker, spec: &JobSpec) {
     if spec.completions == 0 {
@@ -30,6 +31,38 @@ pub(super) fn check_job(checker: &mut Checker, spec: &JobSpec) {
         "spec.template.metadata.labels",
         &spec.template.metadata.labels,
     );
+    check_pod(checker, "spec.template.spec", &spec.template.spec);
+}
+
+pub(super) fn check_per_node(checker: &mut Checker, spec: &PerNodeDeploymentSpec) {
+    checker.labels("spec.nodeSelector", &spec.node_selector);
+    checker.labels(
+        "spec.template.metadata.labels",
+        &spec.template.metadata.labels,
+    );
+    if spec
+        .template
+        .spec
+        .placement
+        .as_ref()
+        .is_some_and(|p| p.node.is_some())
+    {
+        checker.fail(
+            "spec.template.spec.placement.node",
+            "must not be set: each pod is pinned to its own node",
+        );
+    }
+    if let Some(max) = &spec.max_unavailable
+        && max.resolve(100).is_none()
+    {
+        checker.fail(
+            "spec.maxUnavailable",
+            "must be a count or a percent from 0% to 100%",
+        );
+    }
+    if spec.progress_deadline_seconds == Some(0) {
+        checker.fail("spec.progressDeadlineSeconds", "must be at least 1");
+    }
     check_pod(checker, "spec.template.spec", &spec.template.spec);
 }
 
@@ -82,6 +115,40 @@ mod tests {
         assert_eq!(
             errors(json!({"template": template("Never"), "concurrencyPolicy": "Sometimes"})).len(),
             1
+        );
+    }
+}
+
+#[cfg(test)]
+mod per_node_tests {
+    use crate::{Kind, Object, validate_object};
+    use serde_json::json;
+
+    #[test]
+    fn a_per_node_template_names_no_node_of_its_own() {
+        let spec = |placement: serde_json::Value| {
+            json!({"nodeSelector": {"role": "edge"}, "maxUnavailable": "10%",
+                   "template": {"spec": {"placement": placement,
+                       "containers": [{"name": "c", "image": "busybox"}]}}})
+        };
+        let ok = Object::new(Kind::PerNodeDeployment, None, "agent", spec(json!({})));
+        assert_eq!(validate_object(&ok), Ok(()));
+        let pinned = Object::new(
+            Kind::PerNodeDeployment,
+            None,
+            "agent",
+            spec(json!({"node": "node-1"})),
+        );
+        let errors: Vec<String> = validate_object(&pinned)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "spec.template.spec.placement.node: must not be set: each pod is pinned to its own node"
+            ]
         );
     }
 }
