@@ -233,6 +233,18 @@ fn one_pod_on_every_node_following_joins_edits_and_losses() {
     assert_eq!(pnd["status"]["desired"], 3, "{pnd}");
     let table = nodes.corral(&["get", "pnd"]);
     assert!(table.contains("DESIRED"), "{table}");
+    let why = wait_for(
+        "why pnd/exporter to be healthy",
+        Duration::from_secs(30),
+        || {
+            let why = nodes.corral(&["why", "pnd/exporter"]);
+            why.contains("is healthy").then_some(why)
+        },
+    );
+    assert!(
+        why.starts_with("pnd/exporter (revision 1) is healthy: 3/3 nodes run it ready (3 current)"),
+        "{why}"
+    );
 
     // A node that joins gets its pod.
     nodes.start_agent("node-d", join.trim(), &tar);

@@ -9,6 +9,7 @@ mod wait;
 mod why;
 mod why_job;
 mod why_pd;
+mod why_pnd;
 
 pub use logs::{LogsArgs, logs};
 pub use retry::{RetryArgs, retry};

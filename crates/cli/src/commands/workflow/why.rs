@@ -57,6 +57,9 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     if key.kind == Kind::Job {
         return super::why_job::why_job(&client, &key, args.output).await;
     }
+    if key.kind == Kind::PerNodeDeployment {
+        return super::why_pnd::why_pnd(&client, &key, args.output).await;
+    }
     let (object, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
     let name = display_name(&key);
     let now = Utc::now();
