@@ -7,6 +7,7 @@
 //! CLI all build on these types, so they must stay plain data plus pure
 //! validation.
 
+pub mod cron;
 pub mod fieldpath;
 pub mod health;
 pub mod history;

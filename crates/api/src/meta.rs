@@ -26,19 +26,21 @@ pub enum Kind {
     WorkflowDefinition,
     Secret,
     Config,
+    Job,
+    PerNodeDeployment,
 }
 
 /// A kind name that matches no kind.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config"
+    "unknown kind {given:?}: expected one of pod, node, pinneddeployment (pd), policy, controller, virtualmachine (vm), loadbalancer (lb), workflowdefinition (wfd), secret, config, job, pernodedeployment (pnd)"
 )]
 pub struct UnknownKind {
     pub given: String,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Pod,
         Kind::Node,
         Kind::PinnedDeployment,
@@ -49,6 +51,8 @@ impl Kind {
         Kind::WorkflowDefinition,
         Kind::Secret,
         Kind::Config,
+        Kind::Job,
+        Kind::PerNodeDeployment,
     ];
 
     /// The canonical name, as written in manifests (`Pod`).
@@ -64,6 +68,8 @@ impl Kind {
             Kind::WorkflowDefinition => "WorkflowDefinition",
             Kind::Secret => "Secret",
             Kind::Config => "Config",
+            Kind::Job => "Job",
+            Kind::PerNodeDeployment => "PerNodeDeployment",
         }
     }
 
@@ -80,6 +86,8 @@ impl Kind {
             Kind::WorkflowDefinition => "workflowdefinitions",
             Kind::Secret => "secrets",
             Kind::Config => "configs",
+            Kind::Job => "jobs",
+            Kind::PerNodeDeployment => "pernodedeployments",
         }
     }
 
@@ -96,6 +104,8 @@ impl Kind {
             Kind::WorkflowDefinition => "wfd",
             Kind::Secret => "secret",
             Kind::Config => "config",
+            Kind::Job => "job",
+            Kind::PerNodeDeployment => "pnd",
         }
     }
 
@@ -110,6 +120,8 @@ impl Kind {
                 | Kind::LoadBalancer
                 | Kind::Secret
                 | Kind::Config
+                | Kind::Job
+                | Kind::PerNodeDeployment
         )
     }
 }
@@ -137,6 +149,8 @@ impl FromStr for Kind {
             "workflowdefinition" | "workflowdefinitions" | "wfd" => Kind::WorkflowDefinition,
             "secret" | "secrets" => Kind::Secret,
             "config" | "configs" | "cfg" => Kind::Config,
+            "job" | "jobs" => Kind::Job,
+            "pernodedeployment" | "pernodedeployments" | "pnd" | "pnds" => Kind::PerNodeDeployment,
             _ => {
                 return Err(UnknownKind {
                     given: given.to_string(),

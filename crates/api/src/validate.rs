@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::kinds::{
-    ConfigSpec, ControllerSpec, EnvValue, LoadBalancerSpec, NodeSpec, PinnedDeploymentSpec,
-    PodSpec, PolicySpec, Probe, SecretSpec, VirtualMachineSpec, is_data_key,
+    ConfigSpec, ControllerSpec, EnvValue, JobSpec, LoadBalancerSpec, NodeSpec,
+    PerNodeDeploymentSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, Probe, SecretSpec,
+    VirtualMachineSpec, is_data_key,
 };
 use crate::meta::Kind;
 use crate::object::Object;
@@ -200,6 +201,16 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
                 check_data_size(&mut checker, size);
             }
         }
+        Kind::Job => {
+            if let Some(spec) = decode_spec::<JobSpec>(&mut checker, &object.spec) {
+                workloads::check_job(&mut checker, &spec);
+            }
+        }
+        Kind::PerNodeDeployment => {
+            if let Some(spec) = decode_spec::<PerNodeDeploymentSpec>(&mut checker, &object.spec) {
+                workloads::check_per_node(&mut checker, &spec);
+            }
+        }
     }
     if checker.errors.is_empty() {
         Ok(())
@@ -232,6 +243,8 @@ pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
         Kind::WorkflowDefinition => round_trip::<crate::workflow::WorkflowDefinitionSpec>(&spec),
         Kind::Secret => round_trip::<SecretSpec>(&spec),
         Kind::Config => round_trip::<ConfigSpec>(&spec),
+        Kind::Job => round_trip::<JobSpec>(&spec),
+        Kind::PerNodeDeployment => round_trip::<PerNodeDeploymentSpec>(&spec),
     };
     canonical.unwrap_or(spec)
 }
@@ -435,6 +448,17 @@ fn check_pinned(checker: &mut Checker, spec: &PinnedDeploymentSpec) {
     if spec.replicas_percent_next > 100 {
         checker.fail("spec.replicasPercentNext", "must be between 0 and 100");
     }
+    if let Some(max) = &spec.max_unavailable
+        && max.resolve(spec.replicas).is_none()
+    {
+        checker.fail(
+            "spec.maxUnavailable",
+            "must be a count or a percent from 0% to 100%",
+        );
+    }
+    if spec.progress_deadline_seconds == Some(0) {
+        checker.fail("spec.progressDeadlineSeconds", "must be at least 1");
+    }
     if spec.selector.is_empty() {
         checker.fail("spec.selector", "must hold at least one label");
     }
@@ -573,6 +597,9 @@ fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
 #[path = "validate_data.rs"]
 mod data;
 use data::{check_data_keys, check_data_size, check_secret};
+
+#[path = "validate_workloads.rs"]
+mod workloads;
 
 #[cfg(test)]
 #[path = "validate_tests.rs"]

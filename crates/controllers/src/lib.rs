@@ -3,6 +3,8 @@
 //! `ipam/assign-address` for pods; owns `status.prefix` and
 //! `status.address`), node-lifecycle (a Node's `status.phase`) and
 //! pinned-deployment (a PinnedDeployment's `status` and the pods it manages),
+//! job (a Job's `status`, its pods and a scheduled Job's runs), per-node
+//! (a PerNodeDeployment's `status` and its pod on each matching node),
 //! and the default load balancer (`loadbalancer`: an L4 proxy controller
 //! that runs outside the server, as `corral lb-proxy`, like any add-on).
 //!
@@ -20,8 +22,10 @@
 
 pub mod evacuate;
 pub mod ipam;
+pub mod job;
 pub mod lifecycle;
 pub mod loadbalancer;
+pub mod per_node;
 pub mod pinned;
 pub mod scheduler;
 mod steps;
@@ -61,6 +65,16 @@ pub fn spawn_all_timed(
         tokio::spawn(lifecycle::run(lifecycle, timing, shutdown.clone())),
         tokio::spawn(ipam::run(ipam, cluster_prefix, shutdown)),
     ]
+}
+
+/// Starts the Job controller with its own client.
+pub fn spawn_job(client: Client, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(job::run(client, shutdown))
+}
+
+/// Starts the PerNodeDeployment controller with its own client.
+pub fn spawn_per_node(client: Client, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(per_node::run(client, shutdown))
 }
 
 /// Starts the PinnedDeployment controller with its own client.

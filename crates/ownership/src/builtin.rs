@@ -4,7 +4,7 @@
 
 use corral_api::kinds::ControllerSpec;
 
-use crate::owner::{IPAM, NODE_LIFECYCLE, PINNED_DEPLOYMENT, SCHEDULER, WORKFLOW};
+use crate::owner::{IPAM, JOB, NODE_LIFECYCLE, PER_NODE, PINNED_DEPLOYMENT, SCHEDULER, WORKFLOW};
 use crate::registry::Registration;
 
 fn spec(owns: &[&str], reads: &[&str]) -> ControllerSpec {
@@ -83,6 +83,33 @@ pub fn builtin_controllers() -> Vec<Registration> {
                 &["PinnedDeployment:status"],
                 &[
                     "PinnedDeployment:spec",
+                    "Pod:spec",
+                    "Pod:status.phase",
+                    "Pod:status.containers",
+                    "Pod:status.observedRevision",
+                ],
+            ),
+        ),
+        (
+            JOB,
+            spec(
+                &["Job:status"],
+                &[
+                    "Job:spec",
+                    "Pod:spec",
+                    "Pod:status.phase",
+                    "Pod:status.containers",
+                ],
+            ),
+        ),
+        (
+            PER_NODE,
+            spec(
+                &["PerNodeDeployment:status"],
+                &[
+                    "PerNodeDeployment:spec",
+                    "Node:spec",
+                    "Node:status.phase",
                     "Pod:spec",
                     "Pod:status.phase",
                     "Pod:status.containers",

@@ -366,12 +366,20 @@ fn check_workflow(
 }
 
 /// Whether `writer` may delete `object`: as [`check_delete`], and besides
-/// the controller named in its `corral.dev/managed-by` annotation.
+/// the controller named in its `corral.dev/managed-by` annotation, and the
+/// job controller a Job whose `spec.ttlSecondsAfterFinished` asks it to.
 pub fn check_delete_object(writer: &Identity, object: &Object) -> Result<(), Refusal> {
     let manages = writer.role == Role::Controller
         && corral_api::manager_of(&object.metadata) == Some(writer.name.as_str())
         && crate::owner::managers(object.kind).contains(&writer.name.as_str());
-    if manages {
+    let expires = writer.role == Role::Controller
+        && writer.name == crate::owner::JOB
+        && object.kind == Kind::Job
+        && object
+            .spec
+            .get("ttlSecondsAfterFinished")
+            .is_some_and(|ttl| !ttl.is_null());
+    if manages || expires {
         return Ok(());
     }
     check_delete(writer, &object.key())

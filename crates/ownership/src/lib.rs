@@ -40,8 +40,9 @@ pub use check::{
 pub use convergence::{Convergence, Cycle, Edge, MAX_CYCLES};
 pub use mask::{overlay, segment_count, strip, strip_owned};
 pub use owner::{
-    BadFieldRef, DefaultOwner, FieldRef, IPAM, NODE_LIFECYCLE, Owner, PINNED_DEPLOYMENT, SCHEDULER,
-    Subject, WORKFLOW, Writer, carvable, default_owners, managers, ownable,
+    BadFieldRef, DefaultOwner, FieldRef, IPAM, JOB, NODE_LIFECYCLE, Owner, PER_NODE,
+    PINNED_DEPLOYMENT, SCHEDULER, Subject, WORKFLOW, Writer, carvable, default_owners, managers,
+    ownable,
 };
 pub use registry::{
     Registration, RegistrationError, Registry, Rule, Source, TransferError, TransferPlan, overlaps,

@@ -75,7 +75,7 @@ fn a_controller_cannot_make_itself_a_manager() {
         .expect_err("the scheduler manages nothing");
     assert_eq!(
         error.to_string(),
-        "metadata.annotations.corral.dev/managed-by: controller scheduler may not manage Pod objects (allowed: pinned-deployment)"
+        "metadata.annotations.corral.dev/managed-by: controller scheduler may not manage Pod objects (allowed: pinned-deployment, job, per-node)"
     );
     check_delete_object(&Identity::new("scheduler", Role::Controller), &pod)
         .expect_err("and deletes nothing");
@@ -157,4 +157,28 @@ fn an_unmanaged_object_takes_no_owner() {
         ),
         "{error}"
     );
+}
+
+#[test]
+fn the_job_controller_deletes_a_job_only_when_its_ttl_asks() {
+    let job = Identity::new(JOB, Role::Controller);
+    let mut batch = Object::new(
+        Kind::Job,
+        Some("default"),
+        "batch",
+        json!({"template": {"spec": {"restartPolicy": "Never",
+               "containers": [{"name": "c", "image": "busybox"}]}}}),
+    );
+    check_delete_object(&job, &batch).expect_err("a person's Job without a TTL stays");
+    batch.spec["ttlSecondsAfterFinished"] = json!(30);
+    check_delete_object(&job, &batch).expect("its TTL asks the job controller to delete it");
+    check_delete_object(&pinned(), &batch).expect_err("no other controller");
+    let registry = Registry::new(builtin_controllers());
+    let mut run = batch.clone();
+    run.metadata
+        .annotations
+        .insert(MANAGED_BY.into(), JOB.into());
+    registry
+        .check_write(&job, None, &run)
+        .expect("the job controller creates the runs of a scheduled Job");
 }

@@ -17,6 +17,10 @@ pub const IPAM: &str = "ipam";
 pub const NODE_LIFECYCLE: &str = "node-lifecycle";
 /// The built-in PinnedDeployment controller.
 pub const PINNED_DEPLOYMENT: &str = "pinned-deployment";
+/// The built-in Job controller.
+pub const JOB: &str = "job";
+/// The built-in PerNodeDeployment controller.
+pub const PER_NODE: &str = "per-node";
 
 /// Who may write a field.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -252,6 +256,16 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
         // Written by people; a Secret's values are sealed by the server on
         // the way in, which keeps only their sizes and hashes in the spec.
         Kind::Secret | Kind::Config => people_meta(Owner::People),
+        Kind::Job => {
+            let mut rows = people_meta(Owner::People);
+            rows.push(row("status", controller(JOB)));
+            rows
+        }
+        Kind::PerNodeDeployment => {
+            let mut rows = people_meta(Owner::People);
+            rows.push(row("status", controller(PER_NODE)));
+            rows
+        }
     }
 }
 
@@ -260,7 +274,9 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
 /// registered controllers cannot claim this right yet.
 pub fn managers(kind: Kind) -> &'static [&'static str] {
     match kind {
-        Kind::Pod => &[PINNED_DEPLOYMENT],
+        Kind::Pod => &[PINNED_DEPLOYMENT, JOB, PER_NODE],
+        // A scheduled Job's runs.
+        Kind::Job => &[JOB],
         _ => &[],
     }
 }

@@ -6,7 +6,9 @@
 //! by field ownership (`corral_ownership` owns `Policy` fields to
 //! operators).
 
-use corral_api::kinds::{PinnedDeploymentSpec, PodSpec, PolicySpec, RuntimeClass};
+use corral_api::kinds::{
+    JobSpec, PerNodeDeploymentSpec, PinnedDeploymentSpec, PodSpec, PolicySpec, RuntimeClass,
+};
 use corral_api::security::{admit_pod, namespace_runtime};
 use corral_api::{Kind, Object};
 
@@ -86,7 +88,7 @@ fn set_runtime_if_unset(object: &mut Object, runtime: Option<RuntimeClass>) {
 }
 
 /// The pod specs `object` carries: its own for a pod, both templates' for
-/// a pinned deployment. A spec that does not decode is validation's to
+/// a pinned deployment, its template's for a Job. A spec that does not decode is validation's to
 /// refuse, so it yields none here.
 fn pod_specs(object: &Object) -> Vec<PodSpec> {
     match object.kind {
@@ -94,6 +96,14 @@ fn pod_specs(object: &Object) -> Vec<PodSpec> {
         Kind::PinnedDeployment => object
             .typed_spec::<PinnedDeploymentSpec>()
             .map(|spec| vec![spec.templates.previous.spec, spec.templates.next.spec])
+            .unwrap_or_default(),
+        Kind::PerNodeDeployment => object
+            .typed_spec::<PerNodeDeploymentSpec>()
+            .map(|spec| vec![spec.template.spec])
+            .unwrap_or_default(),
+        Kind::Job => object
+            .typed_spec::<JobSpec>()
+            .map(|spec| vec![spec.template.spec])
             .unwrap_or_default(),
         _ => Vec::new(),
     }

@@ -289,7 +289,9 @@ async fn builtins_register_as_themselves_and_converge() {
             "scheduler",
             "ipam",
             "node-lifecycle",
-            "pinned-deployment"
+            "pinned-deployment",
+            "job",
+            "per-node"
         ]
     );
 

@@ -5,9 +5,11 @@
 //! read leniently.
 
 mod controller;
+mod job;
 mod loadbalancer;
 mod node;
 mod node_images;
+mod per_node;
 mod pinned;
 mod pod;
 mod pod_data;
@@ -17,14 +19,16 @@ mod secret;
 mod vm;
 
 pub use controller::{ControllerSpec, StepRegistration};
+pub use job::{ConcurrencyPolicy, JobPhase, JobSpec, JobStatus};
 pub use loadbalancer::{
     DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
 };
 pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
 pub use node_images::{NodeImage, NodeImages, NodeImagesReport, SkippedNode};
+pub use per_node::{PerNodeDeploymentSpec, PerNodeDeploymentStatus};
 pub use pinned::{
-    PinnedDeploymentSpec, PinnedDeploymentStatus, PodTemplate, RoundingStrategy, TemplateMeta,
-    Templates, VersionStatus,
+    DEFAULT_PROGRESS_DEADLINE_SECONDS, IntOrPercent, PinnedDeploymentSpec, PinnedDeploymentStatus,
+    PodTemplate, RolloutHalt, RoundingStrategy, TemplateMeta, Templates, VersionStatus,
 };
 pub use pod::{
     Availability, Container, ContainerExit, ContainerReason, ContainerState, ContainerStatus,
@@ -55,5 +59,7 @@ pub fn spec_schema(kind: Kind, generator: &mut schemars::SchemaGenerator) -> sch
         }
         Kind::Secret => generator.subschema_for::<SecretSpec>(),
         Kind::Config => generator.subschema_for::<ConfigSpec>(),
+        Kind::Job => generator.subschema_for::<JobSpec>(),
+        Kind::PerNodeDeployment => generator.subschema_for::<PerNodeDeploymentSpec>(),
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,9 +20,64 @@ pub struct PinnedDeploymentSpec {
     pub replicas_rounding_strategy: RoundingStrategy,
     pub selector: BTreeMap<String, String>,
     pub templates: Templates,
+    /// Pods a template change may take down at once: a count (`2`) or a
+    /// percent of replicas (`"25%"`, rounded down); at least 1, default 1.
+    /// A pod that is not ready anyway is converted without counting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrPercent>,
+    /// How long a rollout may go without progress (a converted pod
+    /// becoming ready) before the controller halts it; default 120.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_deadline_seconds: Option<u32>,
+    /// Convert no pods to a changed template until false again
+    /// (`corral rollout pause|resume pd/NAME`); scaling goes on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+}
+
+/// The default of `progressDeadlineSeconds`.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u32 = 120;
+
+/// A count, or a percent of some total (`"25%"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum IntOrPercent {
+    Count(u32),
+    Percent(String),
+}
+
+impl IntOrPercent {
+    /// The count for `total`: a percent rounded down; `None` for a
+    /// percent that is not `0%`–`100%`.
+    pub fn resolve(&self, total: u32) -> Option<u32> {
+        match self {
+            IntOrPercent::Count(count) => Some(*count),
+            IntOrPercent::Percent(text) => {
+                let percent: u32 = text.strip_suffix('%')?.parse().ok()?;
+                (percent <= 100).then(|| {
+                    // INVARIANT: at most total, which is a u32.
+                    u32::try_from(u64::from(total) * u64::from(percent) / 100).unwrap_or(total)
+                })
+            }
+        }
+    }
 }
 
 impl PinnedDeploymentSpec {
+    /// Pods a template change may take down at once (at least 1).
+    pub fn max_unavailable(&self) -> u32 {
+        self.max_unavailable
+            .as_ref()
+            .and_then(|m| m.resolve(self.replicas))
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    pub fn progress_deadline_seconds(&self) -> u32 {
+        self.progress_deadline_seconds
+            .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS)
+    }
+
     /// Replicas that run `templates.next`: replicas × percent / 100, rounded
     /// by the strategy; the rest run `templates.previous`.
     pub fn next_replicas(&self) -> u32 {
@@ -81,6 +137,25 @@ pub struct PinnedDeploymentStatus {
     pub previous: VersionStatus,
     #[serde(default)]
     pub next: VersionStatus,
+    /// Since when the rollout waits for progress (a converted pod becoming
+    /// ready); none when settled or paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<DateTime<Utc>>,
+    /// The rollout halted: no progress within `progressDeadlineSeconds`.
+    /// Cleared by progress or by a new revision of the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<RolloutHalt>,
+}
+
+/// Why and when a rollout halted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutHalt {
+    /// The spec revision that halted.
+    pub revision: u64,
+    pub at: DateTime<Utc>,
+    /// "pod web-3 (next) not ready 120s after the last progress: …".
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -109,6 +184,9 @@ mod tests {
                 previous: template.clone(),
                 next: template,
             },
+            max_unavailable: None,
+            progress_deadline_seconds: None,
+            paused: false,
         }
     }
 
@@ -122,5 +200,21 @@ mod tests {
         assert_eq!(spec(3, 10, RoundingStrategy::Nearest).next_replicas(), 0);
         assert_eq!(spec(5, 100, RoundingStrategy::Up).next_replicas(), 5);
         assert_eq!(spec(0, 100, RoundingStrategy::Up).next_replicas(), 0);
+    }
+
+    #[test]
+    fn max_unavailable_is_a_count_or_a_percent_rounded_down_at_least_one() {
+        let mut four = spec(4, 0, RoundingStrategy::Nearest);
+        assert_eq!(four.max_unavailable(), 1, "default");
+        four.max_unavailable = Some(IntOrPercent::Percent("50%".into()));
+        assert_eq!(four.max_unavailable(), 2);
+        four.max_unavailable = Some(IntOrPercent::Percent("10%".into()));
+        assert_eq!(four.max_unavailable(), 1, "rounded down, at least one");
+        four.max_unavailable = Some(IntOrPercent::Count(3));
+        assert_eq!(four.max_unavailable(), 3);
+        let parsed: IntOrPercent = serde_json::from_value(serde_json::json!("25%")).unwrap();
+        assert_eq!(parsed.resolve(8), Some(2));
+        assert_eq!(IntOrPercent::Percent("150%".into()).resolve(8), None);
+        assert_eq!(IntOrPercent::Percent("x".into()).resolve(8), None);
     }
 }

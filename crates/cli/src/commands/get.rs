@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use corral_api::kinds::{
-    ConfigSpec, LoadBalancerSpec, LoadBalancerStatus, PodStatus, RevealedSecret, SecretSpec,
+    ConfigSpec, JobSpec, JobStatus, LoadBalancerSpec, LoadBalancerStatus, PerNodeDeploymentStatus,
+    PodStatus, RevealedSecret, SecretSpec,
 };
 use corral_api::{Kind, Object};
 
@@ -248,6 +249,8 @@ fn headers(kind: Kind, show_namespace: bool, wide: bool) -> Vec<&'static str> {
         Kind::LoadBalancer => headers.extend(["ADDRESSES", "PORTS", "READY"]),
         Kind::Secret => headers.extend(["TYPE", "KEYS"]),
         Kind::Config => headers.push("KEYS"),
+        Kind::Job => headers.extend(["STATUS", "COMPLETIONS", "ACTIVE", "FAILED"]),
+        Kind::PerNodeDeployment => headers.extend(["DESIRED", "CURRENT", "READY"]),
         _ => {}
     }
     if wide {
@@ -299,6 +302,13 @@ pub(super) fn row(
         let keys: Vec<String> = spec.data.keys().cloned().collect();
         row.push(list_or_dash(&keys));
     }
+    if kind == Kind::Job {
+        row.extend(job_columns(object));
+    }
+    if kind == Kind::PerNodeDeployment {
+        let status: PerNodeDeploymentStatus = object.typed_status().unwrap_or_default();
+        row.extend([status.desired, status.current, status.ready].map(|n| n.to_string()));
+    }
     if wide {
         row.push(owner_cell(object));
         row.push(object.metadata.uid.clone());
@@ -322,6 +332,26 @@ fn list_or_dash(items: &[String]) -> String {
     } else {
         items.join(", ")
     }
+}
+
+/// STATUS, COMPLETIONS (`succeeded/completions`; a scheduled Job's
+/// schedule), ACTIVE and FAILED of a Job.
+fn job_columns(object: &Object) -> [String; 4] {
+    let status: JobStatus = object.typed_status().unwrap_or_default();
+    let completions = match object.typed_spec::<JobSpec>() {
+        Ok(JobSpec {
+            schedule: Some(schedule),
+            ..
+        }) => schedule,
+        Ok(spec) => format!("{}/{}", status.succeeded, spec.completions),
+        Err(_) => "-".into(),
+    };
+    [
+        format!("{:?}", status.phase),
+        completions,
+        status.active.to_string(),
+        status.failed.to_string(),
+    ]
 }
 
 /// ADDRESSES, PORTS (`port→targetPort`) and READY of a LoadBalancer.

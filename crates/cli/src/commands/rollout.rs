@@ -1,5 +1,6 @@
 //! `corral rollout`: move a PinnedDeployment's share of replicas to its
-//! next template, watch the rollout, and promote next to previous.
+//! next template, watch the rollout, pause and resume it, and promote next
+//! to previous.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -18,9 +19,11 @@ use crate::target::Target;
 #[command(after_help = "Examples:
   corral rollout pd/web --percent 50     half the replicas on templates.next
   corral rollout status pd/web           follow until every pod is current and ready
-  corral rollout promote pd/web          after 100%: previous := next, percent := 0")]
+  corral rollout promote pd/web          after 100%: previous := next, percent := 0
+  corral rollout pause pd/web            convert no more pods until resumed
+  corral rollout resume pd/web           go on converting, maxUnavailable at a time")]
 pub struct RolloutArgs {
-    /// `pd/NAME`, or `status pd/NAME`, or `promote pd/NAME`.
+    /// `pd/NAME`, or `status|promote|pause|resume pd/NAME`.
     #[arg(value_name = "ACTION|pd/NAME", num_args = 1..=2)]
     words: Vec<String>,
     /// The share of replicas on templates.next, 0–100.
@@ -37,18 +40,25 @@ enum Action {
     Percent(u8),
     Status,
     Promote,
+    Pause(bool),
 }
 
 pub async fn rollout(config: Option<PathBuf>, args: RolloutArgs) -> anyhow::Result<()> {
     let (action, target) = match args.words.as_slice() {
         [verb, target] if verb == "status" => (Action::Status, target),
         [verb, target] if verb == "promote" => (Action::Promote, target),
-        [verb, _] => bail!("unknown rollout action {verb:?}: expected status or promote"),
+        [verb, target] if verb == "pause" => (Action::Pause(true), target),
+        [verb, target] if verb == "resume" => (Action::Pause(false), target),
+        [verb, _] => {
+            bail!("unknown rollout action {verb:?}: expected status, promote, pause or resume")
+        }
         [target] => match args.percent {
             Some(percent) => (Action::Percent(percent), target),
             None => bail!("say where to: corral rollout {target} --percent P"),
         },
-        _ => bail!("usage: corral rollout pd/NAME --percent P | status pd/NAME | promote pd/NAME"),
+        _ => {
+            bail!("usage: corral rollout pd/NAME --percent P | status|promote|pause|resume pd/NAME")
+        }
     };
     let target = Target::parse(target, None)?;
     if target.kind != Kind::PinnedDeployment {
@@ -62,6 +72,7 @@ pub async fn rollout(config: Option<PathBuf>, args: RolloutArgs) -> anyhow::Resu
     match action {
         Action::Percent(percent) => set_percent(&client, &key, percent).await,
         Action::Promote => promote(&client, &key).await,
+        Action::Pause(paused) => pause(&client, &key, paused).await,
         Action::Status => status(&client, &key, Duration::from_secs(args.timeout)).await,
     }
 }
@@ -115,6 +126,36 @@ async fn promote(client: &Client, key: &ObjectKey) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn pause(client: &Client, key: &ObjectKey, paused: bool) -> anyhow::Result<()> {
+    let verb = if paused { "pause" } else { "resume" };
+    let (written, _, ()) = super::update_spec::<PinnedDeploymentSpec, _>(
+        client,
+        key,
+        |_| format!("rollout {verb}"),
+        |spec| {
+            spec.paused = paused;
+            Ok(())
+        },
+    )
+    .await?;
+    let status: PinnedDeploymentStatus = written.typed_status().unwrap_or_default();
+    if paused {
+        println!(
+            "{key} revision {}: paused; no pod is converted until `corral rollout resume {key}`",
+            written.metadata.revision
+        );
+    } else {
+        println!("{key} revision {}: resumed", written.metadata.revision);
+        if let Some(halt) = status.halted {
+            println!(
+                "it was halted at revision {}: {}; the halt ends when that pod is ready or the spec changes",
+                halt.revision, halt.reason
+            );
+        }
+    }
+    Ok(())
+}
+
 /// One line of progress: `revision 3: previous 2/2 current, 2 ready; next 1/2 current, 0 ready`.
 fn progress(object: &Object, status: &PinnedDeploymentStatus) -> String {
     let version = |name: &str, v: &corral_api::kinds::VersionStatus| {
@@ -165,6 +206,16 @@ async fn status(client: &Client, key: &ObjectKey, timeout: Duration) -> anyhow::
             }
             println!("{key}: rollout settled");
             return Ok(());
+        }
+        if let Some(halt) = status
+            .halted
+            .as_ref()
+            .filter(|halt| halt.revision == object.metadata.revision)
+        {
+            if terminal {
+                println!();
+            }
+            bail!("{key}: rollout halted: {}", halt.reason);
         }
         if Instant::now() >= deadline {
             if terminal {

@@ -9,6 +9,10 @@
 //! changes version by an in-place update of its spec — same name, same
 //! uid — so the node restarts it in place. Decisions are [`plan`]'s.
 //!
+//! Restarts are paced ([`pacing`]): at most `maxUnavailable` pods down at
+//! once, the next batch when the last is ready, a halt when no progress
+//! comes within `progressDeadlineSeconds`, none while `paused`.
+//!
 //! Each pod names its deployment in `metadata.owner`, so deleting the
 //! deployment deletes its pods (the server's cascade). Pods left without
 //! an owner (`delete --cascade=orphan`) keep their name and annotations; a
@@ -16,9 +20,14 @@
 //! those carrying its selector's labels instead of making
 //! new ones.
 
+pub mod pacing;
 pub mod plan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use chrono::Utc;
 
 use corral_api::kinds::{
     PinnedDeploymentSpec, PinnedDeploymentStatus, PodPhase, PodSpec, PodStatus, PodTemplate,
@@ -100,8 +109,10 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
         },
     );
     let (deployments, pods) = (deployments.cache().clone(), pods.cache().clone());
+    let written = Written::default();
     runtime::run(NAME, queue, 1, shutdown, move |key: ObjectKey| {
         let (client, deployments, pods) = (client.clone(), deployments.clone(), pods.clone());
+        let written = written.clone();
         async move {
             let Some(deployment) = deployments.get(&key) else {
                 return Ok::<_, ClientError>(runtime::Action::Done);
@@ -111,11 +122,48 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
                 .into_iter()
                 .filter_map(|(_, pod)| pod.as_ref().clone())
                 .collect();
-            reconcile(&client, &deployment, &members).await?;
-            Ok(runtime::Action::Done)
+            if !written.seen(&members) {
+                // The cache has not seen our last writes: a plan from it
+                // would count a restarted pod as ready.
+                return Ok(runtime::Action::RequeueAfter(CACHE_LAG));
+            }
+            let requeue = reconcile(&client, &deployment, &members, &written).await?;
+            Ok(requeue.map_or(runtime::Action::Done, runtime::Action::RequeueAfter))
         }
     })
     .await;
+}
+
+/// How long to wait for the cache to catch up with a write.
+pub(crate) const CACHE_LAG: Duration = Duration::from_millis(100);
+
+/// The pod revisions this controller wrote and its cache has not shown
+/// yet (what kube's controllers call expectations).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Written(Arc<Mutex<HashMap<ObjectKey, u64>>>);
+
+impl Written {
+    pub(crate) fn wrote(&self, pod: &Object) {
+        let mut written = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        written.insert(pod.key(), pod.metadata.revision);
+    }
+
+    /// Whether `pods` (as cached) show every write made to them; forgets
+    /// the writes they show.
+    pub(crate) fn seen(&self, pods: &[Object]) -> bool {
+        let mut written = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = true;
+        for pod in pods {
+            if let Some(revision) = written.get(&pod.key()) {
+                if pod.metadata.revision >= *revision {
+                    written.remove(&pod.key());
+                } else {
+                    seen = false;
+                }
+            }
+        }
+        seen
+    }
 }
 
 /// The pods of `deployment`, by index.
@@ -166,11 +214,21 @@ fn member(spec: &PinnedDeploymentSpec, index: u32, pod: &Object) -> Member {
         && status.observed_revision == Some(pod.metadata.revision)
         && !status.containers.is_empty()
         && status.containers.iter().all(|c| c.ready);
+    let problem = (!ready).then(|| {
+        status.unhealthy(Utc::now()).unwrap_or_else(|| {
+            if status.observed_revision == Some(pod.metadata.revision) {
+                format!("it is {:?}", status.phase)
+            } else {
+                "its node has not started its revision yet".to_string()
+            }
+        })
+    });
     Member {
         index,
         version,
         matches_template,
         ready,
+        problem,
     }
 }
 
@@ -178,13 +236,14 @@ async fn reconcile(
     client: &Client,
     deployment: &Object,
     pods: &[Object],
-) -> Result<(), ClientError> {
+    written: &Written,
+) -> Result<Option<Duration>, ClientError> {
     let key = deployment.key();
     let spec: PinnedDeploymentSpec = match deployment.typed_spec() {
         Ok(spec) => spec,
         Err(error) => {
             tracing::warn!(deployment = %key, %error, "unreadable spec");
-            return Ok(());
+            return Ok(None);
         }
     };
     let existing = members(deployment, pods);
@@ -194,6 +253,21 @@ async fn reconcile(
         .collect();
     let mut planned = plan::plan(spec.replicas, spec.next_replicas(), &views);
     planned.status.observed_revision = Some(deployment.metadata.revision);
+    let pacing = pacing::Pacing {
+        max_unavailable: spec.max_unavailable(),
+        paused: spec.paused,
+        deadline: Duration::from_secs(u64::from(spec.progress_deadline_seconds())),
+        revision: deployment.metadata.revision,
+    };
+    let current: PinnedDeploymentStatus = deployment.typed_status().unwrap_or_default();
+    let requeue = pacing::pace(
+        &key.name,
+        &mut planned,
+        &views,
+        &current,
+        &pacing,
+        Utc::now(),
+    );
     let mut failed = None;
     for index in adoptable(deployment, &spec, &existing, &planned.actions) {
         if let Some(pod) = existing.get(&index)
@@ -205,15 +279,19 @@ async fn reconcile(
     }
     for action in &planned.actions {
         let result = match *action {
-            Action::Create { index, version } => {
-                create(client, deployment, &spec, index, version).await
-            }
+            Action::Create { index, version } => create(client, deployment, &spec, index, version)
+                .await
+                .map(|pod| written.wrote(&pod)),
             Action::Convert { index, to } => match existing.get(&index) {
-                Some(pod) => convert(client, deployment, &spec, pod, to, true).await,
+                Some(pod) => convert(client, deployment, &spec, pod, to, true)
+                    .await
+                    .map(|pod| written.wrote(&pod)),
                 None => Ok(()),
             },
             Action::Refresh { index, version } => match existing.get(&index) {
-                Some(pod) => convert(client, deployment, &spec, pod, version, false).await,
+                Some(pod) => convert(client, deployment, &spec, pod, version, false)
+                    .await
+                    .map(|pod| written.wrote(&pod)),
                 None => Ok(()),
             },
             Action::Delete { index } => match existing.get(&index) {
@@ -234,7 +312,7 @@ async fn reconcile(
     }
     write_status(client, deployment, &planned.status).await?;
     // A failed action is retried with the deployment's backoff.
-    failed.map_or(Ok(()), Err)
+    failed.map_or(Ok(requeue), Err)
 }
 
 /// The indexes of `deployment`'s pods that name no owner, or an earlier
@@ -316,12 +394,12 @@ async fn create(
     spec: &PinnedDeploymentSpec,
     index: u32,
     version: Version,
-) -> Result<(), ClientError> {
+) -> Result<Object, ClientError> {
     let pod = desired_pod(deployment, spec, index, version)?;
     let message = format!("{}: created on {}", deployment.key(), version.as_str());
-    client.create(&pod, Some(&message)).await?;
+    let created = client.create(&pod, Some(&message)).await?;
     tracing::info!(pod = %pod.key(), version = version.as_str(), "created");
-    Ok(())
+    Ok(created)
 }
 
 /// Updates `pod` in place to `version`'s template, at the version read
@@ -333,7 +411,7 @@ async fn convert(
     pod: &Object,
     version: Version,
     switching: bool,
-) -> Result<(), ClientError> {
+) -> Result<Object, ClientError> {
     let index = pod
         .metadata
         .name
@@ -362,9 +440,9 @@ async fn convert(
             version.as_str()
         )
     };
-    client.apply(&next, Some(&message)).await?;
+    let written = client.apply(&next, Some(&message)).await?;
     tracing::info!(pod = %pod.key(), version = version.as_str(), "converted in place");
-    Ok(())
+    Ok(written)
 }
 
 async fn write_status(

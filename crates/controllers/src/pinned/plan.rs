@@ -48,6 +48,9 @@ pub struct Member {
     pub matches_template: bool,
     /// Running its current revision with every container ready.
     pub ready: bool,
+    /// Why it is not ready, when its node said (for a halted rollout's
+    /// reason).
+    pub problem: Option<String>,
 }
 
 /// One change to make.
@@ -90,6 +93,7 @@ pub fn plan(replicas: u32, next: u32, members: &[Member]) -> Plan {
             desired: next,
             ..VersionStatus::default()
         },
+        ..PinnedDeploymentStatus::default()
     };
     for member in &kept {
         let Some(version) = member.version else {
@@ -195,6 +199,7 @@ mod tests {
             version: Some(version),
             matches_template: true,
             ready: true,
+            problem: None,
         }
     }
 
@@ -344,6 +349,7 @@ mod tests {
                 version: None,
                 matches_template: false,
                 ready: false,
+                problem: None,
             },
             member(1, P),
         ];

@@ -55,6 +55,11 @@ impl Builtins {
             self.client(corral_controllers::pinned::NAME)?,
             term.clone(),
         );
+        corral_controllers::spawn_per_node(
+            self.client(corral_controllers::per_node::NAME)?,
+            term.clone(),
+        );
+        corral_controllers::spawn_job(self.client(corral_controllers::job::NAME)?, term.clone());
         tokio::spawn(crate::workflows::drive(self.server.clone(), term.clone()));
         tokio::spawn(crate::retention::compact_loop(
             self.server.clone(),

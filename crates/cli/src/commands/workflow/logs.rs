@@ -6,6 +6,9 @@
 //! `corral logs vm/NAME [-f] [--tail N]`: everything a VM's serial console
 //! printed (across restarts), the same way.
 //!
+//! `corral logs job/NAME [-c C] [--tail N]`: each of a Job's pods' output
+//! in turn, oldest pod first, under a `==> pod/NAME-N <==` header.
+//!
 //! `corral logs KIND/NAME --steps`: everything every controller did about
 //! one object, in order.
 
@@ -28,6 +31,7 @@ use crate::target::Target;
   corral logs pod/web                                 the container's output (the pod has one)
   corral logs pod/web -c side -f                      follow container side's output
   corral logs pod/web --tail 20                       the last 20 lines
+  corral logs job/batch                               every pod of the Job, in order
   corral logs vm/builder -f                           follow a VM's serial console output
   corral logs pod/web --steps                         every step transition and owner's line
   corral logs pod/web --steps --step acme/slow-mount  one step
@@ -66,11 +70,22 @@ pub struct LogsArgs {
 
 pub async fn logs(config: Option<PathBuf>, args: LogsArgs) -> anyhow::Result<()> {
     let key = Target::parse(&args.target, None)?.key(Some(&args.namespace))?;
+    if !args.steps && key.kind == Kind::Job {
+        if args.follow {
+            bail!(
+                "follow one pod of the Job: `corral logs pod/{}-N -f` (`corral why {}` lists them)",
+                key.name,
+                args.target
+            );
+        }
+        let client = connect(config)?;
+        return job_logs(&client, &key, args.container, args.tail).await;
+    }
     if !args.steps {
         if !matches!(key.kind, Kind::Pod | Kind::VirtualMachine) {
             bail!(
-                "only pods (container output) and VMs (console output) have logs; for what \
-                 the workflow and its controllers did about {}, use `corral logs {} --steps`",
+                "only pods (container output), Jobs (their pods') and VMs (console output) have \
+                 logs; for what the workflow and its controllers did about {}, use `corral logs {} --steps`",
                 args.target,
                 args.target
             );
@@ -118,6 +133,51 @@ pub async fn logs(config: Option<PathBuf>, args: LogsArgs) -> anyhow::Result<()>
         ]);
     }
     table.print();
+    Ok(())
+}
+
+/// Each pod of the Job `key`, oldest first, under a header.
+async fn job_logs(
+    client: &corral_client::Client,
+    key: &corral_api::ObjectKey,
+    container: Option<String>,
+    tail: Option<u64>,
+) -> anyhow::Result<()> {
+    let selector = format!("{}={}", corral_controllers::job::JOB_LABEL, key.name);
+    let mut pods = client
+        .list(Kind::Pod, Some(&key.namespace), Some(&selector))
+        .await?
+        .items;
+    if pods.is_empty() {
+        bail!("job/{} has no pods (yet)", key.name);
+    }
+    pods.sort_by_key(|pod| {
+        let index = pod.metadata.name.rsplit('-').next();
+        index
+            .and_then(|i| i.parse::<u32>().ok())
+            .unwrap_or(u32::MAX)
+    });
+    let mut stdout = tokio::io::stdout();
+    for (n, pod) in pods.iter().enumerate() {
+        let separator = if n == 0 { "" } else { "\n" };
+        let header = format!("{separator}==> pod/{} <==\n", pod.metadata.name);
+        stdout.write_all(header.as_bytes()).await?;
+        let query = LogsQuery {
+            container: container.clone(),
+            follow: false,
+            tail,
+        };
+        match client.logs(&pod.key(), &query).await {
+            Ok(mut stream) => {
+                while let Some(chunk) = stream.next().await {
+                    stdout.write_all(&chunk?).await?;
+                }
+            }
+            // A pod not placed yet, or whose node is gone: say so, go on.
+            Err(error) => stdout.write_all(format!("({error})\n").as_bytes()).await?,
+        }
+        stdout.flush().await?;
+    }
     Ok(())
 }
 

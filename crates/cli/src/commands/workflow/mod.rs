@@ -7,7 +7,9 @@ mod logs;
 mod retry;
 mod wait;
 mod why;
+mod why_job;
 mod why_pd;
+mod why_pnd;
 
 pub use logs::{LogsArgs, logs};
 pub use retry::{RetryArgs, retry};

@@ -39,6 +39,7 @@ pub struct ObjectArgs {
 Examples:
   corral why pod/web                  the newest operation on pod/web
   corral why pod/web --workflow start-1
+  corral why job/nightly               a Job's phase, its reason and each pod
   corral why node/node-1 -o json      verdict and per-step name, owner, state, timings")]
 pub struct WhyArgs {
     #[command(flatten)]
@@ -52,6 +53,12 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     let client = connect(config)?;
     if key.kind == Kind::PinnedDeployment {
         return super::why_pd::why_pd(&client, &key, args.output).await;
+    }
+    if key.kind == Kind::Job {
+        return super::why_job::why_job(&client, &key, args.output).await;
+    }
+    if key.kind == Kind::PerNodeDeployment {
+        return super::why_pnd::why_pnd(&client, &key, args.output).await;
     }
     let (object, instance) = load_instance(&client, &key, args.workflow.as_deref()).await?;
     let name = display_name(&key);

@@ -66,7 +66,21 @@ pub(super) async fn why_pd(client: &Client, key: &ObjectKey, output: Format) -> 
         counts("previous", &status.previous),
         counts("next", &status.next)
     );
-    let line = if healthy {
+    let halted = status
+        .halted
+        .as_ref()
+        .filter(|halt| halt.revision == object.metadata.revision);
+    let line = if let Some(halt) = halted {
+        format!(
+            "{name} (revision {}) rollout halted: {}; {versions} (fix the template, or `corral rollout {name} --percent` back)",
+            object.metadata.revision, halt.reason
+        )
+    } else if spec.paused && !healthy {
+        format!(
+            "{name} (revision {}) rollout is paused (`corral rollout resume {name}`): {versions}",
+            object.metadata.revision
+        )
+    } else if healthy {
         format!(
             "{name} (revision {}) is healthy: {versions}",
             object.metadata.revision
@@ -89,7 +103,10 @@ pub(super) async fn why_pd(client: &Client, key: &ObjectKey, output: Format) -> 
     let report = json!({
         "object": name,
         "revision": object.metadata.revision,
-        "verdict": {"state": if healthy { "healthy" } else { "unhealthy" }, "line": line},
+        "verdict": {
+            "state": if halted.is_some() { "halted" } else if healthy { "healthy" } else { "unhealthy" },
+            "line": line,
+        },
         "pods": pods.iter().map(|(pod, why)| json!({"pod": pod, "why": why})).collect::<Vec<_>>(),
     });
     if print_structured(output, &report)? {
