@@ -1,5 +1,7 @@
 //! The QEMU driver: a pure command-line builder ([`qemu_args`]), the KVM
-//! probe ([`kvm`]), and the process and disk side effects ([`process`]).
+//! probe ([`kvm`]), the process and disk side effects ([`process`]), a
+//! typed QMP client ([`qmp`]), the clean stop through the ACPI power
+//! button ([`power`]) and qcow2 snapshots ([`snapshot`]).
 //!
 //! A VM is one `qemu-system-x86_64` process started inside the VM's own
 //! network namespace (its tap device lives there), with its serial console
@@ -9,7 +11,10 @@
 //! under TCG) or from their disk.
 
 pub mod kvm;
+pub mod power;
 pub mod process;
+pub mod qmp;
+pub mod snapshot;
 mod tap;
 
 use std::fmt;

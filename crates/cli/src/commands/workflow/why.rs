@@ -151,10 +151,12 @@ pub(crate) async fn unhealthy_now(
                 return Some(problem);
             }
             // The node reports `Running` only while QEMU runs and the guest
-            // booted; anything else says why in its message.
+            // booted (`Template` for a template, which is not run);
+            // anything else says why in its message.
             let phase = object.status.get("phase").and_then(|p| p.as_str());
             let message = object.status.get("message").and_then(|m| m.as_str());
-            (node.is_some() && phase != Some("Running")).then(|| {
+            let fine = matches!(phase, Some("Running" | "Template"));
+            (node.is_some() && !fine).then(|| {
                 format!(
                     "it is not running: {}",
                     message.unwrap_or("its node reported no reason")
