@@ -6,6 +6,7 @@
 //! - `corral vm snapshot` takes a snapshot with the guest's memory, a file
 //!   written afterwards is gone once `corral vm restore` returns the guest
 //!   to it, the list names who took it, and each is a revision in history;
+//! - a larger `disk.size` grows the disk of the running guest;
 //! - `corral vm reset` reboots the guest in the same QEMU;
 //! - `corral delete` presses the ACPI power button: a guest that handles it
 //!   powers off (its console shows its shutdown line) long before its
@@ -51,12 +52,12 @@ fn import_boot_image(cluster: &common::Cluster) {
                 .dir("boot", 0o755)
                 .file(
                     "boot/vmlinuz",
-                    &std::fs::read(&assets.kernel).unwrap(),
+                    &std::fs::read(&assets.kernel).expect("read the kernel"),
                     0o644,
                 )
                 .file(
                     "boot/initrd.img",
-                    &std::fs::read(&assets.initramfs).unwrap(),
+                    &std::fs::read(&assets.initramfs).expect("read the initramfs"),
                     0o644,
                 ),
         )
@@ -120,8 +121,9 @@ fn delete_and_watch(cluster: &common::Cluster, target: &str, uid: &str) -> (Dura
     );
     let took = began.elapsed();
     let mut text = String::new();
-    log.seek(SeekFrom::Start(0)).unwrap();
-    log.read_to_string(&mut text).unwrap();
+    log.seek(SeekFrom::Start(0))
+        .expect("rewind the console log");
+    log.read_to_string(&mut text).expect("read the console log");
     (took, text)
 }
 
@@ -196,6 +198,33 @@ fn snapshots_restore_reset_and_a_clean_stop() {
     cluster.ok(&["vm", "snapshot", "delete", &acpi_target, "s1"]);
     let list = cluster.ok(&["vm", "snapshot", "list", &acpi_target]);
     assert_eq!(list.lines().count(), 1, "{list}");
+
+    // Grow the disk from 64 MiB to 96 MiB: the running guest sees it.
+    let path = cluster.manifest(
+        "acpi-grown.yaml",
+        &manifest_with(
+            &acpi,
+            &format!("{{volume: {acpi_disk}, size: 96Mi}}"),
+            120,
+            "corral.acpi=1",
+            "",
+        ),
+    );
+    cluster.ok(&["apply", "-f", &path, "--wait"]);
+    let why = cluster.ok(&["why", &acpi_target]);
+    assert!(
+        why.contains("disk grown to 100663296 bytes while the guest runs"),
+        "{why}"
+    );
+    // 96 MiB in 512-byte sectors.
+    let seen = type_line(
+        &cluster,
+        &acpi_target,
+        "echo SECTORS-$(cat /sys/block/vda/size)",
+    );
+    assert!(seen.contains("SECTORS-196608"), "{seen}");
+    let vm = cluster.get_json(&acpi_target);
+    assert_eq!(vm["metadata"]["uid"].as_str(), Some(acpi_uid.as_str()));
 
     // Reset: the same QEMU, the guest boots again.
     let vm = wait_running(&cluster, &plain_target);

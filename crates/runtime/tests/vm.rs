@@ -201,8 +201,11 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
 /// Types `text` on the serial console (its unix socket).
 fn type_on_console(socket: &Path, text: &str) {
     use std::io::Write;
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    stream.write_all(text.as_bytes()).unwrap();
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(socket).expect("connect to the console");
+    stream
+        .write_all(text.as_bytes())
+        .expect("type on the console");
     // Give QEMU the bytes before the connection goes.
     std::thread::sleep(Duration::from_millis(500));
 }

@@ -10,6 +10,8 @@
 //! - **A restore** (a newer `spec.restore.at`) returns the running guest to
 //!   a snapshot with memory (`loadvm`: it resumes where it was), or stops
 //!   QEMU, applies a disk-only snapshot and boots again.
+//! - **Disk size**: a larger `disk.size` grows the disk (`block_resize`
+//!   while QEMU runs, `qemu-img resize` otherwise); a smaller one fails.
 //! - **Power**: `reset` presses the reset button (`system_reset`), `restart`
 //!   stops cleanly and starts again.
 //!
@@ -22,6 +24,7 @@ use std::time::Duration;
 use corral_api::kinds::{PowerAction, VirtualMachineSpec};
 use corral_runtime::vm::qmp::{Monitor, QmpClient, RunState};
 use corral_runtime::vm::snapshot::{self, Offline, SnapshotInfo};
+use corral_runtime::vm::{DISK_ID, process};
 use serde_json::{Value, json};
 
 use super::workload::{VmWorkload, typed_spec};
@@ -52,17 +55,28 @@ pub enum InPlace {
     Restore(SnapshotInfo),
     /// Take a snapshot newly listed.
     Take(String),
+    /// Grow the disk to this many bytes.
+    Grow(u64),
     Reset,
     Restart,
 }
 
+/// The disk's size in a spec (`None`: the default).
+fn disk_size(spec: &VirtualMachineSpec) -> Option<u64> {
+    spec.disk
+        .as_ref()
+        .and_then(|d| d.size)
+        .map(|size| size.bytes)
+}
+
 /// What a revision from `admitted` to `desired` does in place, in order,
-/// given the disk's snapshot table: deletions, the restore, new
-/// snapshots, the power action.
+/// given the disk's snapshot table and size: deletions, the restore, new
+/// snapshots, growing the disk, the power action.
 pub fn plan(
     admitted: &VirtualMachineSpec,
     desired: &VirtualMachineSpec,
     existing: &[SnapshotInfo],
+    disk_bytes: Option<u64>,
 ) -> Result<Vec<InPlace>, String> {
     let listed = |name: &str| desired.snapshots.iter().any(|s| s.name == name);
     let mut steps: Vec<InPlace> = existing
@@ -90,6 +104,18 @@ pub fn plan(
             .filter(|wanted| !existing.iter().any(|s| s.name == wanted.name))
             .map(|wanted| InPlace::Take(wanted.name.clone())),
     );
+    if let (Some(wanted), Some(actual)) = (disk_size(desired), disk_bytes)
+        && disk_size(admitted) != Some(wanted)
+    {
+        if wanted < actual {
+            return Err(format!(
+                "spec.disk.size asks for {wanted} bytes but the disk has {actual}: a disk only grows"
+            ));
+        }
+        if wanted > actual {
+            steps.push(InPlace::Grow(wanted));
+        }
+    }
     let power = desired
         .power
         .as_ref()
@@ -166,15 +192,30 @@ impl VmWorkload {
         desired: &VirtualMachineSpec,
     ) -> Result<Vec<String>, String> {
         let snapshots = !admitted.snapshots.is_empty() || !desired.snapshots.is_empty();
-        let (disk, existing) = if snapshots {
-            let disk = self.disk_path(desired).await?;
-            let existing = self.snapshot_table(&disk).await?;
-            (Some(disk), existing)
+        let resized = disk_size(admitted) != disk_size(desired) && disk_size(desired).is_some();
+        let disk = if snapshots || resized {
+            Some(self.disk_path(desired).await?)
         } else {
-            (None, Vec::new())
+            None
+        };
+        let existing = match (&disk, snapshots) {
+            (Some(disk), true) => self.snapshot_table(disk).await?,
+            _ => Vec::new(),
+        };
+        let disk_bytes = match (&disk, resized) {
+            (Some(disk), true) => {
+                let disk = disk.clone();
+                Some(
+                    tokio::task::spawn_blocking(move || process::disk_size(&disk))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| crate::chain(&e))?,
+                )
+            }
+            _ => None,
         };
         let mut notes = Vec::new();
-        for step in plan(admitted, desired, &existing)? {
+        for step in plan(admitted, desired, &existing, disk_bytes)? {
             let disk = || disk.as_deref().ok_or("the VM has no disk");
             notes.push(match step {
                 InPlace::Delete(name) => {
@@ -183,6 +224,7 @@ impl VmWorkload {
                 }
                 InPlace::Restore(info) => self.restore_snapshot(disk()?, &info).await?,
                 InPlace::Take(name) => self.take_snapshot(disk()?, &name).await?,
+                InPlace::Grow(bytes) => self.grow(disk()?, bytes).await?,
                 InPlace::Reset => {
                     self.with_monitor(QUERY_TIMEOUT * 5, |monitor| {
                         monitor.system_reset().map_err(|e| crate::chain(&e))
@@ -229,6 +271,24 @@ impl VmWorkload {
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| crate::chain(&e))
+    }
+
+    async fn grow(&self, disk: &std::path::Path, bytes: u64) -> Result<String, String> {
+        if self.record.pid.is_none() {
+            let disk = disk.to_path_buf();
+            tokio::task::spawn_blocking(move || process::grow_disk(&disk, bytes))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+            return Ok(format!("disk grown to {bytes} bytes"));
+        }
+        self.with_monitor(QUERY_TIMEOUT * 5, move |monitor| {
+            monitor
+                .block_resize(DISK_ID, bytes)
+                .map_err(|e| crate::chain(&e))
+        })
+        .await?;
+        Ok(format!("disk grown to {bytes} bytes while the guest runs"))
     }
 
     async fn take_snapshot(&self, disk: &std::path::Path, name: &str) -> Result<String, String> {
@@ -366,7 +426,7 @@ mod tests {
         }));
         let existing = [taken("a", true), taken("b", true)];
         assert_eq!(
-            plan(&admitted, &desired, &existing).unwrap(),
+            plan(&admitted, &desired, &existing, None).unwrap(),
             [
                 InPlace::Delete("a".into()),
                 InPlace::Restore(taken("b", true)),
@@ -376,7 +436,24 @@ mod tests {
         );
         // The same revision admitted again does nothing more.
         let existing = [taken("b", true), taken("c", true)];
-        assert_eq!(plan(&desired, &desired, &existing).unwrap(), []);
+        assert_eq!(plan(&desired, &desired, &existing, None).unwrap(), []);
+    }
+
+    #[test]
+    fn a_larger_size_grows_the_disk_and_a_smaller_one_fails() {
+        let small = spec(json!({"disk": {"volume": "d", "size": "64Mi"}}));
+        let large = spec(json!({"disk": {"volume": "d", "size": "96Mi"}}));
+        assert_eq!(small.machine(), large.machine());
+        assert_eq!(
+            plan(&small, &large, &[], Some(64 << 20)).unwrap(),
+            [InPlace::Grow(96 << 20)]
+        );
+        // Already that large (a retry after it grew): nothing to do.
+        assert_eq!(plan(&small, &large, &[], Some(96 << 20)).unwrap(), []);
+        let error = plan(&large, &small, &[], Some(96 << 20)).unwrap_err();
+        assert!(error.contains("a disk only grows"), "{error}");
+        // An unchanged size is not looked at.
+        assert_eq!(plan(&large, &large, &[], Some(1 << 30)).unwrap(), []);
     }
 
     #[test]
@@ -390,12 +467,12 @@ mod tests {
             "snapshots": [{"name": "s"}],
             "restore": {"snapshot": "s", "at": "2026-12-01T09:00:00Z"}
         }));
-        assert_eq!(plan(&done, &older, &[taken("s", false)]).unwrap(), []);
+        assert_eq!(plan(&done, &older, &[taken("s", false)], None).unwrap(), []);
         let again = spec(json!({
             "snapshots": [{"name": "s"}],
             "restore": {"snapshot": "s", "at": "2026-12-01T11:00:00Z"}
         }));
-        let error = plan(&done, &again, &[]).unwrap_err();
+        let error = plan(&done, &again, &[], None).unwrap_err();
         assert!(
             error.contains("snapshot s is not in the VM's disk"),
             "{error}"

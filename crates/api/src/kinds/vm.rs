@@ -50,14 +50,15 @@ impl VirtualMachineSpec {
     }
 
     /// The spec without what the node applies to a running VM in place
-    /// (snapshots, restores, power actions, the grace period): two specs
-    /// with the same machine run the same QEMU.
+    /// (snapshots, restores, power actions, the grace period, the disk's
+    /// size): two specs with the same machine run the same QEMU.
     pub fn machine(&self) -> VirtualMachineSpec {
         VirtualMachineSpec {
             stop_grace_seconds: None,
             snapshots: Vec::new(),
             restore: None,
             power: None,
+            disk: self.disk.clone().map(|disk| VmDisk { size: None, ..disk }),
             ..self.clone()
         }
     }
@@ -141,6 +142,8 @@ pub struct VmDisk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone: Option<VmClone>,
     /// The disk's virtual size when the node creates it; 1Gi by default.
+    /// Raising it later grows the disk in place (the guest sees the new
+    /// size at once); a disk never shrinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<Memory>,
 }

@@ -64,6 +64,9 @@ pub struct VmConfig {
     pub qmp_socket: PathBuf,
 }
 
+/// The `-drive id` of the VM's disk (QMP's `block_resize` names it).
+pub const DISK_ID: &str = "disk0";
+
 /// One mebibyte.
 const MIB: u64 = 1024 * 1024;
 
@@ -113,7 +116,7 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         push(&[
             "-drive",
             &format!(
-                "id=disk0,file={},format=qcow2,if=none,cache=writeback",
+                "id={DISK_ID},file={},format=qcow2,if=none,cache=writeback",
                 qemu_escape(&disk.display().to_string())
             ),
             "-device",

@@ -82,7 +82,7 @@ pub fn stop_cleanly(
     if pressed && wait_for_exit(monitor.as_deref_mut(), guest, grace) {
         return Ok(StopOutcome::PoweredOff(began.elapsed()));
     }
-    let quit = match monitor.as_deref_mut() {
+    let quit = match monitor {
         Some(monitor) => monitor.quit().map_err(|error| {
             tracing::warn!(error = %error, "cannot tell QEMU to quit; sending SIGTERM");
         }),

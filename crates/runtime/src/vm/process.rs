@@ -239,3 +239,33 @@ pub fn copy_snapshot(source: &Path, snapshot: &str, path: &Path) -> Result<(), V
         .arg(&partial))?;
     std::fs::rename(&partial, path).map_err(io)
 }
+
+/// The virtual size of the qcow2 disk at `path` (`qemu-img info -U`:
+/// readable while QEMU holds it).
+pub fn disk_size(path: &Path) -> Result<u64, VmError> {
+    let output = run(Command::new("qemu-img")
+        .args(["info", "-U", "--output=json"])
+        .arg(path))?;
+    let info: serde_json::Value = serde_json::from_str(&output).map_err(|source| VmError::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidData, source),
+    })?;
+    info.get("virtual-size")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| VmError::Io {
+            path: path.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::InvalidData,
+                "qemu-img info gave no virtual-size",
+            ),
+        })
+}
+
+/// Grows the disk at `path` (not held by QEMU) to `bytes`.
+pub fn grow_disk(path: &Path, bytes: u64) -> Result<(), VmError> {
+    run(Command::new("qemu-img")
+        .args(["resize", "-q", "-f", "qcow2"])
+        .arg(path)
+        .arg(bytes.to_string()))?;
+    Ok(())
+}

@@ -149,6 +149,9 @@ pub trait Monitor: Send {
     fn system_reset(&mut self) -> Result<(), QmpError>;
     /// QEMU exits at once (its disks flushed; the guest is not asked).
     fn quit(&mut self) -> Result<(), QmpError>;
+    /// Grows the disk `device` (its `-drive id`) to `bytes` while the guest
+    /// runs.
+    fn block_resize(&mut self, device: &str, bytes: u64) -> Result<(), QmpError>;
     /// A human monitor (HMP) command line through QMP; its output text.
     /// Used for what QMP has no synchronous command for (`savevm`,
     /// `loadvm`, `delvm`, `info snapshots`).
@@ -348,6 +351,14 @@ impl Monitor for QmpClient {
             Ok(_) | Err(QmpError::Closed { .. }) => Ok(()),
             Err(error) => Err(error),
         }
+    }
+
+    fn block_resize(&mut self, device: &str, bytes: u64) -> Result<(), QmpError> {
+        self.execute::<Value>(
+            "block_resize",
+            Some(json!({ "device": device, "size": bytes })),
+        )
+        .map(drop)
     }
 
     fn human(&mut self, command_line: &str) -> Result<String, QmpError> {

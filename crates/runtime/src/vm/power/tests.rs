@@ -62,6 +62,9 @@ impl Monitor for FakeMachine {
         machine.quit = machine.obeys_quit;
         Ok(())
     }
+    fn block_resize(&mut self, _: &str, _: u64) -> Result<(), QmpError> {
+        unreachable!("a stop resizes nothing")
+    }
     fn human(&mut self, _: &str) -> Result<String, QmpError> {
         unreachable!("a stop uses no HMP")
     }

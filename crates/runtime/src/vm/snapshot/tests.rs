@@ -36,6 +36,8 @@ fn offline_snapshots_on_a_real_disk() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.qcow2");
     crate::vm::process::create_disk(&disk, 1 << 20, None).unwrap();
+    crate::vm::process::grow_disk(&disk, 2 << 20).unwrap();
+    assert_eq!(crate::vm::process::disk_size(&disk).unwrap(), 2 << 20);
     offline(&disk, Offline::Create, "first").unwrap();
     offline(&disk, Offline::Create, "second").unwrap();
     let names: Vec<String> = list_offline(&disk)
