@@ -13,7 +13,8 @@
 //!   grace period ends; one that does not is quit once the grace is over;
 //! - a VM marked as a template stops running, and clones of it boot with
 //!   its files while their own writes stay their own (qcow2 overlays over
-//!   the template's disk); `corral vm restart` restarts a clone cleanly.
+//!   the template's disk); `corral vm restart` restarts a clone cleanly;
+//!   a disk-only snapshot of the template, copied, makes a standalone VM.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
@@ -359,5 +360,53 @@ fn clones_of_a_template_share_its_files_and_keep_their_own() {
     for clone in &clones {
         cluster.ok(&["delete", &format!("vm/{clone}")]);
     }
+    // The clones' QEMUs hold the template's disk (shared, read-only) until
+    // they are gone: only then may the template's disk change.
+    for uid in &uids {
+        let dir = cluster.data_dir.path().join("vms").join(uid);
+        common::wait_for("a clone to be removed", Duration::from_secs(60), || {
+            (!dir.exists()).then_some(())
+        });
+    }
+
+    // A snapshot of the template is of its disk only (QEMU does not run);
+    // a VM made from a copy of it has no backing file and the same files.
+    cluster.ok(&["vm", "snapshot", &target, "golden"]);
+    let list = cluster.ok(&["vm", "snapshot", "list", &target]);
+    let row = list
+        .lines()
+        .find(|line| line.starts_with("golden "))
+        .unwrap_or_else(|| panic!("no golden in the list:\n{list}"));
+    assert_eq!(row.split_whitespace().nth(1), Some("no"), "{list}");
+    let copy = unique_name("vm-copy");
+    let path = cluster.manifest(
+        "copy.yaml",
+        &manifest_with(
+            &copy,
+            &format!("{{clone: {{vm: {template}, snapshot: golden}}}}"),
+            2,
+            "",
+            "",
+        ),
+    );
+    cluster.ok(&["apply", "-f", &path]);
+    let vm = wait_running(&cluster, &format!("vm/{copy}"));
+    let uid = vm["metadata"]["uid"].as_str().unwrap().to_string();
+    let text = std::fs::read_to_string(console_log(&cluster, &uid)).unwrap();
+    assert!(text.contains("CORRAL-DISK-FILE: from-template"), "{text}");
+    let disk = cluster
+        .data_dir
+        .path()
+        .join("vms")
+        .join(&uid)
+        .join("disk.qcow2");
+    let info = std::process::Command::new("qemu-img")
+        .args(["info", "-U", "--output=json"])
+        .arg(&disk)
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert!(info.get("backing-filename").is_none(), "{info}");
+    cluster.ok(&["delete", &format!("vm/{copy}")]);
     cluster.ok(&["delete", &target]);
 }

@@ -343,25 +343,26 @@ impl VmWorkload {
         Ok(note)
     }
 
-    /// Reads the disk's snapshot table for the status (kept as it was when
-    /// it cannot be read).
+    /// Reads the disk's snapshot table for the status (empty when there is
+    /// no disk yet or it cannot be read: the next change reads it again).
     pub(super) async fn refresh_snapshots(&mut self) {
         let Some(spec) = typed_spec(&self.record.vm) else {
             return;
         };
-        let Ok(disk) = self.disk_path(&spec).await else {
-            self.snapshots = Some(Vec::new());
-            return;
+        let disk = match self.disk_path(&spec).await {
+            Ok(disk) if disk.exists() => disk,
+            _ => {
+                self.snapshots = Some(Vec::new());
+                return;
+            }
         };
-        if !disk.exists() {
-            return;
-        }
-        match self.snapshot_table(&disk).await {
-            Ok(table) => self.snapshots = Some(table),
+        self.snapshots = Some(match self.snapshot_table(&disk).await {
+            Ok(table) => table,
             Err(error) => {
                 tracing::warn!(vm = %self.key(), %error, "cannot read the disk's snapshots");
+                Vec::new()
             }
-        }
+        });
     }
 
     /// Asks QEMU for its run state (`None` when it does not answer).

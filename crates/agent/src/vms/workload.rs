@@ -382,6 +382,10 @@ impl VmWorkload {
     /// Notices an exited QEMU and starts it again after a short delay;
     /// returns whether anything changed.
     async fn supervise_qemu(&mut self) -> bool {
+        // The disk's snapshot table, read once (then after each change).
+        if self.snapshots.is_none() && self.record.admitted_revision > 0 {
+            self.refresh_snapshots().await;
+        }
         if let Some(pid) = self.record.pid {
             if let Some(code) = process::exit_status(pid) {
                 tracing::info!(vm = %self.key(), pid, ?code, "QEMU exited");
@@ -398,9 +402,6 @@ impl VmWorkload {
             {
                 self.run_state = self.query_run_state().await;
                 self.run_state_at = Some(Instant::now());
-            }
-            if self.snapshots.is_none() {
-                self.refresh_snapshots().await;
             }
             let was_booted = self.record.booted;
             return self.check_booted() && !was_booted;
