@@ -563,6 +563,20 @@ fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
             }
         }
     }
+    let mut disk_names = std::collections::BTreeSet::new();
+    for (index, disk) in spec.data_disks.iter().enumerate() {
+        let path = format!("spec.dataDisks[{index}].name");
+        checker.dns_label(&path, &disk.name);
+        if !disk_names.insert(disk.name.as_str()) {
+            checker.fail(path, "names a disk listed before");
+        }
+        if let Some(volume) = &disk.volume {
+            checker.dns_label(&format!("spec.dataDisks[{index}].volume"), volume);
+        }
+    }
+    if !spec.data_disks.is_empty() && spec.disk.is_none() {
+        checker.fail("spec.dataDisks", "needs spec.disk, the first disk");
+    }
     if spec.template && spec.disk.is_none() {
         checker.fail("spec.template", "a template needs a disk for its clones");
     }

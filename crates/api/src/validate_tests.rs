@@ -309,6 +309,15 @@ fn vm_snapshots_restores_and_power_actions_name_their_paths() {
         assert!(joined.contains(path), "{path} not in {joined}");
     }
     assert!(!joined.contains("spec.snapshots[1]"), "{joined}");
+    let disks = messages(&vm(json!({
+        "dataDisks": [{"name": "scratch", "size": "32Mi"}, {"name": "scratch", "volume": "v"}]
+    })));
+    assert!(
+        disks
+            .join("\n")
+            .contains("spec.dataDisks[1].name: names a disk listed before"),
+        "{disks:?}"
+    );
     let mut diskless = vm(json!({"snapshots": [{"name": "s"}]}));
     diskless.spec.as_object_mut().unwrap().remove("disk");
     assert!(

@@ -3,7 +3,9 @@
 //! initramfs, a qcow2 disk in a local volume) under QEMU (TCG here):
 //!
 //! - QEMU's run state (QMP `query-status`) is the VM's `status.runState`;
-//! - `corral vm snapshot` takes a snapshot with the guest's memory, a file
+//! - a second disk (`dataDisks`) is the guest's `/dev/vdb`;
+//! - `corral vm snapshot` takes a snapshot with the guest's memory (of both
+//!   disks), a file
 //!   written afterwards is gone once `corral vm restore` returns the guest
 //!   to it, the list names who took it, and each is a revision in history;
 //! - a larger `disk.size` grows the disk of the running guest;
@@ -140,9 +142,17 @@ fn snapshots_restore_reset_and_a_clean_stop() {
     // does not (grace 5 s).
     let (acpi, plain) = (unique_name("vm-acpi"), unique_name("vm-plain"));
     let (acpi_disk, plain_disk) = (unique_name("disk"), unique_name("disk"));
+    // The ACPI guest also has a second disk (`/dev/vdb`).
+    let data_disks = "  dataDisks: [{name: scratch, size: 32Mi}]\n";
     let path = cluster.manifest(
         "acpi.yaml",
-        &manifest(&acpi, &acpi_disk, 120, "corral.acpi=1"),
+        &manifest_with(
+            &acpi,
+            &format!("{{volume: {acpi_disk}, size: 64Mi}}"),
+            120,
+            "corral.acpi=1",
+            data_disks,
+        ),
     );
     cluster.ok(&["apply", "-f", &path]);
     let path = cluster.manifest("plain.yaml", &manifest(&plain, &plain_disk, 5, ""));
@@ -152,6 +162,13 @@ fn snapshots_restore_reset_and_a_clean_stop() {
     let acpi_uid = vm["metadata"]["uid"].as_str().unwrap().to_string();
     let message = vm["status"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("; running; "), "{message}");
+    // 32 MiB in 512-byte sectors, named by its serial.
+    let seen = type_line(
+        &cluster,
+        &acpi_target,
+        "echo VDB-$(cat /sys/block/vdb/size)-$(cat /sys/block/vdb/serial)",
+    );
+    assert!(seen.contains("VDB-65536-scratch"), "{seen}");
 
     // Snapshot (disk and memory), write a file, restore: the file is gone.
     let began = Instant::now();
@@ -208,7 +225,7 @@ fn snapshots_restore_reset_and_a_clean_stop() {
             &format!("{{volume: {acpi_disk}, size: 96Mi}}"),
             120,
             "corral.acpi=1",
-            "",
+            data_disks,
         ),
     );
     cluster.ok(&["apply", "-f", &path, "--wait"]);

@@ -97,6 +97,7 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
         initrd: Some(assets.initramfs.clone()),
         cmdline: Some(format!("console=ttyS0 quiet {cmdline}")),
         disk: Some(disk.clone()),
+        data_disks: Vec::new(),
         tap: Some("tap0".into()),
         mac: vm::mac_for(&name),
         console_socket: dir.path().join("console.sock"),

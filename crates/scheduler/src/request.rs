@@ -162,6 +162,11 @@ impl Request {
             &request.workload.namespace,
             &request.workload.name,
         ));
+        request.local_volumes.extend(
+            spec.data_disks
+                .iter()
+                .filter_map(|disk| disk.volume.clone()),
+        );
         if let Some(disk) = spec.disk {
             if let Some(volume) = disk.volume {
                 request.local_volumes.push(volume);

@@ -260,17 +260,40 @@ impl VmWorkload {
             .map_err(|e| crate::chain(&e))
     }
 
+    /// `qemu-img snapshot` on the VM's disk and its data disks (those of
+    /// them that hold the snapshot, for an apply or a delete: a data disk
+    /// added later has none).
     async fn offline(
         &self,
         disk: &std::path::Path,
         action: Offline,
         name: &str,
     ) -> Result<(), String> {
+        let data_disks: Vec<PathBuf> = typed_spec(&self.desired)
+            .map(|spec| {
+                self.data_disks(&spec)
+                    .into_iter()
+                    .map(|(_, path)| path)
+                    .collect()
+            })
+            .unwrap_or_default();
         let (disk, name) = (disk.to_path_buf(), name.to_string());
-        tokio::task::spawn_blocking(move || snapshot::offline(&disk, action, &name))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| crate::chain(&e))
+        tokio::task::spawn_blocking(move || {
+            snapshot::offline(&disk, action, &name)?;
+            for data in data_disks {
+                let holds = action == Offline::Create
+                    || snapshot::list_offline(&data)?
+                        .iter()
+                        .any(|s| s.name == name);
+                if holds {
+                    snapshot::offline(&data, action, &name)?;
+                }
+            }
+            Ok::<_, snapshot::SnapshotError>(())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| crate::chain(&e))
     }
 
     async fn grow(&self, disk: &std::path::Path, bytes: u64) -> Result<String, String> {

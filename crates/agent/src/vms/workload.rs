@@ -193,9 +193,38 @@ impl VmWorkload {
         )))
     }
 
-    /// Creates the VM's disk unless it exists (it is kept across restarts).
+    /// The VM's further disks, by name: in their `local` volume, else in
+    /// the VM's directory.
+    pub(super) fn data_disks(
+        &self,
+        spec: &VirtualMachineSpec,
+    ) -> Vec<(String, std::path::PathBuf)> {
+        spec.data_disks
+            .iter()
+            .map(|disk| {
+                let path = match &disk.volume {
+                    Some(volume) => self.ctx.volumes_dir.join(volume).join("disk.qcow2"),
+                    None => self
+                        .ctx
+                        .vm_dir(&self.uid())
+                        .join("disks")
+                        .join(format!("{}.qcow2", disk.name)),
+                };
+                (disk.name.clone(), path)
+            })
+            .collect()
+    }
+
+    /// Creates the VM's disks unless they exist (kept across restarts).
     pub(super) async fn ensure_disk(&mut self) -> Result<Option<String>, String> {
         let spec = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
+        for ((_, path), disk) in self.data_disks(&spec).into_iter().zip(&spec.data_disks) {
+            let size = disk.size.map_or(DEFAULT_DISK_BYTES, |m| m.bytes);
+            tokio::task::spawn_blocking(move || process::create_disk(&path, size, None))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+        }
         let Some((path, backing)) = self.disk(&spec).await? else {
             return Ok(Some("no disk".into()));
         };
@@ -263,6 +292,7 @@ impl VmWorkload {
             initrd,
             cmdline: Some(cmdline),
             disk,
+            data_disks: self.data_disks(&spec),
             tap: self.record.netns.as_ref().map(|_| TAP.to_string()),
             mac: vm::mac_for(&self.uid()),
             console_socket: dir.join("console.sock"),

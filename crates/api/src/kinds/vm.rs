@@ -14,6 +14,9 @@ pub struct VirtualMachineSpec {
     pub memory: Memory,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<VmDisk>,
+    /// More disks after `disk`, in order (`/dev/vdb`, `/dev/vdc`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_disks: Vec<VmDataDisk>,
     pub boot: BootSource,
     #[serde(default)]
     pub availability: Availability,
@@ -66,6 +69,21 @@ impl VirtualMachineSpec {
 
 /// The grace period when the spec gives none.
 pub const DEFAULT_STOP_GRACE_SECONDS: u32 = 10;
+
+/// A further disk: a qcow2 in a `local` volume, or in the VM's own
+/// directory (gone with the VM).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmDataDisk {
+    /// Names it in the VM (its serial number in the guest).
+    pub name: String,
+    /// A `local` volume holding it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// Its virtual size when the node creates it; 1Gi by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Memory>,
+}
 
 /// Where a cloned disk comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

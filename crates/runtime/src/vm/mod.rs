@@ -52,6 +52,9 @@ pub struct VmConfig {
     pub cmdline: Option<String>,
     /// A qcow2 disk, attached as virtio-blk (`/dev/vda` in the guest).
     pub disk: Option<PathBuf>,
+    /// Further qcow2 disks, by name, in order (`/dev/vdb`, …; the name is
+    /// the device's serial).
+    pub data_disks: Vec<(String, PathBuf)>,
     /// A tap device in the namespace QEMU runs in, attached as virtio-net.
     pub tap: Option<String>,
     /// The guest NIC's MAC address.
@@ -125,6 +128,18 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         if config.kernel.is_none() {
             push(&["-boot", "c"]);
         }
+    }
+    for (index, (name, path)) in config.data_disks.iter().enumerate() {
+        let id = format!("disk{}", index + 1);
+        push(&[
+            "-drive",
+            &format!(
+                "id={id},file={},format=qcow2,if=none,cache=writeback",
+                qemu_escape(&path.display().to_string())
+            ),
+            "-device",
+            &format!("virtio-blk-pci,drive={id},serial={}", qemu_escape(name)),
+        ]);
     }
     if let Some(tap) = &config.tap {
         push(&[
