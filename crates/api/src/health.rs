@@ -54,7 +54,9 @@ pub fn unhealthy_now(
             let node = object.status.get("node").and_then(|n| n.as_str());
             let phase = object.status.get("phase").and_then(|p| p.as_str());
             let message = object.status.get("message").and_then(|m| m.as_str());
-            (node.is_some() && phase != Some("Running")).then(|| {
+            // (`Template` for a template, which is not run).
+            let fine = matches!(phase, Some("Running" | "Template"));
+            (node.is_some() && !fine).then(|| {
                 format!(
                     "it is not running: {}",
                     message.unwrap_or("its node reported no reason")

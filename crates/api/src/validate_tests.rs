@@ -279,3 +279,75 @@ fn owner_references_name_a_uid_and_fit_the_dependent() {
         "{found:?}"
     );
 }
+
+#[test]
+fn vm_snapshots_restores_and_power_actions_name_their_paths() {
+    let vm = |extra: Value| {
+        let mut spec = json!({"cpus": 1, "memory": "256Mi", "disk": {"volume": "d"},
+                              "boot": {"kernel": "k"}});
+        for (key, value) in extra.as_object().unwrap() {
+            spec[key] = value.clone();
+        }
+        Object::new(Kind::VirtualMachine, None, "vm", spec)
+    };
+    let fine = vm(json!({
+        "snapshots": [{"name": "before-upgrade"}, {"name": "s2"}],
+        "restore": {"snapshot": "s2", "at": "2026-12-01T10:00:00Z"},
+        "power": {"action": "reset", "at": "2026-12-01T10:00:01Z"},
+        "stopGraceSeconds": 30
+    }));
+    assert_eq!(messages(&fine), Vec::<String>::new());
+    let wrong = messages(&vm(json!({
+        "snapshots": [{"name": "a b"}, {"name": "s"}, {"name": "s"}],
+        "restore": {"snapshot": "gone", "at": "yesterday"},
+        "power": {"action": "restart", "at": "2026-12-01"}
+    })));
+    let joined = wrong.join("\n");
+    for path in [
+        "spec.snapshots[0].name",
+        "spec.snapshots[2].name",
+        "spec.restore.snapshot",
+        "spec.restore.at",
+        "spec.power.at",
+    ] {
+        assert!(joined.contains(path), "{path} not in {joined}");
+    }
+    assert!(!joined.contains("spec.snapshots[1]"), "{joined}");
+    let disks = messages(&vm(json!({
+        "dataDisks": [{"name": "scratch", "size": "32Mi"}, {"name": "scratch", "volume": "v"}]
+    })));
+    assert!(
+        disks
+            .join("\n")
+            .contains("spec.dataDisks[1].name: names a disk listed before"),
+        "{disks:?}"
+    );
+    let mut diskless = vm(json!({"snapshots": [{"name": "s"}]}));
+    diskless.spec.as_object_mut().unwrap().remove("disk");
+    assert!(
+        messages(&diskless)
+            .join("\n")
+            .contains("spec.snapshots: needs a disk")
+    );
+}
+
+#[test]
+fn a_vm_machine_ignores_what_is_applied_in_place() {
+    let spec: crate::kinds::VirtualMachineSpec = serde_json::from_value(json!({
+        "cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"}, "disk": {"volume": "d"},
+        "snapshots": [{"name": "s"}], "restore": {"snapshot": "s", "at": "2026-12-01T10:00:00Z"},
+        "stopGraceSeconds": 3
+    }))
+    .unwrap();
+    let mut edited = spec.clone();
+    edited.snapshots.clear();
+    edited.stop_grace_seconds = None;
+    assert_eq!(spec.machine(), edited.machine());
+    edited.cpus = 2;
+    assert_ne!(spec.machine(), edited.machine());
+    assert_eq!(spec.stop_grace(), 3);
+    assert_eq!(
+        edited.stop_grace(),
+        crate::kinds::DEFAULT_STOP_GRACE_SECONDS
+    );
+}

@@ -22,7 +22,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use crate::commands::{
     apply, completion, config, console, controllers, datastore, describe, exec, get, history,
-    image, lab, lb, node, port_forward, rollout, secrets, security, token, up, workflow,
+    image, lab, lb, node, port_forward, rollout, secrets, security, token, up, vm, workflow,
 };
 
 /// corral: a container and VM orchestrator you can learn in a week.
@@ -118,6 +118,9 @@ enum Command {
     /// Reach a port of a pod from this machine: listens on localhost and
     /// carries each connection to the pod through the API server.
     PortForward(port_forward::PortForwardArgs),
+    /// VM operations: snapshot (take, list, delete), restore, restart,
+    /// reset — each a revision of the VM, applied by its node in place.
+    Vm(vm::VmArgs),
     /// Attach to a VM's serial console (Ctrl-] detaches; piped input
     /// detaches once it is sent and the console is quiet).
     Console(console::ConsoleArgs),
@@ -229,6 +232,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // Exit now: a read of the terminal may still block a runtime thread.
             std::process::exit(code)
         }
+        Command::Vm(args) => vm::run(config, args).await,
         Command::PortForward(args) => port_forward::port_forward(config, args).await,
         Command::Controllers(args) => controllers::run(config, args).await,
         Command::Explain(args) => controllers::explain(config, args).await,

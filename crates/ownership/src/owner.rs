@@ -227,6 +227,13 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
                 row("status.message", Owner::BoundNode),
                 row("status.workflow", controller(WORKFLOW)),
             ]);
+            if kind == Kind::VirtualMachine {
+                // QEMU's run state and the snapshots in the VM's disk.
+                rows.extend([
+                    row("status.runState", Owner::BoundNode),
+                    row("status.snapshots", Owner::BoundNode),
+                ]);
+            }
             rows
         }
         Kind::Node => {

@@ -1,15 +1,22 @@
 //! The QEMU driver for real: the KVM probe gives a verdict quickly, and a
 //! guest started in its own network namespace with a tap device and a
-//! qcow2 disk reaches its console marker, stops on SIGTERM, and finds its
-//! file again after a restart.
+//! qcow2 disk reaches its console marker, powers off through the ACPI
+//! power button when it handles it (and is quit after its grace period
+//! when it does not), finds its file again after a restart, and a
+//! snapshot with its memory taken and restored through QMP undoes a file
+//! written after it.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use corral_runtime::oci::netns::NetnsManager;
-use corral_runtime::vm::{self, Accel, VmConfig, kvm, process};
-use corral_testkit::{Defer, VM_READY_MARKER, require_root, require_tool, unique_name, vm_assets};
+use corral_runtime::vm::power::StopOutcome;
+use corral_runtime::vm::qmp::{Monitor, QmpClient, RunState};
+use corral_runtime::vm::{self, Accel, VmConfig, kvm, process, snapshot};
+use corral_testkit::{
+    Defer, VM_POWEROFF_MARKER, VM_READY_MARKER, require_root, require_tool, unique_name, vm_assets,
+};
 
 fn wait_for_console(log: &Path, text: &str, timeout: Duration) -> String {
     let began = Instant::now();
@@ -90,6 +97,7 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
         initrd: Some(assets.initramfs.clone()),
         cmdline: Some(format!("console=ttyS0 quiet {cmdline}")),
         disk: Some(disk.clone()),
+        data_disks: Vec::new(),
         tap: Some("tap0".into()),
         mac: vm::mac_for(&name),
         console_socket: dir.path().join("console.sock"),
@@ -98,10 +106,20 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
     };
     let qemu = Path::new("qemu-system-x86_64");
     let output = dir.path().join("qemu.log");
-    let pid = process::start(qemu, &config("corral.write=first"), Some(&ns_path), &output).unwrap();
-    let _kill = Defer::new(move || {
-        let _ = process::stop(pid, Duration::from_secs(1));
-    });
+    let qmp = dir.path().join("qmp.sock");
+    let pid = process::start(
+        qemu,
+        &config("corral.write=first corral.acpi=1"),
+        Some(&ns_path),
+        &output,
+    )
+    .unwrap();
+    let _kill = {
+        let qmp = qmp.clone();
+        Defer::new(move || {
+            let _ = process::stop(pid, &qmp, Duration::ZERO);
+        })
+    };
     let console = wait_for_console(
         &config("").console_log,
         VM_READY_MARKER,
@@ -116,21 +134,81 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
         netns_of(&ns_path),
         "QEMU runs in the VM's network namespace"
     );
-    process::stop(pid, Duration::from_secs(10)).unwrap();
+    assert!(console.contains("CORRAL-VM-ACPI: /dev/input/"), "{console}");
+    let mut monitor = QmpClient::connect(&qmp).unwrap();
+    assert_eq!(monitor.query_status().unwrap().status, RunState::Running);
+    drop(monitor);
+    // The guest handles the power button: it powers itself off well
+    // within its grace period.
+    let outcome = process::stop(pid, &qmp, Duration::from_secs(60)).unwrap();
+    assert!(
+        matches!(outcome, StopOutcome::PoweredOff(after) if after < Duration::from_secs(30)),
+        "{outcome:?}"
+    );
     assert!(process::exit_status(pid).is_some());
+    let console = std::fs::read_to_string(&config("").console_log).unwrap();
+    assert!(console.contains(VM_POWEROFF_MARKER), "{console}");
     std::fs::remove_file(dir.path().join("console.log")).unwrap();
     let pid = process::start(qemu, &config(""), Some(&ns_path), &output).unwrap();
-    let _kill2 = Defer::new(move || {
-        let _ = process::stop(pid, Duration::from_secs(1));
-    });
-    let console = wait_for_console(
-        &config("").console_log,
-        VM_READY_MARKER,
-        Duration::from_secs(120),
-    );
+    let _kill2 = {
+        let qmp = qmp.clone();
+        Defer::new(move || {
+            let _ = process::stop(pid, &qmp, Duration::ZERO);
+        })
+    };
+    let console_log = config("").console_log;
+    let console = wait_for_console(&console_log, VM_READY_MARKER, Duration::from_secs(120));
     assert!(console.contains("CORRAL-DISK-FILE: first"), "{console}");
+
+    // A snapshot with memory, a file written after it, the snapshot
+    // restored: the guest resumes before the write and the file is gone.
+    let mut monitor = QmpClient::connect(&qmp)
+        .unwrap()
+        .slow(Duration::from_secs(120));
+    snapshot::save_running(&mut monitor, "before").unwrap();
+    let table = snapshot::list_offline(&disk).unwrap();
+    assert!(
+        table.iter().any(|s| s.name == "before" && s.has_memory()),
+        "{table:?}"
+    );
+    type_on_console(
+        &dir.path().join("console.sock"),
+        "echo after > /mnt/later; sync; echo WROTE-$((6*7))\n",
+    );
+    wait_for_console(&console_log, "WROTE-42", Duration::from_secs(30));
+    snapshot::load_running(&mut monitor, "before").unwrap();
+    assert_eq!(monitor.query_status().unwrap().status, RunState::Running);
+    type_on_console(
+        &dir.path().join("console.sock"),
+        "ls /mnt/later 2>/dev/null || echo GONE-$((6*7))\n",
+    );
+    wait_for_console(&console_log, "GONE-42", Duration::from_secs(30));
+    snapshot::delete_running(&mut monitor, "before").unwrap();
+    assert!(snapshot::list_offline(&disk).unwrap().is_empty());
+    drop(monitor);
+
+    // Without a handler the button does nothing: QEMU is quit once the
+    // grace period is over.
+    let began = Instant::now();
+    let outcome = process::stop(pid, &qmp, Duration::from_secs(3)).unwrap();
+    assert_eq!(outcome, StopOutcome::Quit);
+    assert!(began.elapsed() >= Duration::from_secs(3));
+    let console = std::fs::read_to_string(&console_log).unwrap();
+    assert!(!console.contains(VM_POWEROFF_MARKER), "{console}");
     let qemu_log = std::fs::read_to_string(&output).unwrap_or_default();
     assert!(!qemu_log.contains("error"), "{qemu_log}");
+}
+
+/// Types `text` on the serial console (its unix socket).
+fn type_on_console(socket: &Path, text: &str) {
+    use std::io::Write;
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(socket).expect("connect to the console");
+    stream
+        .write_all(text.as_bytes())
+        .expect("type on the console");
+    // Give QEMU the bytes before the connection goes.
+    std::thread::sleep(Duration::from_millis(500));
 }
 
 /// Set in the process `the_kvm_probe_never_outlives_the_agent` starts to

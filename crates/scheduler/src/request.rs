@@ -146,13 +146,36 @@ impl Request {
             source,
         })?;
         let mut request = Request::new(key);
-        request.cpu = Cpu {
-            millis: u64::from(spec.cpus).saturating_mul(1000),
-        };
-        request.memory = spec.memory;
+        // A template is not run: it holds its disk on the node, no CPU or
+        // memory.
+        if !spec.template {
+            request.cpu = Cpu {
+                millis: u64::from(spec.cpus).saturating_mul(1000),
+            };
+            request.memory = spec.memory;
+        }
         apply_placement(&mut request, spec.placement.as_ref());
-        if let Some(volume) = spec.disk.and_then(|disk| disk.volume) {
-            request.local_volumes.push(volume);
+        // Its disk is node-local, and so is the disk of a VM it clones:
+        // every VM holds a volume named after itself (`vm/NS/NAME`, never
+        // a real volume's name), which its clones ask for.
+        request.local_volumes.push(vm_disk_volume(
+            &request.workload.namespace,
+            &request.workload.name,
+        ));
+        request.local_volumes.extend(
+            spec.data_disks
+                .iter()
+                .filter_map(|disk| disk.volume.clone()),
+        );
+        if let Some(disk) = spec.disk {
+            if let Some(volume) = disk.volume {
+                request.local_volumes.push(volume);
+            }
+            if let Some(clone) = disk.clone {
+                request
+                    .local_volumes
+                    .push(vm_disk_volume(&request.workload.namespace, &clone.vm));
+            }
         }
         request.wants_kvm = true;
         Ok(request)
@@ -162,6 +185,12 @@ impl Request {
     pub(crate) fn runtime_or_default(&self) -> RuntimeClass {
         self.runtime.unwrap_or(RuntimeClass::Runc)
     }
+}
+
+/// The pseudo local volume standing for the disk of VM `NAME` in
+/// `namespace`, so clones are placed beside their source.
+pub fn vm_disk_volume(namespace: &str, name: &str) -> String {
+    format!("vm/{namespace}/{name}")
 }
 
 fn apply_placement(request: &mut Request, placement: Option<&Placement>) {

@@ -12,7 +12,11 @@
 //!    passes the VM's address as a /128), puts it on `eth0` with a default
 //!    route via `fe80::1` (the node's end of the VM's link), and serves
 //!    `CORRAL-VM-HTTP` over HTTP on port 8080 (IPv6 and IPv4);
-//! 5. prints [`VM_READY_MARKER`] and keeps a shell on the console.
+//! 5. if the kernel argument `corral.acpi=1` is given, handles the ACPI
+//!    power button: on a press it prints [`VM_POWEROFF_MARKER`], unmounts
+//!    the disk and powers off (without it, the button does nothing, like
+//!    a guest with no ACPI daemon);
+//! 6. prints [`VM_READY_MARKER`] and keeps a shell on the console.
 //!
 //! The kernel is cached under [`cache_dir`] (reused across runs; `scripts/setup`
 //! pre-fetches it), the initramfs is rebuilt next to it when missing.
@@ -27,6 +31,8 @@ use std::process::Command;
 pub const VM_MARKER: &str = "CORRAL-VM-BOOTED";
 /// What it prints last, after the disk and the network.
 pub const VM_READY_MARKER: &str = "CORRAL-VM-READY";
+/// What it prints when the ACPI power button makes it power off.
+pub const VM_POWEROFF_MARKER: &str = "CORRAL-VM-POWEROFF";
 /// The Debian package whose dependency names the kernel package.
 pub const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
 /// The environment variable overriding [`cache_dir`].
@@ -45,6 +51,8 @@ const MODULES: &[&str] = &[
     "net/core/failover.ko",
     "drivers/net/net_failover.ko",
     "drivers/net/virtio_net.ko",
+    "drivers/acpi/button.ko",
+    "drivers/input/evdev.ko",
 ];
 
 /// A kernel and an initramfs ready for `-kernel` and `-initrd`.
@@ -207,6 +215,27 @@ if [ -n "$addr" ]; then
 fi
 "#,
     );
+    script.push_str(&format!(
+        r#"if [ "$(arg corral.acpi)" = 1 ]; then
+  # The button's input device (button.ko names it), its evdev node.
+  dev=
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    for dir in /sys/class/input/input*; do
+      [ "$(cat $dir/name 2>/dev/null)" = "Power Button" ] || continue
+      for event in $dir/event*; do [ -e "$event" ] && dev=/dev/input/${{event##*/}}; done
+    done
+    [ -n "$dev" ] && [ -c "$dev" ] && break
+    sleep 0.5
+  done
+  if [ -z "$dev" ]; then echo CORRAL-VM-NO-POWER-BUTTON; else
+    echo "CORRAL-VM-ACPI: $dev"
+    # One input event (24 bytes) is the press.
+    ( dd if=$dev of=/dev/null bs=24 count=1 2>/dev/null
+      echo {VM_POWEROFF_MARKER}; sync; umount /mnt 2>/dev/null; poweroff -f ) &
+  fi
+fi
+"#
+    ));
     script.push_str(&format!("echo {VM_READY_MARKER}\n"));
     script.push_str("while true; do setsid cttyhack sh; sleep 1; done\n");
     script

@@ -17,7 +17,9 @@
 //! with its one address. [`io`] serves the console to the agent's endpoint.
 
 pub mod boot;
+pub mod clone;
 pub mod io;
+pub mod operations;
 pub mod state;
 pub mod workload;
 

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
-use corral_api::kinds::VirtualMachineSpec;
+use corral_api::kinds::{DEFAULT_STOP_GRACE_SECONDS, VirtualMachineSpec};
 use corral_api::{Object, ObjectKey};
+use corral_runtime::vm::qmp::RunState;
+use corral_runtime::vm::snapshot::SnapshotInfo;
 use corral_runtime::vm::{self, VmConfig, process};
 use corral_workflow::VmStep;
 use serde_json::{Map, Value};
@@ -22,8 +24,8 @@ use super::state::VmRecord;
 use crate::executor::{StepOutcome, StepRun, Workload};
 use crate::steps::NodeWork;
 
-/// How long QEMU gets to exit after SIGTERM before SIGKILL.
-pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How often QEMU's run state is asked for.
+const RUN_STATE_EVERY: Duration = Duration::from_secs(2);
 /// A disk the node creates is this big unless the spec says otherwise.
 pub const DEFAULT_DISK_BYTES: u64 = 1 << 30;
 /// The tap device in every VM's namespace.
@@ -32,19 +34,30 @@ pub const TAP: &str = "tap0";
 const RESTART_DELAY: Duration = Duration::from_secs(2);
 
 /// The status fields the node owns on a VM.
-const STATUS_FIELDS: [&str; 3] = ["phase", "observedRevision", "message"];
+const STATUS_FIELDS: [&str; 5] = [
+    "phase",
+    "observedRevision",
+    "message",
+    "runState",
+    "snapshots",
+];
 
 /// One VM on this node: its local record and the VM as the API last
 /// showed it.
 #[derive(Debug)]
 pub struct VmWorkload {
-    ctx: Arc<VmContext>,
-    record: VmRecord,
-    desired: Object,
+    pub(super) ctx: Arc<VmContext>,
+    pub(super) record: VmRecord,
+    pub(super) desired: Object,
     restart_at: Option<Instant>,
+    /// QEMU's run state as last asked, and when.
+    run_state: Option<RunState>,
+    run_state_at: Option<Instant>,
+    /// The disk's snapshot table as last read (`None`: not read yet).
+    pub(super) snapshots: Option<Vec<SnapshotInfo>>,
 }
 
-fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
+pub(super) fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
     object.typed_spec().ok()
 }
 
@@ -69,18 +82,21 @@ impl VmWorkload {
             record,
             desired,
             restart_at: None,
+            run_state: None,
+            run_state_at: None,
+            snapshots: None,
         }
     }
 
-    fn key(&self) -> ObjectKey {
+    pub(super) fn key(&self) -> ObjectKey {
         self.record.vm.key()
     }
 
-    fn uid(&self) -> String {
+    pub(super) fn uid(&self) -> String {
         self.record.vm.metadata.uid.clone()
     }
 
-    fn save(&self) {
+    pub(super) fn save(&self) {
         if let Err(error) = self.ctx.state.save(&self.record) {
             tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot save local VM state");
         }
@@ -143,7 +159,7 @@ impl VmWorkload {
     }
 
     /// The disk's host path and, for an image disk, its backing file.
-    async fn disk(
+    pub(super) async fn disk(
         &self,
         spec: &VirtualMachineSpec,
     ) -> Result<Option<(std::path::PathBuf, Option<std::path::PathBuf>)>, String> {
@@ -156,8 +172,15 @@ impl VmWorkload {
                 None,
             )));
         }
+        if disk.clone.is_some() {
+            // Made once by `ensure_disk` from the source VM's disk.
+            return Ok(Some((
+                self.ctx.vm_dir(&self.uid()).join("disk.qcow2"),
+                None,
+            )));
+        }
         let Some(image) = disk.image.clone() else {
-            return Err("spec.disk sets neither volume nor image".into());
+            return Err("spec.disk sets none of volume, image or clone".into());
         };
         let runner = self.ctx.agent.runner.clone();
         let backing =
@@ -170,9 +193,38 @@ impl VmWorkload {
         )))
     }
 
-    /// Creates the VM's disk unless it exists (it is kept across restarts).
-    async fn ensure_disk(&mut self) -> Result<Option<String>, String> {
+    /// The VM's further disks, by name: in their `local` volume, else in
+    /// the VM's directory.
+    pub(super) fn data_disks(
+        &self,
+        spec: &VirtualMachineSpec,
+    ) -> Vec<(String, std::path::PathBuf)> {
+        spec.data_disks
+            .iter()
+            .map(|disk| {
+                let path = match &disk.volume {
+                    Some(volume) => self.ctx.volumes_dir.join(volume).join("disk.qcow2"),
+                    None => self
+                        .ctx
+                        .vm_dir(&self.uid())
+                        .join("disks")
+                        .join(format!("{}.qcow2", disk.name)),
+                };
+                (disk.name.clone(), path)
+            })
+            .collect()
+    }
+
+    /// Creates the VM's disks unless they exist (kept across restarts).
+    pub(super) async fn ensure_disk(&mut self) -> Result<Option<String>, String> {
         let spec = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
+        for ((_, path), disk) in self.data_disks(&spec).into_iter().zip(&spec.data_disks) {
+            let size = disk.size.map_or(DEFAULT_DISK_BYTES, |m| m.bytes);
+            tokio::task::spawn_blocking(move || process::create_disk(&path, size, None))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+        }
         let Some((path, backing)) = self.disk(&spec).await? else {
             return Ok(Some("no disk".into()));
         };
@@ -182,6 +234,11 @@ impl VmWorkload {
             .and_then(|d| d.size)
             .map_or(DEFAULT_DISK_BYTES, |m| m.bytes);
         let shown = path.display().to_string();
+        if let Some(clone) = spec.disk.as_ref().and_then(|d| d.clone.as_ref())
+            && !path.exists()
+        {
+            return self.make_clone(clone, &path, size).await.map(Some);
+        }
         let created = tokio::task::spawn_blocking(move || {
             process::create_disk(&path, size, backing.as_deref())
         })
@@ -235,6 +292,7 @@ impl VmWorkload {
             initrd,
             cmdline: Some(cmdline),
             disk,
+            data_disks: self.data_disks(&spec),
             tap: self.record.netns.as_ref().map(|_| TAP.to_string()),
             mac: vm::mac_for(&self.uid()),
             console_socket: dir.join("console.sock"),
@@ -243,22 +301,43 @@ impl VmWorkload {
         })
     }
 
-    /// Stops QEMU if it runs.
-    async fn stop(&mut self) -> Result<(), String> {
-        if let Some(pid) = self.record.pid {
-            tokio::task::spawn_blocking(move || process::stop(pid, STOP_GRACE))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| crate::chain(&e))?;
-            self.record.pid = None;
-            self.save();
-        }
-        Ok(())
+    /// Stops QEMU if it runs: the ACPI power button, the VM's grace
+    /// period, then quit, then SIGKILL. Returns how it went.
+    pub(super) async fn stop(&mut self) -> Result<String, String> {
+        let Some(pid) = self.record.pid else {
+            return Ok("QEMU was not running".into());
+        };
+        let grace = typed_spec(&self.desired)
+            .or_else(|| typed_spec(&self.record.vm))
+            .map_or(DEFAULT_STOP_GRACE_SECONDS, |spec| spec.stop_grace());
+        let qmp = self.ctx.vm_dir(&self.uid()).join("qmp.sock");
+        let outcome = tokio::task::spawn_blocking(move || {
+            process::stop(pid, &qmp, Duration::from_secs(grace.into()))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| crate::chain(&e))?;
+        tracing::info!(vm = %self.key(), pid, %outcome, "QEMU stopped");
+        self.record.pid = None;
+        self.run_state = None;
+        self.save();
+        Ok(outcome.to_string())
     }
 
     /// (Re)starts QEMU with the desired revision; that revision is then
     /// the admitted one.
-    async fn start(&mut self) -> Result<String, String> {
+    pub(super) async fn start(&mut self) -> Result<String, String> {
+        if typed_spec(&self.desired).is_some_and(|spec| spec.template) {
+            // A template is not run: its disk is its clones' base.
+            let stopped = self.stop().await?;
+            self.record.vm = self.desired.clone();
+            self.record.admitted_revision = self.desired.metadata.revision;
+            self.record.booted = true;
+            self.save();
+            return Ok(format!(
+                "a template does not run ({stopped}): its disk is its clones' base"
+            ));
+        }
         let config = self.config().await?;
         self.stop().await?;
         let output = self.ctx.vm_dir(&self.uid()).join("qemu.log");
@@ -287,12 +366,6 @@ impl VmWorkload {
         self.save();
         tracing::info!(vm = %self.key(), pid, %accel, revision = self.record.admitted_revision, "QEMU started");
         Ok(format!("qemu pid {pid} under {accel}"))
-    }
-
-    /// An edit: the same disk, namespace and tap, a new QEMU.
-    async fn restart_in_place(&mut self) -> Result<(), String> {
-        self.ensure_disk().await?;
-        self.start().await.map(|_| ())
     }
 
     /// Whether the guest printed its marker since QEMU last started.
@@ -339,6 +412,10 @@ impl VmWorkload {
     /// Notices an exited QEMU and starts it again after a short delay;
     /// returns whether anything changed.
     async fn supervise_qemu(&mut self) -> bool {
+        // The disk's snapshot table, read once (then after each change).
+        if self.snapshots.is_none() && self.record.admitted_revision > 0 {
+            self.refresh_snapshots().await;
+        }
         if let Some(pid) = self.record.pid {
             if let Some(code) = process::exit_status(pid) {
                 tracing::info!(vm = %self.key(), pid, ?code, "QEMU exited");
@@ -349,10 +426,17 @@ impl VmWorkload {
                 self.restart_at = Some(Instant::now() + RESTART_DELAY);
                 return true;
             }
+            if self
+                .run_state_at
+                .is_none_or(|at| at.elapsed() >= RUN_STATE_EVERY)
+            {
+                self.run_state = self.query_run_state().await;
+                self.run_state_at = Some(Instant::now());
+            }
             let was_booted = self.record.booted;
             return self.check_booted() && !was_booted;
         }
-        if self.record.admitted_revision == 0 {
+        if self.record.admitted_revision == 0 || self.is_template() {
             return false;
         }
         if self.restart_at.is_none_or(|at| Instant::now() >= at) {
@@ -373,14 +457,24 @@ impl VmWorkload {
     }
 
     fn status_value(&self) -> serde_json::Value {
+        let template = self.is_template() && self.record.admitted_revision > 0;
         let phase = match (self.record.pid, self.record.booted) {
+            _ if template => "Template",
             (Some(_), true) => "Running",
             _ => "Pending",
         };
+        let run_state = match (self.record.pid, self.run_state) {
+            (Some(_), Some(state)) => Value::from(state.as_str()),
+            // Not asked yet, or QMP did not answer.
+            (Some(_), None) => Value::Null,
+            (None, _) => Value::from("stopped"),
+        };
         let message = match self.record.pid {
             Some(pid) => format!(
-                "qemu pid {pid} under {}; {}; restarts {}",
+                "qemu pid {pid} under {}; {}{}; restarts {}",
                 self.ctx.accel(),
+                self.run_state
+                    .map_or(String::new(), |state| format!("{state}; ")),
                 if self.record.booted {
                     "booted"
                 } else {
@@ -388,12 +482,20 @@ impl VmWorkload {
                 },
                 self.record.restarts
             ),
+            None if template => {
+                "a template: QEMU does not run; its disk is its clones' base".to_string()
+            }
             None => match self.record.last_exit {
                 Some(code) => format!("QEMU exited with code {code}; the node starts it again"),
                 None => "QEMU is not running (its exit code was not collected); the node starts it again".to_string(),
             },
         };
-        let mut status = serde_json::json!({"phase": phase, "message": message});
+        let mut status = serde_json::json!({
+            "phase": phase,
+            "message": message,
+            "runState": run_state,
+            "snapshots": self.snapshots_status(),
+        });
         if self.record.admitted_revision > 0 {
             status["observedRevision"] = self.record.admitted_revision.into();
         }
@@ -437,7 +539,7 @@ impl Workload for VmWorkload {
     async fn admit_without_workflow(&mut self) {
         if self.desired.metadata.revision > self.record.admitted_revision
             && self.record.admitted_revision > 0
-            && let Err(error) = self.restart_in_place().await
+            && let Err(error) = self.apply_revision().await
         {
             tracing::warn!(vm = %self.key(), %error, "in-place restart failed; retrying");
         }
@@ -459,7 +561,8 @@ impl Workload for VmWorkload {
                 })
                 .into(),
             VmStep::PrepareDisk => self.ensure_disk().await.into(),
-            VmStep::StartVm | VmStep::RestartVm => self.start().await.map(Some).into(),
+            VmStep::StartVm => self.start().await.map(Some).into(),
+            VmStep::RestartVm => self.apply_revision().await.map(Some).into(),
             VmStep::AwaitBoot => self.await_boot().into(),
             VmStep::StopVm | VmStep::ReleaseDisk | VmStep::RemoveTap => StepOutcome::Failed(format!(
                 "this node does not run {step}: a deleted VM is removed from its node directly, not through the stop workflow yet"

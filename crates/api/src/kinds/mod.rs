@@ -40,7 +40,10 @@ pub use pod_data::{DataRef, DataVolume, EnvFrom, EnvValue};
 pub use pod_health::{exit_message, pod_status_word};
 pub use policy::PolicySpec;
 pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSpec, is_data_key};
-pub use vm::{BootSource, VirtualMachineSpec, VmDisk};
+pub use vm::{
+    BootSource, DEFAULT_STOP_GRACE_SECONDS, PowerAction, VirtualMachineSpec, VmClone, VmDisk,
+    VmPower, VmRestore, VmSnapshot, is_snapshot_name,
+};
 
 use crate::meta::Kind;
 

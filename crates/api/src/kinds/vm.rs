@@ -14,11 +14,134 @@ pub struct VirtualMachineSpec {
     pub memory: Memory,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<VmDisk>,
+    /// More disks after `disk`, in order (`/dev/vdb`, `/dev/vdc`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_disks: Vec<VmDataDisk>,
     pub boot: BootSource,
     #[serde(default)]
     pub availability: Availability,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// A template is not run: its disk is the read-only base its clones
+    /// (`disk.clone.vm`) write their own changes over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub template: bool,
+    /// Seconds the guest gets to power off after the ACPI power button
+    /// (on delete, restart or an edit) before QEMU is quit; 10 by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_grace_seconds: Option<u32>,
+    /// The snapshots the VM's disk keeps: one listed here is taken (with
+    /// the guest's memory when it runs) once, one removed from the list
+    /// is deleted. `corral vm snapshot` writes this list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<VmSnapshot>,
+    /// The last restore asked for (`corral vm restore`): the node returns
+    /// the VM to the snapshot once, when a revision brings a newer `at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<VmRestore>,
+    /// The last power action asked for (`corral vm restart|reset`), done
+    /// once, when a revision brings a newer `at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<VmPower>,
+}
+
+impl VirtualMachineSpec {
+    /// The stop grace period in seconds.
+    pub fn stop_grace(&self) -> u32 {
+        self.stop_grace_seconds
+            .unwrap_or(DEFAULT_STOP_GRACE_SECONDS)
+    }
+
+    /// The spec without what the node applies to a running VM in place
+    /// (snapshots, restores, power actions, the grace period, the disk's
+    /// size): two specs with the same machine run the same QEMU.
+    pub fn machine(&self) -> VirtualMachineSpec {
+        VirtualMachineSpec {
+            stop_grace_seconds: None,
+            snapshots: Vec::new(),
+            restore: None,
+            power: None,
+            disk: self.disk.clone().map(|disk| VmDisk { size: None, ..disk }),
+            ..self.clone()
+        }
+    }
+}
+
+/// The grace period when the spec gives none.
+pub const DEFAULT_STOP_GRACE_SECONDS: u32 = 10;
+
+/// A further disk: a qcow2 in a `local` volume, or in the VM's own
+/// directory (gone with the VM).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmDataDisk {
+    /// Names it in the VM (its serial number in the guest).
+    pub name: String,
+    /// A `local` volume holding it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// Its virtual size when the node creates it; 1Gi by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Memory>,
+}
+
+/// Where a cloned disk comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmClone {
+    /// The VM whose disk is cloned.
+    pub vm: String,
+    /// One of its snapshots, copied whole; absent, the VM must be a
+    /// template and the clone's disk is an overlay over its disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+/// A snapshot the VM's disk keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmSnapshot {
+    /// Letters, digits, `-`, `_` and `.`; at most 64.
+    pub name: String,
+}
+
+/// A request to return the VM to one of its snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmRestore {
+    pub snapshot: String,
+    /// When it was asked for (RFC 3339); a restore is done once per value.
+    pub at: String,
+}
+
+/// A power action on the running VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmPower {
+    pub action: PowerAction,
+    /// When it was asked for (RFC 3339); an action is done once per value.
+    pub at: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum PowerAction {
+    /// A clean stop (ACPI power button, then quit after the grace period)
+    /// and a fresh start.
+    Restart,
+    /// The machine's reset button: the guest reboots at once.
+    Reset,
+}
+
+/// Whether `name` may name a snapshot (safe on QEMU's monitor command line
+/// and for `qemu-img`).
+pub fn is_snapshot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['-', '.'])
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -31,7 +154,14 @@ pub struct VmDisk {
     /// writes to its own copy-on-write overlay, kept across restarts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// A disk made from another VM's (on the same node, in the same
+    /// namespace): a copy-on-write overlay over a template's disk, or a
+    /// copy of one of its snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<VmClone>,
     /// The disk's virtual size when the node creates it; 1Gi by default.
+    /// Raising it later grows the disk in place (the guest sees the new
+    /// size at once); a disk never shrinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<Memory>,
 }

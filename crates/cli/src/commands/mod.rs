@@ -22,6 +22,7 @@ pub mod secrets;
 pub mod security;
 pub mod token;
 pub mod up;
+pub mod vm;
 pub mod workflow;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,7 @@
 //! The QEMU driver: a pure command-line builder ([`qemu_args`]), the KVM
-//! probe ([`kvm`]), and the process and disk side effects ([`process`]).
+//! probe ([`kvm`]), the process and disk side effects ([`process`]), a
+//! typed QMP client ([`qmp`]), the clean stop through the ACPI power
+//! button ([`power`]) and qcow2 snapshots ([`snapshot`]).
 //!
 //! A VM is one `qemu-system-x86_64` process started inside the VM's own
 //! network namespace (its tap device lives there), with its serial console
@@ -9,7 +11,10 @@
 //! under TCG) or from their disk.
 
 pub mod kvm;
+pub mod power;
 pub mod process;
+pub mod qmp;
+pub mod snapshot;
 mod tap;
 
 use std::fmt;
@@ -47,6 +52,9 @@ pub struct VmConfig {
     pub cmdline: Option<String>,
     /// A qcow2 disk, attached as virtio-blk (`/dev/vda` in the guest).
     pub disk: Option<PathBuf>,
+    /// Further qcow2 disks, by name, in order (`/dev/vdb`, …; the name is
+    /// the device's serial).
+    pub data_disks: Vec<(String, PathBuf)>,
     /// A tap device in the namespace QEMU runs in, attached as virtio-net.
     pub tap: Option<String>,
     /// The guest NIC's MAC address.
@@ -58,6 +66,9 @@ pub struct VmConfig {
     /// The QMP control socket.
     pub qmp_socket: PathBuf,
 }
+
+/// The `-drive id` of the VM's disk (QMP's `block_resize` names it).
+pub const DISK_ID: &str = "disk0";
 
 /// One mebibyte.
 const MIB: u64 = 1024 * 1024;
@@ -108,7 +119,7 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         push(&[
             "-drive",
             &format!(
-                "id=disk0,file={},format=qcow2,if=none,cache=writeback",
+                "id={DISK_ID},file={},format=qcow2,if=none,cache=writeback",
                 qemu_escape(&disk.display().to_string())
             ),
             "-device",
@@ -117,6 +128,18 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         if config.kernel.is_none() {
             push(&["-boot", "c"]);
         }
+    }
+    for (index, (name, path)) in config.data_disks.iter().enumerate() {
+        let id = format!("disk{}", index + 1);
+        push(&[
+            "-drive",
+            &format!(
+                "id={id},file={},format=qcow2,if=none,cache=writeback",
+                qemu_escape(&path.display().to_string())
+            ),
+            "-device",
+            &format!("virtio-blk-pci,drive={id},serial={}", qemu_escape(name)),
+        ]);
     }
     if let Some(tap) = &config.tap {
         push(&[

@@ -1,19 +1,21 @@
 //! The side effects of running a VM: its qcow2 disk (`qemu-img`), its tap
 //! device (inside the VM's network namespace), and the QEMU process
 //! (started on a thread inside that namespace, in its own process group
-//! so it outlives the agent; stopped with SIGTERM, which QEMU handles by
-//! flushing its disks and exiting, then SIGKILL after the grace period).
+//! so it outlives the agent; stopped through the ACPI power button, then
+//! `quit`, then SIGKILL: [`stop`]).
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::oci::{netns, reap};
+use crate::vm::power::{self, Guest, QemuProcess, StopOutcome};
+use crate::vm::qmp::{Monitor, QmpClient};
 use crate::vm::{VmConfig, qemu_args, tap};
 
 /// Why a VM's disk, tap or process could not be set up or stopped.
@@ -52,7 +54,7 @@ pub enum VmError {
     },
 }
 
-fn run(command: &mut Command) -> Result<String, VmError> {
+pub(crate) fn run(command: &mut Command) -> Result<String, VmError> {
     let program = format!("{:?}", command.get_program());
     let output = {
         let _lock = reap::spawn_lock();
@@ -187,27 +189,83 @@ pub fn is_vm_process(pid: u32, name: &str) -> bool {
             .any(|pair| pair[0] == b"-name" && pair[1] == name.as_bytes())
 }
 
-/// Stops QEMU: SIGTERM (QEMU flushes its disks and exits), SIGKILL after
-/// `grace`. Succeeds when the process is gone.
-pub fn stop(pid: u32, grace: Duration) -> Result<(), VmError> {
-    if exit_status(pid).is_some() {
-        return Ok(());
-    }
-    let signal = |signal| match kill(Pid::from_raw(pid as i32), signal) {
+/// Sends `signal` to QEMU (a process already gone is fine).
+pub fn signal(pid: u32, signal: Signal) -> Result<(), VmError> {
+    match kill(Pid::from_raw(pid as i32), signal) {
         Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
         Err(source) => Err(VmError::Signal { pid, source }),
-    };
-    signal(Signal::SIGTERM)?;
-    let began = Instant::now();
-    while began.elapsed() < grace {
-        if exit_status(pid).is_some() {
-            return Ok(());
+    }
+}
+
+/// Stops QEMU as a person at its console would ([`power::stop_cleanly`]):
+/// the ACPI power button through QMP at `qmp_socket`, `grace` for the
+/// guest to power off, then `quit` (SIGTERM when QMP does not answer),
+/// then SIGKILL.
+pub fn stop(pid: u32, qmp_socket: &Path, grace: Duration) -> Result<StopOutcome, VmError> {
+    let guest = QemuProcess(pid);
+    if guest.exited() {
+        return Ok(StopOutcome::AlreadyGone);
+    }
+    let mut client = match QmpClient::connect(qmp_socket) {
+        Ok(client) => Some(client),
+        Err(error) => {
+            tracing::warn!(pid, error = %error, "QEMU's QMP socket does not answer");
+            None
         }
-        std::thread::sleep(Duration::from_millis(50));
+    };
+    power::stop_cleanly(
+        client.as_mut().map(|c| c as &mut dyn Monitor),
+        &guest,
+        grace,
+    )
+}
+
+/// Writes snapshot `snapshot` of the qcow2 disk `source` to a new qcow2
+/// disk at `path` (a whole copy; `-U`: the source may be in use, its
+/// snapshot does not change).
+pub fn copy_snapshot(source: &Path, snapshot: &str, path: &Path) -> Result<(), VmError> {
+    let io = |source| VmError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
     }
-    signal(Signal::SIGKILL)?;
-    while exit_status(pid).is_none() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let partial = path.with_extension("partial");
+    run(Command::new("qemu-img")
+        .args(["convert", "-U", "-O", "qcow2", "-l"])
+        .arg(format!("snapshot.name={snapshot}"))
+        .arg(source)
+        .arg(&partial))?;
+    std::fs::rename(&partial, path).map_err(io)
+}
+
+/// The virtual size of the qcow2 disk at `path` (`qemu-img info -U`:
+/// readable while QEMU holds it).
+pub fn disk_size(path: &Path) -> Result<u64, VmError> {
+    let output = run(Command::new("qemu-img")
+        .args(["info", "-U", "--output=json"])
+        .arg(path))?;
+    let info: serde_json::Value = serde_json::from_str(&output).map_err(|source| VmError::Io {
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidData, source),
+    })?;
+    info.get("virtual-size")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or_else(|| VmError::Io {
+            path: path.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::InvalidData,
+                "qemu-img info gave no virtual-size",
+            ),
+        })
+}
+
+/// Grows the disk at `path` (not held by QEMU) to `bytes`.
+pub fn grow_disk(path: &Path, bytes: u64) -> Result<(), VmError> {
+    run(Command::new("qemu-img")
+        .args(["resize", "-q", "-f", "qcow2"])
+        .arg(path)
+        .arg(bytes.to_string()))?;
     Ok(())
 }

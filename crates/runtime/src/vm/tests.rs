@@ -12,6 +12,7 @@ fn config() -> VmConfig {
         initrd: Some(PathBuf::from("/k/initrd")),
         cmdline: Some("console=ttyS0 quiet".into()),
         disk: Some(PathBuf::from("/v/disk.qcow2")),
+        data_disks: Vec::new(),
         tap: Some("tap0".into()),
         mac: "52:54:00:00:00:01".into(),
         console_socket: PathBuf::from("/run/vm/console.sock"),
@@ -152,4 +153,31 @@ fn probe_verdicts() {
     assert_eq!(kvm::KvmProbe::Unusable("x".into()).accel(), Accel::Tcg);
     assert_eq!(kvm::KvmProbe::Usable.feature(), "usable");
     assert!(kvm::KvmProbe::Absent.feature().starts_with("absent"));
+}
+
+#[test]
+fn data_disks_follow_the_first_in_order_with_their_names_as_serials() {
+    let mut config = config();
+    config.data_disks = vec![
+        ("scratch".into(), PathBuf::from("/v/scratch.qcow2")),
+        ("logs".into(), PathBuf::from("/v/logs.qcow2")),
+    ];
+    let args = qemu_args(&config);
+    assert_eq!(
+        after(&args, "-drive"),
+        [
+            "id=disk0,file=/v/disk.qcow2,format=qcow2,if=none,cache=writeback",
+            "id=disk1,file=/v/scratch.qcow2,format=qcow2,if=none,cache=writeback",
+            "id=disk2,file=/v/logs.qcow2,format=qcow2,if=none,cache=writeback",
+        ]
+    );
+    let devices = after(&args, "-device");
+    assert!(
+        devices.contains(&"virtio-blk-pci,drive=disk1,serial=scratch"),
+        "{devices:?}"
+    );
+    assert!(
+        devices.contains(&"virtio-blk-pci,drive=disk2,serial=logs"),
+        "{devices:?}"
+    );
 }

@@ -77,9 +77,33 @@ fn a_vm_request_reads_cpus_memory_and_its_disk_volume() {
         (request.cpu.millis, request.memory.to_string()),
         (2000, "1Gi".into())
     );
-    assert_eq!(request.local_volumes, ["builder-disk"]);
+    // Its own disk's stand-in (for clones of it) and its volume.
+    assert_eq!(request.local_volumes, ["vm/lab/builder", "builder-disk"]);
     assert_eq!(request.node.as_deref(), Some("node-2"));
     assert!(request.wants_kvm);
+}
+
+#[test]
+fn a_template_reserves_nothing_and_a_clone_asks_for_its_sources_disk() {
+    let template = Object::new(
+        Kind::VirtualMachine,
+        Some("lab"),
+        "base",
+        json!({"cpus": 2, "memory": "1Gi", "template": true, "disk": {"volume": "base-disk"},
+               "boot": {"kernel": "k"}}),
+    );
+    let request = Request::from_object(&template).expect("decodes");
+    assert_eq!((request.cpu.millis, request.memory.bytes), (0, 0));
+    let clone = Object::new(
+        Kind::VirtualMachine,
+        Some("lab"),
+        "copy",
+        json!({"cpus": 1, "memory": "256Mi", "disk": {"clone": {"vm": "base"}},
+               "boot": {"kernel": "k"}}),
+    );
+    let request = Request::from_object(&clone).expect("decodes");
+    assert_eq!(request.local_volumes, ["vm/lab/copy", "vm/lab/base"]);
+    assert_eq!(request.cpu.millis, 1000);
 }
 
 #[test]

@@ -1,0 +1,523 @@
+//! What the node does to a running VM without a new QEMU: a revision that
+//! changes only what [`VirtualMachineSpec::machine`] leaves out (snapshots,
+//! a restore, a power action, the grace period) is applied in place by
+//! `node/restart-vm`; any other change restarts QEMU (clean stop, start).
+//!
+//! - **Snapshots** are QEMU's internal snapshots in the VM's qcow2 disk:
+//!   one newly listed is taken (`savevm`, with the guest's memory, while
+//!   QEMU runs; `qemu-img snapshot -c`, the disk only, otherwise), one no
+//!   longer listed is deleted.
+//! - **A restore** (a newer `spec.restore.at`) returns the running guest to
+//!   a snapshot with memory (`loadvm`: it resumes where it was), or stops
+//!   QEMU, applies a disk-only snapshot and boots again.
+//! - **Disk size**: a larger `disk.size` grows the disk (`block_resize`
+//!   while QEMU runs, `qemu-img resize` otherwise); a smaller one fails.
+//! - **Power**: `reset` presses the reset button (`system_reset`), `restart`
+//!   stops cleanly and starts again.
+//!
+//! What QEMU reports is read here too: its run state (`query-status`) and
+//! the disk's snapshot table, both shown in the VM's status.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corral_api::kinds::{PowerAction, VirtualMachineSpec};
+use corral_runtime::vm::qmp::{Monitor, QmpClient, RunState};
+use corral_runtime::vm::snapshot::{self, Offline, SnapshotInfo};
+use corral_runtime::vm::{DISK_ID, process};
+use serde_json::{Value, json};
+
+use super::workload::{VmWorkload, typed_spec};
+
+/// How long `savevm` / `loadvm` may take (the guest's memory is copied
+/// under TCG).
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a status query may take.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether a request stamped `desired` is newer than the one done
+/// (`admitted`): RFC 3339 times in UTC compare as text, and a rollback to
+/// an older request does not repeat it.
+fn newer(desired: Option<&str>, admitted: Option<&str>) -> bool {
+    match (desired, admitted) {
+        (Some(desired), Some(admitted)) => desired > admitted,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// One thing done to the VM in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InPlace {
+    /// Delete a snapshot no longer listed.
+    Delete(String),
+    /// Return to a snapshot.
+    Restore(SnapshotInfo),
+    /// Take a snapshot newly listed.
+    Take(String),
+    /// Grow the disk to this many bytes.
+    Grow(u64),
+    Reset,
+    Restart,
+}
+
+/// The disk's size in a spec (`None`: the default).
+fn disk_size(spec: &VirtualMachineSpec) -> Option<u64> {
+    spec.disk
+        .as_ref()
+        .and_then(|d| d.size)
+        .map(|size| size.bytes)
+}
+
+/// What a revision from `admitted` to `desired` does in place, in order,
+/// given the disk's snapshot table and size: deletions, the restore, new
+/// snapshots, growing the disk, the power action.
+pub fn plan(
+    admitted: &VirtualMachineSpec,
+    desired: &VirtualMachineSpec,
+    existing: &[SnapshotInfo],
+    disk_bytes: Option<u64>,
+) -> Result<Vec<InPlace>, String> {
+    let listed = |name: &str| desired.snapshots.iter().any(|s| s.name == name);
+    let mut steps: Vec<InPlace> = existing
+        .iter()
+        .filter(|s| !listed(&s.name))
+        .map(|s| InPlace::Delete(s.name.clone()))
+        .collect();
+    let restore = desired.restore.as_ref().filter(|r| {
+        newer(
+            Some(&r.at),
+            admitted.restore.as_ref().map(|a| a.at.as_str()),
+        )
+    });
+    if let Some(restore) = restore {
+        let info = existing
+            .iter()
+            .find(|s| s.name == restore.snapshot)
+            .ok_or_else(|| format!("snapshot {} is not in the VM's disk", restore.snapshot))?;
+        steps.push(InPlace::Restore(info.clone()));
+    }
+    steps.extend(
+        desired
+            .snapshots
+            .iter()
+            .filter(|wanted| !existing.iter().any(|s| s.name == wanted.name))
+            .map(|wanted| InPlace::Take(wanted.name.clone())),
+    );
+    if let (Some(wanted), Some(actual)) = (disk_size(desired), disk_bytes)
+        && disk_size(admitted) != Some(wanted)
+    {
+        if wanted < actual {
+            return Err(format!(
+                "spec.disk.size asks for {wanted} bytes but the disk has {actual}: a disk only grows"
+            ));
+        }
+        if wanted > actual {
+            steps.push(InPlace::Grow(wanted));
+        }
+    }
+    let power = desired
+        .power
+        .as_ref()
+        .filter(|p| newer(Some(&p.at), admitted.power.as_ref().map(|a| a.at.as_str())));
+    if let Some(power) = power {
+        steps.push(match power.action {
+            PowerAction::Reset => InPlace::Reset,
+            PowerAction::Restart => InPlace::Restart,
+        });
+    }
+    Ok(steps)
+}
+
+impl VmWorkload {
+    fn qmp_socket(&self) -> PathBuf {
+        self.ctx.vm_dir(&self.uid()).join("qmp.sock")
+    }
+
+    /// Runs `operation` against QEMU's monitor on a blocking thread.
+    async fn with_monitor<T: Send + 'static>(
+        &self,
+        timeout: Duration,
+        operation: impl FnOnce(&mut QmpClient) -> Result<T, String> + Send + 'static,
+    ) -> Result<T, String> {
+        let socket = self.qmp_socket();
+        tokio::task::spawn_blocking(move || {
+            let mut client = QmpClient::connect(&socket)
+                .map_err(|e| crate::chain(&e))?
+                .slow(timeout);
+            operation(&mut client)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    /// The VM's disk (snapshots live in it).
+    async fn disk_path(&self, spec: &VirtualMachineSpec) -> Result<PathBuf, String> {
+        self.disk(spec)
+            .await?
+            .map(|(path, _)| path)
+            .ok_or_else(|| "the VM has no disk to keep snapshots in".to_string())
+    }
+
+    /// `node/restart-vm`: the desired revision, in place when only
+    /// in-place fields changed, else with a new QEMU. Returns a note.
+    pub(super) async fn apply_revision(&mut self) -> Result<String, String> {
+        let desired = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
+        let admitted = typed_spec(&self.record.vm);
+        let running = self.record.pid.is_some() && self.record.admitted_revision > 0;
+        let same_machine = admitted
+            .as_ref()
+            .is_some_and(|a| a.machine() == desired.machine());
+        let mut notes = Vec::new();
+        if !running || !same_machine {
+            self.ensure_disk().await?;
+            notes.push(self.start().await?);
+        }
+        let admitted = admitted.unwrap_or_else(|| desired.clone());
+        notes.extend(self.apply_in_place(&admitted, &desired).await?);
+        // The revision is now the admitted one even when nothing restarted.
+        self.record.vm = self.desired.clone();
+        self.record.admitted_revision = self.desired.metadata.revision;
+        self.save();
+        self.refresh_snapshots().await;
+        if notes.is_empty() {
+            notes.push("nothing to do in place".into());
+        }
+        Ok(notes.join("; "))
+    }
+
+    async fn apply_in_place(
+        &mut self,
+        admitted: &VirtualMachineSpec,
+        desired: &VirtualMachineSpec,
+    ) -> Result<Vec<String>, String> {
+        let snapshots = !admitted.snapshots.is_empty() || !desired.snapshots.is_empty();
+        let resized = disk_size(admitted) != disk_size(desired) && disk_size(desired).is_some();
+        let disk = if snapshots || resized {
+            Some(self.disk_path(desired).await?)
+        } else {
+            None
+        };
+        let existing = match (&disk, snapshots) {
+            (Some(disk), true) => self.snapshot_table(disk).await?,
+            _ => Vec::new(),
+        };
+        let disk_bytes = match (&disk, resized) {
+            (Some(disk), true) => {
+                let disk = disk.clone();
+                Some(
+                    tokio::task::spawn_blocking(move || process::disk_size(&disk))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| crate::chain(&e))?,
+                )
+            }
+            _ => None,
+        };
+        let mut notes = Vec::new();
+        for step in plan(admitted, desired, &existing, disk_bytes)? {
+            let disk = || disk.as_deref().ok_or("the VM has no disk");
+            notes.push(match step {
+                InPlace::Delete(name) => {
+                    self.delete_snapshot(disk()?, &name).await?;
+                    format!("snapshot {name} deleted")
+                }
+                InPlace::Restore(info) => self.restore_snapshot(disk()?, &info).await?,
+                InPlace::Take(name) => self.take_snapshot(disk()?, &name).await?,
+                InPlace::Grow(bytes) => self.grow(disk()?, bytes).await?,
+                InPlace::Reset => {
+                    self.with_monitor(QUERY_TIMEOUT * 5, |monitor| {
+                        monitor.system_reset().map_err(|e| crate::chain(&e))
+                    })
+                    .await?;
+                    self.awaiting_boot_again();
+                    "reset".to_string()
+                }
+                InPlace::Restart => {
+                    let stopped = self.stop().await?;
+                    let started = self.start().await?;
+                    format!("restarted: {stopped}; {started}")
+                }
+            });
+        }
+        Ok(notes)
+    }
+
+    /// The guest boots again in the same QEMU: the boot marker is awaited
+    /// after the console's current end.
+    fn awaiting_boot_again(&mut self) {
+        let log = self.ctx.vm_dir(&self.uid()).join("console.log");
+        self.record.console_offset = std::fs::metadata(log).map_or(0, |m| m.len());
+        self.record.booted = false;
+        self.save();
+    }
+
+    async fn snapshot_table(&self, disk: &std::path::Path) -> Result<Vec<SnapshotInfo>, String> {
+        let disk = disk.to_path_buf();
+        tokio::task::spawn_blocking(move || snapshot::list_offline(&disk))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| crate::chain(&e))
+    }
+
+    /// `qemu-img snapshot` on the VM's disk and its data disks (those of
+    /// them that hold the snapshot, for an apply or a delete: a data disk
+    /// added later has none).
+    async fn offline(
+        &self,
+        disk: &std::path::Path,
+        action: Offline,
+        name: &str,
+    ) -> Result<(), String> {
+        let data_disks: Vec<PathBuf> = typed_spec(&self.desired)
+            .map(|spec| {
+                self.data_disks(&spec)
+                    .into_iter()
+                    .map(|(_, path)| path)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (disk, name) = (disk.to_path_buf(), name.to_string());
+        tokio::task::spawn_blocking(move || {
+            snapshot::offline(&disk, action, &name)?;
+            for data in data_disks {
+                let holds = action == Offline::Create
+                    || snapshot::list_offline(&data)?
+                        .iter()
+                        .any(|s| s.name == name);
+                if holds {
+                    snapshot::offline(&data, action, &name)?;
+                }
+            }
+            Ok::<_, snapshot::SnapshotError>(())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| crate::chain(&e))
+    }
+
+    async fn grow(&self, disk: &std::path::Path, bytes: u64) -> Result<String, String> {
+        if self.record.pid.is_none() {
+            let disk = disk.to_path_buf();
+            tokio::task::spawn_blocking(move || process::grow_disk(&disk, bytes))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+            return Ok(format!("disk grown to {bytes} bytes"));
+        }
+        self.with_monitor(QUERY_TIMEOUT * 5, move |monitor| {
+            monitor
+                .block_resize(DISK_ID, bytes)
+                .map_err(|e| crate::chain(&e))
+        })
+        .await?;
+        Ok(format!("disk grown to {bytes} bytes while the guest runs"))
+    }
+
+    async fn take_snapshot(&self, disk: &std::path::Path, name: &str) -> Result<String, String> {
+        if self.record.pid.is_none() {
+            self.offline(disk, Offline::Create, name).await?;
+            return Ok(format!(
+                "snapshot {name} taken (disk only: QEMU is not running)"
+            ));
+        }
+        let owned = name.to_string();
+        self.with_monitor(SNAPSHOT_TIMEOUT, move |monitor| {
+            snapshot::save_running(monitor, &owned).map_err(|e| crate::chain(&e))
+        })
+        .await?;
+        Ok(format!("snapshot {name} taken (disk and memory)"))
+    }
+
+    async fn delete_snapshot(&self, disk: &std::path::Path, name: &str) -> Result<(), String> {
+        if self.record.pid.is_none() {
+            return self.offline(disk, Offline::Delete, name).await;
+        }
+        let owned = name.to_string();
+        self.with_monitor(SNAPSHOT_TIMEOUT, move |monitor| {
+            snapshot::delete_running(monitor, &owned).map_err(|e| crate::chain(&e))
+        })
+        .await
+    }
+
+    async fn restore_snapshot(
+        &mut self,
+        disk: &std::path::Path,
+        info: &SnapshotInfo,
+    ) -> Result<String, String> {
+        let name = info.name.clone();
+        if self.record.pid.is_some() && info.has_memory() {
+            self.with_monitor(SNAPSHOT_TIMEOUT, move |monitor| {
+                snapshot::load_running(monitor, &name).map_err(|e| crate::chain(&e))
+            })
+            .await?;
+            return Ok(format!(
+                "restored snapshot {} (disk and memory): the guest resumes where it was",
+                info.name
+            ));
+        }
+        let was_running = self.record.pid.is_some();
+        let stopped = self.stop().await?;
+        self.offline(disk, Offline::Apply, &name).await?;
+        let mut note = format!("restored snapshot {name} (disk only)");
+        if was_running {
+            note = format!("{note}: {stopped}; {}", self.start().await?);
+        }
+        Ok(note)
+    }
+
+    /// Reads the disk's snapshot table for the status (empty when there is
+    /// no disk yet or it cannot be read: the next change reads it again).
+    pub(super) async fn refresh_snapshots(&mut self) {
+        let Some(spec) = typed_spec(&self.record.vm) else {
+            return;
+        };
+        let disk = match self.disk_path(&spec).await {
+            Ok(disk) if disk.exists() => disk,
+            _ => {
+                self.snapshots = Some(Vec::new());
+                return;
+            }
+        };
+        self.snapshots = Some(match self.snapshot_table(&disk).await {
+            Ok(table) => table,
+            Err(error) => {
+                tracing::warn!(vm = %self.key(), %error, "cannot read the disk's snapshots");
+                Vec::new()
+            }
+        });
+    }
+
+    /// Asks QEMU for its run state (`None` when it does not answer).
+    pub(super) async fn query_run_state(&self) -> Option<RunState> {
+        self.record.pid?;
+        self.with_monitor(QUERY_TIMEOUT, |monitor| {
+            monitor
+                .query_status()
+                .map(|status| status.status)
+                .map_err(|e| crate::chain(&e))
+        })
+        .await
+        .ok()
+    }
+
+    /// `status.snapshots`: the disk's table as the node last read it.
+    pub(super) fn snapshots_status(&self) -> Value {
+        let Some(table) = &self.snapshots else {
+            return Value::Null;
+        };
+        Value::Array(
+            table
+                .iter()
+                .map(|s| {
+                    let taken = chrono::DateTime::from_timestamp(s.date_sec, 0)
+                        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+                    json!({"name": s.name, "memory": s.has_memory(), "takenAt": taken})
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(extra: Value) -> VirtualMachineSpec {
+        let mut spec = json!({"cpus": 1, "memory": "256Mi", "disk": {"volume": "d"},
+                              "boot": {"kernel": "k"}});
+        for (key, value) in extra.as_object().unwrap() {
+            spec[key] = value.clone();
+        }
+        serde_json::from_value(spec).unwrap()
+    }
+
+    fn taken(name: &str, memory: bool) -> SnapshotInfo {
+        SnapshotInfo {
+            name: name.into(),
+            vm_state_size: if memory { 1 << 20 } else { 0 },
+            date_sec: 0,
+        }
+    }
+
+    #[test]
+    fn snapshots_listed_are_taken_and_unlisted_deleted_before_the_restore() {
+        let admitted = spec(json!({"snapshots": [{"name": "a"}, {"name": "b"}]}));
+        let desired = spec(json!({
+            "snapshots": [{"name": "b"}, {"name": "c"}],
+            "restore": {"snapshot": "b", "at": "2026-12-01T10:00:00Z"},
+            "power": {"action": "reset", "at": "2026-12-01T10:00:00Z"}
+        }));
+        let existing = [taken("a", true), taken("b", true)];
+        assert_eq!(
+            plan(&admitted, &desired, &existing, None).unwrap(),
+            [
+                InPlace::Delete("a".into()),
+                InPlace::Restore(taken("b", true)),
+                InPlace::Take("c".into()),
+                InPlace::Reset,
+            ]
+        );
+        // The same revision admitted again does nothing more.
+        let existing = [taken("b", true), taken("c", true)];
+        assert_eq!(plan(&desired, &desired, &existing, None).unwrap(), []);
+    }
+
+    #[test]
+    fn a_larger_size_grows_the_disk_and_a_smaller_one_fails() {
+        let small = spec(json!({"disk": {"volume": "d", "size": "64Mi"}}));
+        let large = spec(json!({"disk": {"volume": "d", "size": "96Mi"}}));
+        assert_eq!(small.machine(), large.machine());
+        assert_eq!(
+            plan(&small, &large, &[], Some(64 << 20)).unwrap(),
+            [InPlace::Grow(96 << 20)]
+        );
+        // Already that large (a retry after it grew): nothing to do.
+        assert_eq!(plan(&small, &large, &[], Some(96 << 20)).unwrap(), []);
+        let error = plan(&large, &small, &[], Some(96 << 20)).unwrap_err();
+        assert!(error.contains("a disk only grows"), "{error}");
+        // An unchanged size is not looked at.
+        assert_eq!(plan(&large, &large, &[], Some(1 << 30)).unwrap(), []);
+    }
+
+    #[test]
+    fn a_rollback_repeats_no_restore_and_a_missing_snapshot_fails() {
+        let done = spec(json!({
+            "snapshots": [{"name": "s"}],
+            "restore": {"snapshot": "s", "at": "2026-12-01T10:00:00Z"},
+            "power": {"action": "restart", "at": "2026-12-01T10:00:00Z"}
+        }));
+        let older = spec(json!({
+            "snapshots": [{"name": "s"}],
+            "restore": {"snapshot": "s", "at": "2026-12-01T09:00:00Z"}
+        }));
+        assert_eq!(plan(&done, &older, &[taken("s", false)], None).unwrap(), []);
+        let again = spec(json!({
+            "snapshots": [{"name": "s"}],
+            "restore": {"snapshot": "s", "at": "2026-12-01T11:00:00Z"}
+        }));
+        let error = plan(&done, &again, &[], None).unwrap_err();
+        assert!(
+            error.contains("snapshot s is not in the VM's disk"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_request_is_done_once_and_a_rollback_does_not_repeat_it() {
+        assert!(newer(Some("2026-12-01T10:00:00Z"), None));
+        assert!(newer(
+            Some("2026-12-01T10:00:01Z"),
+            Some("2026-12-01T10:00:00Z")
+        ));
+        assert!(!newer(
+            Some("2026-12-01T10:00:00Z"),
+            Some("2026-12-01T10:00:00Z")
+        ));
+        assert!(!newer(
+            Some("2026-12-01T09:00:00Z"),
+            Some("2026-12-01T10:00:00Z")
+        ));
+        assert!(!newer(None, Some("2026-12-01T10:00:00Z")));
+    }
+}
