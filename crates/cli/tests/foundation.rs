@@ -413,9 +413,13 @@ fn stdin_manifests_namespaces_and_delete() {
     assert_eq!(pod["metadata"]["namespace"], "team-a");
     let wide = cluster.ok(&["get", "pods", "-A"]);
     assert!(wide.contains("team-a") && wide.contains("web"), "{wide}");
-    assert_eq!(
-        cluster.ok(&["delete", "pod/web", "-n", "team-a"]).trim(),
-        "pod/team-a/web deleted"
+    // A pod its node took stops through its stop workflow; --wait
+    // returns once it is gone.
+    let deleted = cluster.ok(&["delete", "pod/web", "-n", "team-a", "--wait"]);
+    let last = deleted.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.ends_with("deleted: its stop workflow stop-1 finished") && last.contains("web"),
+        "{deleted}"
     );
     assert!(
         cluster

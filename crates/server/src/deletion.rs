@@ -1,5 +1,6 @@
-//! Deletion as a workflow. Deleting a Pod that a node took does not remove
-//! it: the server marks it (`metadata.deleting`: who, when, why) and starts
+//! Deletion as a workflow. Deleting a Pod (or a VirtualMachine: the same,
+//! with QEMU's clean stop, its files and its network) that a node took
+//! does not remove it: the server marks it (`metadata.deleting`: who, when, why) and starts
 //! its `stop` workflow in the same write — the node stops its containers
 //! (preStop hooks, grace period), releases its volumes through their
 //! plugins and removes its sandbox, IPAM takes the address back, the
@@ -8,16 +9,18 @@
 //! removed, recorded in history as the deleter's change. `why` follows the
 //! stop instance like any other, so a stuck deletion names its step.
 //!
-//! A pod no node took (unscheduled), or whose node is gone (Lost, or no
-//! Node object any more), has nothing to stop: it is removed at once.
+//! A pod no node took (unscheduled), or whose node is gone (Lost,
+//! forgotten, or no Node object any more), has nothing to stop: it is
+//! removed at once. (A node lost *after* the deletion began leaves the pod
+//! `Deleting`, its node steps unclaimed, until `--force`.)
 //! People may skip named steps (`--skip`) or all that are left
 //! (`--force`); each skipped step is done with "skipped by NAME" in the
 //! step log, and the removal's history message names them.
 //!
-//! Kinds without a stop workflow (everything but Pod for now) are removed
-//! at once, as before.
+//! Kinds without a stop workflow (everything but Pod and VirtualMachine
+//! for now) are removed at once, as before.
 
-use corral_api::kinds::{NodePhase, NodeStatus};
+use corral_api::kinds::{NodePhase, NodeSpec, NodeStatus};
 use corral_api::workflow::WorkflowOutcome;
 use corral_api::{Deletion, Kind, Object, ObjectKey};
 use corral_store::{ChangeMeta, StoreError};
@@ -60,7 +63,7 @@ impl Outcome {
 
 /// Whether objects of `kind` stop through their `stop` workflow.
 pub fn stops_through_workflow(kind: Kind) -> bool {
-    kind == Kind::Pod
+    matches!(kind, Kind::Pod | Kind::VirtualMachine)
 }
 
 /// Deletes the object at `key` (already authorised) as `request` says,
@@ -150,7 +153,11 @@ async fn nothing_to_stop(server: &Server, object: &Object) -> Result<Option<Stri
         None => Some(format!("its node {node} is gone")),
         Some(stored) => {
             let status: NodeStatus = stored.typed_status().unwrap_or_default();
-            (status.phase == NodePhase::Lost).then(|| format!("its node {node} is lost"))
+            let forgotten = stored
+                .typed_spec::<NodeSpec>()
+                .is_ok_and(|spec| spec.forgotten);
+            (forgotten || status.phase == NodePhase::Lost)
+                .then(|| format!("its node {node} is lost or forgotten"))
         }
     })
 }

@@ -468,12 +468,15 @@ fn vm_stop() -> Vec<StepDefinition> {
         .attempts(2)
         .build(),
         target("stopped", "QEMU no longer runs", &[]),
-        node_step(VmStep::ReleaseDisk, "detach the VM's disk")
-            .requires(&["stopped"])
-            .wanted_by("released")
-            .timeout_secs(120)
-            .attempts(3)
-            .build(),
+        node_step(
+            VmStep::ReleaseDisk,
+            "remove the VM's files (a local volume's disk stays)",
+        )
+        .requires(&["stopped"])
+        .wanted_by("released")
+        .timeout_secs(120)
+        .attempts(3)
+        .build(),
         node_step(VmStep::RemoveTap, "remove the VM's tap device")
             .requires(&["stopped"])
             .wanted_by("released")
@@ -489,12 +492,15 @@ fn vm_stop() -> Vec<StepDefinition> {
         .timeout_secs(30)
         .attempts(3)
         .build(),
-        step("scheduler/release", "free the VM's reservation on its node")
-            .requires(&["stopped"])
-            .wanted_by("released")
-            .timeout_secs(30)
-            .attempts(3)
-            .build(),
+        step(
+            "scheduler/release",
+            "free the VM's reservation on its node and unbind it",
+        )
+        .requires(&["ipam/release-address", VmStep::ReleaseDisk.as_str()])
+        .wanted_by("released")
+        .timeout_secs(30)
+        .attempts(3)
+        .build(),
         target("released", "the VM holds no node resource", &[]),
         target(
             "deleted",

@@ -55,6 +55,9 @@ pub struct VmWorkload {
     run_state_at: Option<Instant>,
     /// The disk's snapshot table as last read (`None`: not read yet).
     pub(super) snapshots: Option<Vec<SnapshotInfo>>,
+    /// `node/remove-tap` of the VM's stop workflow is done: its removal
+    /// only forgets it.
+    released: bool,
 }
 
 pub(super) fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
@@ -85,6 +88,7 @@ impl VmWorkload {
             run_state: None,
             run_state_at: None,
             snapshots: None,
+            released: false,
         }
     }
 
@@ -502,21 +506,53 @@ impl VmWorkload {
         status
     }
 
-    /// Stops QEMU, removes the namespace and the VM's directory and forgets
-    /// the VM. A `local` volume's disk stays: it outlives the VM.
-    async fn remove_vm(&mut self) {
-        if let Err(error) = self.stop().await {
-            tracing::warn!(vm = %self.key(), %error, "cannot stop QEMU");
+    /// `node/release-disk`: the VM's directory (an image disk's overlay,
+    /// the console log, the sockets). A `local` volume's disk stays: it
+    /// outlives the VM.
+    async fn release_disk(&mut self) -> Result<Option<String>, String> {
+        let dir = self.ctx.vm_dir(&self.uid());
+        match std::fs::remove_dir_all(&dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(format!(
+                "cannot remove the VM's directory {}: {error}",
+                dir.display()
+            )),
+            _ => Ok(None),
         }
-        if let Some(network) = self.ctx.agent.network.clone()
-            && let Err(error) = network.unwire_pod(&self.network_owner()).await
-        {
-            tracing::warn!(vm = %self.key(), error = %crate::chain(&error), "cannot remove the VM's veth");
+    }
+
+    /// `node/remove-tap`: the VM's veth and network namespace (its tap
+    /// lives in it).
+    async fn remove_network(&mut self) -> Result<Option<String>, String> {
+        if let Some(network) = self.ctx.agent.network.clone() {
+            network
+                .unwire_pod(&self.network_owner())
+                .await
+                .map_err(|error| {
+                    format!("cannot remove the VM's veth: {}", crate::chain(&error))
+                })?;
         }
         let netns = self.ctx.agent.netns.clone();
         let name = format!("vm-{}", short(&self.uid()));
         let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;
-        let _ = std::fs::remove_dir_all(self.ctx.vm_dir(&self.uid()));
+        self.released = true;
+        Ok(None)
+    }
+
+    /// Stops QEMU, removes the namespace and the VM's directory and forgets
+    /// the VM: what its stop workflow did not do already (all of it when
+    /// it goes without one).
+    async fn remove_vm(&mut self) {
+        if !self.released {
+            if let Err(error) = self.stop().await {
+                tracing::warn!(vm = %self.key(), %error, "cannot stop QEMU");
+            }
+            if let Err(error) = self.remove_network().await {
+                tracing::warn!(vm = %self.key(), %error, "cannot remove the VM's network");
+            }
+            if let Err(error) = self.release_disk().await {
+                tracing::warn!(vm = %self.key(), %error, "cannot remove the VM's files");
+            }
+        }
         if let Err(error) = self.ctx.state.remove(&self.key()) {
             tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot forget the VM");
         }
@@ -564,14 +600,17 @@ impl Workload for VmWorkload {
             VmStep::StartVm => self.start().await.map(Some).into(),
             VmStep::RestartVm => self.apply_revision().await.map(Some).into(),
             VmStep::AwaitBoot => self.await_boot().into(),
-            VmStep::StopVm | VmStep::ReleaseDisk | VmStep::RemoveTap => StepOutcome::Failed(format!(
-                "this node does not run {step}: a deleted VM is removed from its node directly, not through the stop workflow yet"
-            ))
-            .into(),
+            VmStep::StopVm => self.stop().await.map(Some).into(),
+            VmStep::ReleaseDisk => self.release_disk().await.into(),
+            VmStep::RemoveTap => self.remove_network().await.into(),
         }
     }
 
     async fn supervise(&mut self) -> bool {
+        if self.desired.metadata.deleting.is_some() {
+            // Its stop workflow stops QEMU: nothing restarts it.
+            return false;
+        }
         self.supervise_qemu().await
     }
 

@@ -4,6 +4,7 @@
 //! ignored setting. Statuses are written by controllers and agents and are
 //! read leniently.
 
+mod columns;
 mod controller;
 mod job;
 mod loadbalancer;
@@ -18,6 +19,7 @@ mod policy;
 mod secret;
 mod vm;
 
+pub use columns::{job_columns, load_balancer_columns, per_node_columns};
 pub use controller::{ControllerSpec, StepRegistration};
 pub use job::{ConcurrencyPolicy, JobPhase, JobSpec, JobStatus};
 pub use loadbalancer::{

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use corral_api::kinds::{
-    ConfigSpec, JobSpec, JobStatus, LoadBalancerSpec, LoadBalancerStatus, PerNodeDeploymentStatus,
-    PodStatus, RevealedSecret, SecretSpec,
+    ConfigSpec, PodStatus, RevealedSecret, SecretSpec, job_columns, load_balancer_columns,
+    per_node_columns,
 };
 use corral_api::{Kind, Object};
 
@@ -306,8 +306,7 @@ pub(super) fn row(
         row.extend(job_columns(object));
     }
     if kind == Kind::PerNodeDeployment {
-        let status: PerNodeDeploymentStatus = object.typed_status().unwrap_or_default();
-        row.extend([status.desired, status.current, status.ready].map(|n| n.to_string()));
+        row.extend(per_node_columns(object));
     }
     if wide {
         row.push(owner_cell(object));
@@ -332,45 +331,4 @@ fn list_or_dash(items: &[String]) -> String {
     } else {
         items.join(", ")
     }
-}
-
-/// STATUS, COMPLETIONS (`succeeded/completions`; a scheduled Job's
-/// schedule), ACTIVE and FAILED of a Job.
-fn job_columns(object: &Object) -> [String; 4] {
-    let status: JobStatus = object.typed_status().unwrap_or_default();
-    let completions = match object.typed_spec::<JobSpec>() {
-        Ok(JobSpec {
-            schedule: Some(schedule),
-            ..
-        }) => schedule,
-        Ok(spec) => format!("{}/{}", status.succeeded, spec.completions),
-        Err(_) => "-".into(),
-    };
-    [
-        format!("{:?}", status.phase),
-        completions,
-        status.active.to_string(),
-        status.failed.to_string(),
-    ]
-}
-
-/// ADDRESSES, PORTS (`port→targetPort`) and READY of a LoadBalancer.
-fn load_balancer_columns(object: &Object) -> [String; 3] {
-    let status: LoadBalancerStatus = object.typed_status().unwrap_or_default();
-    let ports = object
-        .typed_spec::<LoadBalancerSpec>()
-        .map(|spec| {
-            spec.ports
-                .iter()
-                .map(|p| format!("{}→{}", p.port, p.target_port))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
-    let addresses = if status.addresses.is_empty() {
-        "-".to_string()
-    } else {
-        status.addresses.join(",")
-    };
-    [addresses, ports, status.ready.to_string()]
 }

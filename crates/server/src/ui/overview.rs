@@ -12,7 +12,7 @@ use axum::http::Method;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use corral_api::kinds::{LoadBalancerSpec, LoadBalancerStatus, NodeStatus, PodStatus};
+use corral_api::kinds::{NodeStatus, PodStatus};
 use corral_api::watch::EventType;
 use corral_api::{Kind, Object};
 use futures::{Stream, StreamExt, stream};
@@ -30,6 +30,8 @@ pub const KINDS: &[Kind] = &[
     Kind::Pod,
     Kind::VirtualMachine,
     Kind::PinnedDeployment,
+    Kind::PerNodeDeployment,
+    Kind::Job,
     Kind::LoadBalancer,
 ];
 
@@ -40,6 +42,15 @@ pub fn headers(kind: Kind) -> &'static [&'static str] {
         Kind::Pod => &["NAME", "REVISION", "STATUS", "READY", "RESTARTS", "NODE"],
         Kind::PinnedDeployment => &["NAME", "REVISION", "PREVIOUS", "NEXT"],
         Kind::LoadBalancer => &["NAME", "REVISION", "ADDRESSES", "PORTS", "READY"],
+        Kind::Job => &[
+            "NAME",
+            "REVISION",
+            "STATUS",
+            "COMPLETIONS",
+            "ACTIVE",
+            "FAILED",
+        ],
+        Kind::PerNodeDeployment => &["NAME", "REVISION", "DESIRED", "CURRENT", "READY"],
         _ => &["NAME", "REVISION", "PHASE", "NODE", "MESSAGE"],
     }
 }
@@ -97,25 +108,18 @@ pub fn cells(object: &Object, now: DateTime<Utc>) -> Vec<String> {
                 version(&status.next),
             ]
         }
-        Kind::LoadBalancer => {
-            let status: LoadBalancerStatus = object.typed_status().unwrap_or_default();
-            let ports = object
-                .typed_spec::<LoadBalancerSpec>()
-                .map(|spec| {
-                    spec.ports
-                        .iter()
-                        .map(|p| format!("{}→{}", p.port, p.target_port))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
-            let addresses = if status.addresses.is_empty() {
-                "-".to_string()
-            } else {
-                status.addresses.join(",")
-            };
-            vec![name, revision, addresses, ports, status.ready.to_string()]
-        }
+        Kind::LoadBalancer => [name, revision]
+            .into_iter()
+            .chain(corral_api::kinds::load_balancer_columns(object))
+            .collect(),
+        Kind::Job => [name, revision]
+            .into_iter()
+            .chain(corral_api::kinds::job_columns(object))
+            .collect(),
+        Kind::PerNodeDeployment => [name, revision]
+            .into_iter()
+            .chain(corral_api::kinds::per_node_columns(object))
+            .collect(),
         _ => vec![name, revision, text("phase"), text("node"), text("message")],
     }
 }

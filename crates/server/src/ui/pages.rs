@@ -168,7 +168,11 @@ pub async fn object(
              <button type=\"button\" id=\"logs-follow\">Follow</button><pre id=\"logs\" class=\"term\"></pre></section>"
         }
         Kind::VirtualMachine => {
-            "<section><h2>Console</h2>\
+            "<section><h2>Power</h2>\
+             <button type=\"button\" id=\"vm-restart\">Restart</button> \
+             <button type=\"button\" id=\"vm-reset\">Reset</button> <span id=\"power-result\"></span>\
+             <p class=\"hint\">Restart: the ACPI power button, the grace period, a fresh start. Reset: the reset button.</p></section>\
+             <section><h2>Console</h2>\
              <button type=\"button\" id=\"console-open\">Connect</button> <span id=\"console-state\" class=\"hint\"></span>\
              <pre id=\"console\" class=\"term\" tabindex=\"0\"></pre></section>"
         }
@@ -187,7 +191,10 @@ pub async fn object(
          <button type=\"submit\" id=\"rollback-button\">Roll back</button></form><p id=\"rollback-result\"></p></section>\
          {extra}\
          <section><h2>Spec and status</h2><div class=\"part\" data-part=\"object\">loading…</div></section>\
-         <section><h2>Step logs</h2><div class=\"part\" data-part=\"steplogs\">loading…</div></section>",
+         <section><h2>Step logs</h2><div class=\"part\" data-part=\"steplogs\">loading…</div></section>\
+         <section><h2>Delete</h2><form id=\"delete-form\" class=\"inline\">\
+         <label>Message <input id=\"delete-message\" size=\"40\"></label>\
+         <button type=\"submit\" id=\"delete-button\">Delete</button></form><p id=\"delete-result\"></p></section>",
         escape(&format!("{}/{name}", kind.short())),
         escape(&namespace)
     );

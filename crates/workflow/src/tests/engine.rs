@@ -84,6 +84,15 @@ fn a_whole_start_succeeds_and_records_its_finish() {
     run(&mut instance, "node/create-sandbox", &node, 4, 22, None);
     run(&mut instance, "node/pull-image", &node, 3, 500, None);
     run(&mut instance, "node/prepare-volumes", &node, 3, 10, None);
+    assert_eq!(ready_steps(&instance), ["node/run-init-containers"]);
+    run(
+        &mut instance,
+        "node/run-init-containers",
+        &node,
+        500,
+        500,
+        None,
+    );
     assert_eq!(ready_steps(&instance), ["node/start-containers"]);
     run(
         &mut instance,
@@ -430,7 +439,7 @@ fn an_inserted_step_holds_containers_until_done() {
             on: names(&["acme/inject-sidecar"])
         }
     );
-    assert_eq!(phase(&instance, "node/start-containers"), "waiting");
+    assert_eq!(phase(&instance, "node/run-init-containers"), "waiting");
     run(
         &mut instance,
         "acme/inject-sidecar",
@@ -440,7 +449,7 @@ fn an_inserted_step_holds_containers_until_done() {
         None,
     );
     assert_eq!(phase(&instance, "containers"), "done");
-    assert_eq!(ready_steps(&instance), ["node/start-containers"]);
+    assert_eq!(ready_steps(&instance), ["node/run-init-containers"]);
 
     // Without the registration, new instances lack the step; the running
     // instance keeps its snapshot.

@@ -103,17 +103,18 @@ fn why_text_gives_the_verdict_then_the_graph() {
     let storage = line("storage (target)");
     assert!(storage.starts_with("  ○ storage (target)"), "{storage}");
     assert!(storage.ends_with("waiting on acme/slow-mount"), "{storage}");
-    assert!(line("node/start-containers").ends_with("waiting on containers"));
+    assert!(line("node/run-init-containers").ends_with("waiting on containers"));
+    assert!(line("node/start-containers").ends_with("waiting on node/run-init-containers"));
     assert!(line("✓ network (target)").ends_with("@22ms"));
-    assert!(
-        line("running (target)")
-            .ends_with("waiting on node/start-containers, node/await-readiness")
-    );
+    assert!(line("running (target)").ends_with(
+        "waiting on node/run-init-containers, node/start-containers, node/await-readiness"
+    ));
     // Graph order: a step is listed before what waits on it.
     let graph = text.lines().skip(2).collect::<Vec<_>>().join("\n");
     let position = |needle: &str| graph.find(needle).expect(needle);
     assert!(position("acme/slow-mount") < position("storage (target)"));
-    assert!(position("storage (target)") < position("node/start-containers"));
+    assert!(position("storage (target)") < position("node/run-init-containers"));
+    assert!(position("node/run-init-containers") < position("node/start-containers"));
 }
 
 #[test]
@@ -226,6 +227,14 @@ fn finished() -> WorkflowInstance {
     .expect("complete");
     run(
         &mut instance,
+        "node/run-init-containers",
+        &node,
+        5_000,
+        5_000,
+        None,
+    );
+    run(
+        &mut instance,
         "node/start-containers",
         &node,
         5_000,
@@ -257,18 +266,19 @@ fn critical_chain_follows_the_last_dependency_to_settle() {
             "running (target) @6s",
             "└─node/await-readiness @6s +800ms",
             "  └─node/start-containers @5.2s +200ms",
-            "    └─containers (target) @5s",
-            "      └─storage (target) @5s",
-            "        └─acme/slow-mount @5s +3s",
-            "          └─scheduled (target) @3ms",
-            "            └─scheduler/place @3ms +3ms",
+            "    └─node/run-init-containers @5s +0ms",
+            "      └─containers (target) @5s",
+            "        └─storage (target) @5s",
+            "          └─acme/slow-mount @5s +3s",
+            "            └─scheduled (target) @3ms",
+            "              └─scheduler/place @3ms +3ms",
         ],
         "{text}"
     );
     let json = critical_chain_json("pod/web", &finished(), at(10_000));
     assert_eq!(json["chain"][0]["name"], "running");
-    assert_eq!(json["chain"][5]["durationMs"], 3_000);
-    assert_eq!(json["chain"][5]["atMs"], 5_000);
+    assert_eq!(json["chain"][6]["durationMs"], 3_000);
+    assert_eq!(json["chain"][6]["atMs"], 5_000);
 }
 
 #[test]

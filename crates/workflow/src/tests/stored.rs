@@ -128,7 +128,7 @@ fn a_succeeded_instance_stores_no_steps_and_is_replayed_from_its_log() {
     let (mut instance, created) = instantiate(&definition, "start-1", "uid-1", 1, at(0));
     let mut logs = created;
     let node = agent("node-1");
-    let steps: [(&str, Identity, i64, i64, Option<&str>); 7] = [
+    let steps: [(&str, Identity, i64, i64, Option<&str>); 8] = [
         (
             "scheduler/place",
             controller("scheduler"),
@@ -146,6 +146,7 @@ fn a_succeeded_instance_stores_no_steps_and_is_replayed_from_its_log() {
         ("node/create-sandbox", node.clone(), 4, 22, None),
         ("node/pull-image", node.clone(), 3, 500, None),
         ("node/prepare-volumes", node.clone(), 3, 10, None),
+        ("node/run-init-containers", node.clone(), 500, 500, None),
         ("node/start-containers", node.clone(), 500, 700, None),
         ("node/await-readiness", node, 700, 1_200, None),
     ];

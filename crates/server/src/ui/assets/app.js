@@ -149,10 +149,57 @@ function objectPage() {
     }
   });
 
+  const objectPath = (namespace ? "/v1/namespaces/" + encodeURIComponent(namespace) : "/v1") +
+    "/" + plural + "/" + encodeURIComponent(name);
+  for (const action of ["restart", "reset"]) {
+    const button = document.getElementById("vm-" + action);
+    if (button) button.addEventListener("click", () => power(objectPath, action));
+  }
+  document.getElementById("delete-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const result = document.getElementById("delete-result");
+    const message = document.getElementById("delete-message").value.trim();
+    const response = await write("DELETE", objectPath + "?message=" + encodeURIComponent(message));
+    if (response.ok) {
+      const object = await response.json();
+      result.textContent = response.status === 202
+        ? "deleting: its stop workflow " + object.metadata.deleting.workflow + " runs"
+        : "deleted";
+      result.className = "ok";
+    } else {
+      result.textContent = await errorText(response);
+      result.className = "error";
+    }
+  });
+
   const follow = document.getElementById("logs-follow");
   if (follow) follow.addEventListener("click", () => streamLogs(namespace, name));
   const consoleButton = document.getElementById("console-open");
   if (consoleButton) consoleButton.addEventListener("click", () => openConsole(namespace, name));
+}
+
+// A VM's power action (`corral vm restart|reset`): a new revision of its
+// spec with `power` set, recorded as the signed-in person.
+async function power(objectPath, action) {
+  const result = document.getElementById("power-result");
+  const current = await fetch(objectPath, { credentials: "same-origin" });
+  if (!current.ok) {
+    result.textContent = await errorText(current);
+    result.className = "error";
+    return;
+  }
+  const vm = await current.json();
+  vm.spec.power = { action, at: new Date().toISOString() };
+  const message = "vm " + action + " (dashboard)";
+  const response = await write("PUT", objectPath + "?message=" + encodeURIComponent(message), JSON.stringify(vm));
+  if (response.ok) {
+    const written = await response.json();
+    result.textContent = action + ": revision " + written.metadata.revision;
+    result.className = "ok";
+  } else {
+    result.textContent = await errorText(response);
+    result.className = "error";
+  }
 }
 
 // Calls `changed` (at most every 500 ms) whenever the object changes:
