@@ -20,6 +20,7 @@ pub mod boot;
 pub mod clone;
 pub mod io;
 pub mod operations;
+mod removal;
 pub mod state;
 pub mod workload;
 

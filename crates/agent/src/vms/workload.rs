@@ -57,14 +57,14 @@ pub struct VmWorkload {
     pub(super) snapshots: Option<Vec<SnapshotInfo>>,
     /// `node/remove-tap` of the VM's stop workflow is done: its removal
     /// only forgets it.
-    released: bool,
+    pub(super) released: bool,
 }
 
 pub(super) fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
     object.typed_spec().ok()
 }
 
-fn short(uid: &str) -> String {
+pub(super) fn short(uid: &str) -> String {
     uid.chars()
         .filter(|c| c.is_ascii_alphanumeric())
         .take(12)
@@ -134,7 +134,7 @@ impl VmWorkload {
 
     /// The key the VM's host veth is named after and labelled with; apart
     /// from pods' (`NAMESPACE/NAME`), so a pod and a VM may share a name.
-    fn network_owner(&self) -> String {
+    pub(super) fn network_owner(&self) -> String {
         let key = self.key();
         format!("vm/{}/{}", key.namespace, key.name)
     }
@@ -504,59 +504,6 @@ impl VmWorkload {
             status["observedRevision"] = self.record.admitted_revision.into();
         }
         status
-    }
-
-    /// `node/release-disk`: the VM's directory (an image disk's overlay,
-    /// the console log, the sockets). A `local` volume's disk stays: it
-    /// outlives the VM.
-    async fn release_disk(&mut self) -> Result<Option<String>, String> {
-        let dir = self.ctx.vm_dir(&self.uid());
-        match std::fs::remove_dir_all(&dir) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(format!(
-                "cannot remove the VM's directory {}: {error}",
-                dir.display()
-            )),
-            _ => Ok(None),
-        }
-    }
-
-    /// `node/remove-tap`: the VM's veth and network namespace (its tap
-    /// lives in it).
-    async fn remove_network(&mut self) -> Result<Option<String>, String> {
-        if let Some(network) = self.ctx.agent.network.clone() {
-            network
-                .unwire_pod(&self.network_owner())
-                .await
-                .map_err(|error| {
-                    format!("cannot remove the VM's veth: {}", crate::chain(&error))
-                })?;
-        }
-        let netns = self.ctx.agent.netns.clone();
-        let name = format!("vm-{}", short(&self.uid()));
-        let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;
-        self.released = true;
-        Ok(None)
-    }
-
-    /// Stops QEMU, removes the namespace and the VM's directory and forgets
-    /// the VM: what its stop workflow did not do already (all of it when
-    /// it goes without one).
-    async fn remove_vm(&mut self) {
-        if !self.released {
-            if let Err(error) = self.stop().await {
-                tracing::warn!(vm = %self.key(), %error, "cannot stop QEMU");
-            }
-            if let Err(error) = self.remove_network().await {
-                tracing::warn!(vm = %self.key(), %error, "cannot remove the VM's network");
-            }
-            if let Err(error) = self.release_disk().await {
-                tracing::warn!(vm = %self.key(), %error, "cannot remove the VM's files");
-            }
-        }
-        if let Err(error) = self.ctx.state.remove(&self.key()) {
-            tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot forget the VM");
-        }
-        tracing::info!(vm = %self.key(), "VM removed from this node");
     }
 }
 
