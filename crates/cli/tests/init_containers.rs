@@ -98,3 +98,53 @@ fn a_failing_init_container_keeps_the_containers_from_starting() {
     );
     cluster.ok(&["delete", &target, "--wait", "--timeout", "60s"]);
 }
+
+#[test]
+fn deleting_a_pod_stops_the_init_container_that_runs() {
+    let cluster = common::start_node();
+    let name = unique_name("initstop");
+    let target = format!("pod/{name}");
+    let text = ordered(&name).replace("sleep 1; echo one > /work/order", "exec sleep 3600");
+    cluster.ok(&["apply", "-f", &cluster.manifest("long.yaml", &text)]);
+    common::wait_for(
+        "the first init container to run",
+        Duration::from_secs(60),
+        || {
+            let steps = cluster.ok(&[
+                "logs",
+                "--steps",
+                &target,
+                "--step",
+                "node/run-init-containers",
+            ]);
+            steps.contains("first: started").then_some(())
+        },
+    );
+    assert_eq!(
+        runc_containers(&cluster).len(),
+        1,
+        "the init container runs"
+    );
+    let out = cluster.ok(&["delete", &target, "--wait", "--timeout", "90s"]);
+    assert!(out.contains("deleted: its stop workflow"), "{out}");
+    let stops = cluster.ok(&["logs", "--steps", &target, "--step", "node/stop-containers"]);
+    assert!(stops.contains("first: stopped after"), "{stops}");
+    assert!(
+        runc_containers(&cluster).is_empty(),
+        "nothing of the pod runs"
+    );
+}
+
+/// The ids of the node's runc containers.
+fn runc_containers(cluster: &common::Cluster) -> Vec<String> {
+    let root = cluster.data_dir.path().join("runc");
+    let listed = std::process::Command::new("runc")
+        .arg(format!("--root={}", root.display()))
+        .args(["list", "-q"])
+        .output()
+        .expect("runc list");
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}

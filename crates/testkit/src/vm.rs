@@ -228,9 +228,12 @@ fi
     sleep 0.5
   done
   if [ -z "$dev" ]; then echo CORRAL-VM-NO-POWER-BUTTON; else
+    # Opened before the marker says so: a press that comes before the
+    # reader below runs waits in this open file's queue, not lost.
+    exec 3<"$dev"
     echo "CORRAL-VM-ACPI: $dev"
     # One input event (24 bytes) is the press.
-    ( dd if=$dev of=/dev/null bs=24 count=1 2>/dev/null
+    ( dd of=/dev/null bs=24 count=1 <&3 2>/dev/null
       echo {VM_POWEROFF_MARKER}; sync; umount /mnt 2>/dev/null; poweroff -f ) &
   fi
 fi

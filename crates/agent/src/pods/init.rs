@@ -28,6 +28,16 @@ pub(super) struct InitRun {
 }
 
 impl PodWorkload {
+    /// The init container running now, if any, taken: the pod is being
+    /// stopped, and it is stopped with the others.
+    pub(super) fn take_running_init(&mut self) -> Option<(String, ContainerRecord)> {
+        let init = self.init.take()?;
+        let (record, _) = init.running?;
+        let spec = super::typed_spec(&self.desired)?;
+        let name = spec.init_containers.get(init.done)?.name.clone();
+        Some((name, record))
+    }
+
     pub(super) async fn run_init_containers(&mut self, spec: &PodSpec) -> StepRun {
         let revision = self.desired.metadata.revision;
         if spec.init_containers.is_empty() {

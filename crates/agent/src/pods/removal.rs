@@ -60,8 +60,12 @@ impl PodWorkload {
             spec.termination_grace_seconds
                 .unwrap_or(DEFAULT_GRACE_SECONDS),
         ));
-        let records = std::mem::take(&mut self.record.containers);
+        let mut records = std::mem::take(&mut self.record.containers);
         self.save();
+        // An init container still running goes with the others.
+        if let Some((name, record)) = self.take_running_init() {
+            records.insert(name, record);
+        }
         let mut stops = Vec::new();
         for (name, record) in records {
             let runner = self.ctx.runner.clone();
