@@ -28,6 +28,7 @@ pub mod loadbalancer;
 pub mod per_node;
 pub mod pinned;
 pub mod scheduler;
+mod status;
 mod steps;
 
 use corral_client::Client;

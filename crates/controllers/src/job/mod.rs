@@ -231,7 +231,7 @@ async fn reconcile_job(
             break;
         }
     }
-    write_status(client, job, &planned.status).await?;
+    crate::status::write_if_changed(client, job, &planned.status).await?;
     failed.map_or(Ok(planned.requeue_after), Err)
 }
 
@@ -336,7 +336,7 @@ async fn reconcile_schedule(
             failed = Some(error);
         }
     }
-    write_status(client, job, &planned.status).await?;
+    crate::status::write_if_changed(client, job, &planned.status).await?;
     failed.map_or(Ok(planned.requeue_after), Err)
 }
 
@@ -369,21 +369,6 @@ async fn create_run(
         Err(error) if error.status() == Some(409) => Ok(()),
         other => other.map(|_| ()),
     }
-}
-
-async fn write_status(
-    client: &Client,
-    job: &Object,
-    status: &JobStatus,
-) -> Result<(), ClientError> {
-    let current: JobStatus = job.typed_status().unwrap_or_default();
-    if current == *status {
-        return Ok(());
-    }
-    let mut next = job.clone();
-    next.status = serde_json::to_value(status).map_err(ClientError::Decode)?;
-    client.put_status(&next).await?;
-    Ok(())
 }
 
 /// The Job a pod belongs to, if this controller manages it.

@@ -333,11 +333,7 @@ async fn reconcile(
             failed = Some(error);
         }
     }
-    if current != planned.status {
-        let mut next = deployment.clone();
-        next.status = serde_json::to_value(&planned.status).map_err(ClientError::Decode)?;
-        client.put_status(&next).await?;
-    }
+    crate::status::write_if_changed(client, deployment, &planned.status).await?;
     failed.map_or(Ok(planned.requeue_after), Err)
 }
 

@@ -310,7 +310,7 @@ async fn reconcile(
             failed = Some(error);
         }
     }
-    write_status(client, deployment, &planned.status).await?;
+    crate::status::write_if_changed(client, deployment, &planned.status).await?;
     // A failed action is retried with the deployment's backoff.
     failed.map_or(Ok(requeue), Err)
 }
@@ -443,21 +443,6 @@ async fn convert(
     let written = client.apply(&next, Some(&message)).await?;
     tracing::info!(pod = %pod.key(), version = version.as_str(), "converted in place");
     Ok(written)
-}
-
-async fn write_status(
-    client: &Client,
-    deployment: &Object,
-    status: &PinnedDeploymentStatus,
-) -> Result<(), ClientError> {
-    let current: PinnedDeploymentStatus = deployment.typed_status().unwrap_or_default();
-    if current == *status {
-        return Ok(());
-    }
-    let mut next = deployment.clone();
-    next.status = serde_json::to_value(status).map_err(ClientError::Decode)?;
-    client.put_status(&next).await?;
-    Ok(())
 }
 
 /// The PinnedDeployment's key a pod belongs to, if any.
