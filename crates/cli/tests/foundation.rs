@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Cluster, pod_manifest};
+use common::{Cluster, pod_manifest, wait_for};
 use serde_json::Value;
 
 #[test]
@@ -414,7 +414,22 @@ fn stdin_manifests_namespaces_and_delete() {
     let wide = cluster.ok(&["get", "pods", "-A"]);
     assert!(wide.contains("team-a") && wide.contains("web"), "{wide}");
     // A pod its node took stops through its stop workflow; --wait
-    // returns once it is gone.
+    // returns once it is gone. (Deleted before the scheduler placed it, it
+    // would be removed at once, with nothing to stop.)
+    wait_for(
+        "the scheduler to place pod/team-a/web",
+        Duration::from_secs(20),
+        || {
+            let pod: Value = serde_json::from_str(
+                &cluster.ok(&["get", "pod/web", "-n", "team-a", "-o", "json"]),
+            )
+            .unwrap();
+            pod["status"]["node"]
+                .as_str()
+                .filter(|node| !node.is_empty())
+                .map(|_| ())
+        },
+    );
     let deleted = cluster.ok(&["delete", "pod/web", "-n", "team-a", "--wait"]);
     let last = deleted.trim().lines().last().unwrap_or_default();
     assert!(
@@ -687,7 +702,7 @@ fn dry_runs_and_diffs_against_a_file_write_nothing() {
 #[test]
 fn node_forget_and_remember_change_the_spec_despite_status_writes() {
     let cluster = Cluster::start();
-    let name = common::wait_for("the node to register", Duration::from_secs(30), || {
+    let name = wait_for("the node to register", Duration::from_secs(30), || {
         let nodes: Value =
             serde_json::from_str(&cluster.ok(&["get", "nodes", "-o", "json"])).ok()?;
         nodes["items"][0]["metadata"]["name"]
