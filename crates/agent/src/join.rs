@@ -1,7 +1,8 @@
-//! The node's own `join` workflow: its node steps (register, tunnel,
-//! routes, egress, runtime check) run by the same executor as pods and VMs
-//! ([`crate::executor`]), fed by the informer of `Node` objects, so each
-//! step starts as soon as the change that made it ready arrives.
+//! The node's own workflows: the node steps of `join` (register, tunnel,
+//! routes, egress, runtime check) and of `stop` (leave, once the node is
+//! drained) run by the same executor as pods and VMs ([`crate::executor`]),
+//! fed by the informer of `Node` objects, so each step starts as soon as
+//! the change that made it ready arrives.
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use corral_client::runtime::{Change, Informer};
 use corral_workflow::JoinStep;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::executor::{Executor, Message, StepOutcome, StepRun, Workload};
 use crate::network::PodNetwork;
@@ -24,6 +26,9 @@ pub struct JoinWorkload {
     node: Object,
     client: Client,
     network: Option<Arc<PodNetwork>>,
+    /// Cancelled by `node/leave`: stops the heartbeat, so the node does not
+    /// register again.
+    heartbeat: CancellationToken,
 }
 
 /// Where the node's `Node` objects reach the join steps: the heartbeat
@@ -38,7 +43,8 @@ pub fn channel() -> (
 
 /// Runs the join steps of node `name` as its `Node` arrives through
 /// `received` (see [`channel`]; `changes` is its sending end, given to the
-/// `nodes` informer) until the agent stops.
+/// `nodes` informer) until the agent stops. `node/leave` cancels
+/// `heartbeat`.
 pub async fn follow(
     name: String,
     nodes: Informer,
@@ -49,6 +55,7 @@ pub async fn follow(
     client: Client,
     api: Arc<dyn StepApi>,
     network: Option<Arc<PodNetwork>>,
+    heartbeat: CancellationToken,
 ) {
     let own = ObjectKey::new(Kind::Node, None, &name);
     {
@@ -78,6 +85,7 @@ pub async fn follow(
         node: first,
         client,
         network,
+        heartbeat,
     };
     tokio::spawn(Executor::new(workload, api).run(inbox));
     while let Some(node) = received.recv().await {
@@ -137,6 +145,14 @@ impl Workload for JoinWorkload {
         // heartbeat's first status write, which the informer brings here.
         if typed == JoinStep::Register && self.node.status.get("capacity").is_none() {
             return StepOutcome::NotYet.into();
+        }
+        if typed == JoinStep::Leave {
+            self.heartbeat.cancel();
+            tracing::info!(node = %self.node.metadata.name, "drained and deleted: left the cluster");
+            return StepRun::from(Ok(Some(
+                "the heartbeat stopped; the node registers again only when its agent starts again"
+                    .to_string(),
+            )));
         }
         let outcome = join_step(typed, &self.node, &self.client, self.network.as_deref()).await;
         StepRun::from(outcome.map(Some))
@@ -210,6 +226,8 @@ async fn join_step(
                 .map_err(|error| crate::chain(&error)),
             None => Ok("no pod network on this node (pods have loopback only)".to_string()),
         },
+        // Run by the workload itself: it stops the heartbeat.
+        JoinStep::Leave => Err("node/leave runs on the node's own workload".to_string()),
         JoinStep::CheckRuntime => {
             let output = tokio::task::spawn_blocking(|| {
                 // The agent reaps orphans; hold the lock so our own child

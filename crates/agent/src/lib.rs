@@ -301,6 +301,8 @@ pub async fn run(
     tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
         let (registered, joining) = join::channel();
+        // Stops with the agent, or when the node leaves (`node/leave`).
+        let heartbeat = shutdown.child_token();
         tokio::spawn(heartbeat::heartbeat_loop(
             client.clone(),
             config.clone(),
@@ -308,7 +310,7 @@ pub async fn run(
             fences,
             registered.clone(),
             ctx.network.clone(),
-            shutdown.clone(),
+            heartbeat.clone(),
         ));
         let nodes = Informer::start(
             client.clone(),
@@ -323,6 +325,7 @@ pub async fn run(
             client.clone(),
             ctx.steps.clone(),
             ctx.network.clone(),
+            heartbeat,
         ));
         if let Some(network) = ctx.network.clone() {
             tokio::spawn(routes::routes_loop(

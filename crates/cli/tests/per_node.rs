@@ -9,92 +9,24 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{CORRAL, cleanup_node, wait_for};
+use common::agents::Agents;
+use common::wait_for;
 use corral_testkit::{ImageFormat, busybox_image_tar, require_root, require_tool};
 use serde_json::Value;
 
-/// One server and its agents, killed and cleaned up on drop.
-struct Nodes {
-    dir: tempfile::TempDir,
-    port: u16,
-    server: Option<Child>,
-    agents: Vec<(String, Child)>,
+/// The per-node deployment's view of the lab.
+trait Exporter {
+    fn pods(&self) -> BTreeMap<String, (String, String, String, String)>;
+    fn wait_spread(
+        &self,
+        nodes: &[&str],
+        version: &str,
+    ) -> BTreeMap<String, (String, String, String, String)>;
 }
 
-impl Nodes {
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn try_corral(&self, args: &[&str]) -> Result<String, String> {
-        let output = Command::new(CORRAL)
-            .args(args)
-            .env("CORRAL_CONFIG", self.path("server").join("admin.json"))
-            .output()
-            .unwrap();
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&output.stderr).into_owned())
-        }
-    }
-
-    fn corral(&self, args: &[&str]) -> String {
-        self.try_corral(args)
-            .unwrap_or_else(|error| panic!("corral {args:?}: {error}"))
-    }
-
-    /// Starts node `name`'s agent with a join token.
-    fn start_agent(&mut self, name: &str, join: &str, tar: &Path) {
-        let dir = self.path(name);
-        self.corral(&[
-            "image",
-            "import",
-            tar.to_str().unwrap(),
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ]);
-        let child = Command::new(CORRAL)
-            .args([
-                "agent",
-                "--server",
-                &format!("https://127.0.0.1:{}", self.port),
-                "--ca",
-            ])
-            .arg(self.path("server").join("tls").join("ca.pem"))
-            .args(["--join-token", join, "--name", name])
-            // The agents share this host's network namespace: no pod network.
-            .arg("--no-pod-network")
-            .arg("--data-dir")
-            .arg(&dir)
-            .env("CORRAL_LOG", "warn")
-            .spawn()
-            .unwrap();
-        self.agents.push((name.to_string(), child));
-    }
-
-    fn wait_ready(&self, name: &str) {
-        wait_for(
-            &format!("{name} to be Ready"),
-            Duration::from_secs(60),
-            || {
-                let node: Value = serde_json::from_str(
-                    &self
-                        .try_corral(&["get", &format!("node/{name}"), "-o", "json"])
-                        .ok()?,
-                )
-                .ok()?;
-                (node["status"]["phase"] == "Ready").then_some(())
-            },
-        );
-    }
-
+impl Exporter for Agents {
     /// The pods of pnd/exporter: name → (node bound, phase, uid, env V).
     fn pods(&self) -> BTreeMap<String, (String, String, String, String)> {
         let listed: Value = serde_json::from_str(&self.corral(&[
@@ -151,30 +83,6 @@ impl Nodes {
     }
 }
 
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for (_, agent) in &mut self.agents {
-            let _ = agent.kill();
-            let _ = agent.wait();
-        }
-        if let Some(mut server) = self.server.take() {
-            let _ = server.kill();
-            let _ = server.wait();
-        }
-        for (name, _) in &self.agents {
-            cleanup_node(&self.path(name));
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn exporter(version: &str) -> String {
     format!(
         "kind: PerNodeDeployment
@@ -194,28 +102,7 @@ spec:
 fn one_pod_on_every_node_following_joins_edits_and_losses() {
     require_root();
     require_tool("runc");
-    let mut nodes = Nodes {
-        dir: tempfile::Builder::new()
-            .prefix("corral-per-node-")
-            .tempdir()
-            .unwrap(),
-        port: free_port(),
-        server: None,
-        agents: Vec::new(),
-    };
-    let mut server = Command::new(CORRAL)
-        .args(["server", "--listen", &format!("127.0.0.1:{}", nodes.port)])
-        .arg("--data-dir")
-        .arg(nodes.path("server"))
-        .env("CORRAL_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    nodes.server = Some(server);
+    let mut nodes = Agents::start("corral-per-node-");
     let tar = busybox_image_tar(nodes.dir.path(), ImageFormat::DockerArchive);
     let join = nodes.corral(&["token", "create", "--join", "--ttl", "10m"]);
     for name in ["node-a", "node-b", "node-c"] {
@@ -265,11 +152,7 @@ fn one_pod_on_every_node_following_joins_edits_and_losses() {
     assert_eq!(records.last().unwrap()["author"], "per-node", "{history}");
 
     // A node that leaves (its agent stopped, declared lost) loses its pod.
-    let (_, agent) = nodes
-        .agents
-        .iter_mut()
-        .find(|(name, _)| name == "node-d")
-        .unwrap();
+    let agent = nodes.agent("node-d");
     agent.kill().unwrap();
     agent.wait().unwrap();
     nodes.corral(&["node", "forget", "node-d"]);

@@ -4,6 +4,7 @@
 //!   for the grace (`ha_grace`), and a Lost node at once;
 //! - `best-effort` pods stay bound to a Silent node and leave only a Lost
 //!   one;
+//! - every pod not pinned there leaves a node being deleted (its drain);
 //! - pods pinned to their node (`spec.placement.node`) never leave: a pet
 //!   waits for its node;
 //! - a pod whose pin names another node moves there ([`Departure::Repinned`]);
@@ -21,6 +22,8 @@ use crate::lifecycle::Timing;
 pub struct NodeState {
     pub phase: NodePhase,
     pub silent_since: Option<DateTime<Utc>>,
+    /// `metadata.deleting`: the node is being drained.
+    pub deleting: bool,
 }
 
 /// Why a pod leaves its node, for the log and the move's step note.
@@ -30,6 +33,8 @@ pub enum Departure {
     SilentPastGrace,
     /// Any unpinned pod on a Lost node.
     NodeLost,
+    /// Any unpinned pod on a node being deleted (drained).
+    NodeDeleted,
     /// `spec.placement.node` names another node now.
     Repinned,
     /// Its spec no longer fits its node, and another node can run it.
@@ -57,6 +62,7 @@ impl Departure {
                 )
             }
             Departure::NodeLost => "the node is lost".to_string(),
+            Departure::NodeDeleted => "the node is being deleted (drained)".to_string(),
             Departure::Repinned => format!(
                 "spec.placement.node names {}",
                 pinned.unwrap_or("another node")
@@ -87,7 +93,11 @@ pub fn departure(
     let state = state.unwrap_or(NodeState {
         phase: NodePhase::Lost,
         silent_since: None,
+        deleting: false,
     });
+    if state.deleting {
+        return Some(Departure::NodeDeleted);
+    }
     match state.phase {
         NodePhase::Lost => Some(Departure::NodeLost),
         NodePhase::Silent if availability == Availability::Ha => {
@@ -143,7 +153,30 @@ mod tests {
         Some(NodeState {
             phase,
             silent_since: Some(at(since)),
+            deleting: false,
         })
+    }
+
+    #[test]
+    fn every_pod_but_those_pinned_there_leaves_a_node_being_deleted() {
+        let deleting = Some(NodeState {
+            phase: NodePhase::Ready,
+            silent_since: None,
+            deleting: true,
+        });
+        for (spec, want) in [
+            (spec("ha", None), Some(Departure::NodeDeleted)),
+            (spec("best-effort", None), Some(Departure::NodeDeleted)),
+            (spec("ha", Some("n1")), None),
+            (spec("ha", Some("n2")), Some(Departure::Repinned)),
+        ] {
+            let verdict = departure(spec.0, spec.1, "n1", deleting, at(1), Timing::default());
+            assert_eq!(verdict, want, "{spec:?}");
+        }
+        assert_eq!(
+            Departure::NodeDeleted.message(None, "n1", deleting, Timing::default()),
+            "moved off n1: the node is being deleted (drained)"
+        );
     }
 
     #[test]

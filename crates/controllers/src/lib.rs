@@ -20,6 +20,7 @@
 //! world on a timer; time-based changes (a node going silent, an ha pod's
 //! grace) are requeued for the moment they are due.
 
+pub mod drain;
 pub mod evacuate;
 pub mod ipam;
 pub mod job;

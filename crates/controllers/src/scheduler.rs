@@ -6,7 +6,7 @@
 //! the pod's `move` workflow, whose `scheduler/place` then places it
 //! elsewhere. A deleted pod's `scheduler/release` (in its `stop`
 //! workflow, after its node removed the sandbox) frees its room and
-//! unbinds it.
+//! unbinds it. A node being deleted is drained ([`crate::drain`]).
 //!
 //! It follows pods, VMs and nodes through informers that keep only what
 //! it needs of each (a workload's reservation and its placement request),
@@ -32,6 +32,7 @@ use corral_client::{Client, ClientError};
 use corral_scheduler::{BoundWorkload, NodeInfo, Request, Scheduler, Snapshot, Strategy};
 use tokio_util::sync::CancellationToken;
 
+use crate::drain::{DrainStep, Holders};
 use crate::evacuate::{Departure, NodeState, departure};
 use crate::lifecycle::Timing;
 use crate::steps::{ReadyStep, ready_instance, retrying_instance};
@@ -110,6 +111,8 @@ fn project_workload(object: &Object) -> Workload {
 pub struct NodeFacts {
     info: Option<NodeInfo>,
     state: NodeState,
+    /// Its `scheduler/drain` step, while the node is being deleted.
+    drain: Option<DrainStep>,
 }
 
 fn project_node(object: &Object) -> NodeFacts {
@@ -119,7 +122,9 @@ fn project_node(object: &Object) -> NodeFacts {
         state: NodeState {
             phase: status.phase,
             silent_since: status.silent_since,
+            deleting: object.metadata.deleting.is_some(),
         },
+        drain: DrainStep::of(object),
     }
 }
 
@@ -152,6 +157,8 @@ struct Shared {
     /// The reservations as the caches say; `None` after a node changed,
     /// until the next placement rebuilds it.
     scheduler: Mutex<Option<Scheduler>>,
+    /// The line last logged on each draining node's step.
+    drain_logged: Mutex<BTreeMap<ObjectKey, String>>,
 }
 
 impl Shared {
@@ -253,6 +260,7 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
         vms: vms.cache().clone(),
         nodes: nodes.cache().clone(),
         scheduler: Mutex::new(None),
+        drain_logged: Mutex::new(BTreeMap::new()),
     });
     let queue = WorkQueue::new();
     for informer in [&pods, &vms] {
@@ -265,26 +273,47 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
                 }
             },
             move |change| match change {
-                Change::Applied { key, new, .. } => {
+                Change::Applied { key, old, new, .. } => {
                     shared.follow_binding(key, new.bound.as_ref());
                     if wants_attention(new) {
                         queue.add((*key).clone());
                     }
+                    // A node being drained waits for this one to leave.
+                    if let Some(left) = old.and_then(|old| old.node.as_ref())
+                        && new.node.as_ref() != Some(left)
+                    {
+                        queue.add(ObjectKey::new(Kind::Node, None, left));
+                    }
                 }
-                Change::Deleted { key, .. } => shared.follow_binding(key, None),
+                Change::Deleted { key, old } => {
+                    shared.follow_binding(key, None);
+                    if let Some(left) = &old.node {
+                        queue.add(ObjectKey::new(Kind::Node, None, left));
+                    }
+                }
             },
         );
     }
     {
         let (shared, queue) = (shared.clone(), queue.clone());
+        let existing = queue.clone();
         nodes.on_change(
-            |_, _| {},
+            move |key, node| {
+                if node.drain.is_some() {
+                    existing.add(key.clone());
+                }
+            },
             move |change| {
                 // Capacity, labels or phase changed: rebuild at the next
                 // placement, look at the pods on the node again, and try
                 // the workloads waiting for a retry of their placement.
                 *shared.lock() = None;
                 let node = &change.key().name;
+                if let Change::Applied { new, .. } = &change
+                    && new.drain.is_some()
+                {
+                    queue.add(change.key().clone());
+                }
                 for (key, _) in shared.pods.by_index(BY_NODE, node) {
                     queue.add(key);
                 }
@@ -323,6 +352,9 @@ fn wants_attention(workload: &Workload) -> bool {
 }
 
 async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientError> {
+    if key.kind == Kind::Node {
+        return drain(shared, key).await;
+    }
     let Some(workload) = shared.workloads(key.kind).get(key) else {
         return Ok(Action::Done);
     };
@@ -484,6 +516,30 @@ async fn evacuate(
         .put_status_with_message(&pod, Some(&message))
         .await?;
     tracing::info!(pod = %key, %node, ?why, "unbound; moving");
+    Ok(Action::Done)
+}
+
+/// Moves the drain of a node being deleted: done once nothing is bound to
+/// it (its pods are moved by [`evacuate`] as its change arrives).
+async fn drain(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientError> {
+    let Some(step) = shared.nodes.get(key).and_then(|facts| facts.drain.clone()) else {
+        return Ok(Action::Done);
+    };
+    let mut holders = Holders::default();
+    for (pod, workload) in shared.pods.by_index(BY_NODE, &key.name) {
+        let name = pod.to_string();
+        match &workload.leaving {
+            None => holders.stopping.push(name),
+            Some(leaving) if leaving.pinned.as_deref() == Some(key.name.as_str()) => {
+                holders.pinned.push(name);
+            }
+            Some(_) => holders.moving.push(name),
+        }
+    }
+    for (vm, _) in shared.vms.by_index(BY_NODE, &key.name) {
+        holders.vms.push(vm.to_string());
+    }
+    crate::drain::advance(&shared.client, key, &step, &holders, &shared.drain_logged).await?;
     Ok(Action::Done)
 }
 

@@ -50,6 +50,8 @@ pub fn builtin_controllers() -> Vec<Registration> {
                     "Node:status.capacity",
                     "Node:status.runtimes",
                     "Node:status.features",
+                    // A node's deletion: its `scheduler/drain` step.
+                    "Node:status.workflow",
                 ],
             ),
         ),

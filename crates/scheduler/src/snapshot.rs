@@ -22,7 +22,8 @@ pub struct NodeInfo {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub phase: NodePhase,
-    /// `spec.unschedulable`: no new workloads (a cordon).
+    /// `spec.unschedulable` (a cordon), or the node is being deleted (its
+    /// drain): no new workloads.
     pub unschedulable: bool,
     /// Everything the node offers; reservations of bound workloads are
     /// subtracted by the scheduler.
@@ -67,7 +68,7 @@ impl NodeInfo {
             name: object.metadata.name.clone(),
             labels: object.metadata.labels.clone(),
             phase: status.phase,
-            unschedulable: spec.unschedulable,
+            unschedulable: spec.unschedulable || object.metadata.deleting.is_some(),
             capacity: status.capacity,
             runtimes: status.runtimes,
             features: status.features,

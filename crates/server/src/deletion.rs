@@ -17,8 +17,15 @@
 //! (`--force`); each skipped step is done with "skipped by NAME" in the
 //! step log, and the removal's history message names them.
 //!
-//! Kinds without a stop workflow (everything but Pod and VirtualMachine
-//! for now) are removed at once, as before.
+//! A Node's deletion is a drain: the scheduler places nothing more there
+//! and moves its pods away (`scheduler/drain`, held by pods pinned there
+//! and VMs until people move or delete them), then its agent leaves
+//! (`node/leave`: it stops heartbeating). A Lost or forgotten node is
+//! removed at once, as there is no agent to answer.
+//!
+//! Kinds without a stop workflow (everything but Pod, VirtualMachine and
+//! Node) are removed at once; objects with dependents delete them through
+//! their own workflows ([`crate::cascade`]).
 
 use corral_api::kinds::{NodePhase, NodeSpec, NodeStatus};
 use corral_api::workflow::WorkflowOutcome;
@@ -63,7 +70,7 @@ impl Outcome {
 
 /// Whether objects of `kind` stop through their `stop` workflow.
 pub fn stops_through_workflow(kind: Kind) -> bool {
-    matches!(kind, Kind::Pod | Kind::VirtualMachine)
+    matches!(kind, Kind::Pod | Kind::VirtualMachine | Kind::Node)
 }
 
 /// Deletes the object at `key` (already authorised) as `request` says,

@@ -21,12 +21,13 @@ mod vm;
 use vm::{vm_start, vm_stop, vm_update};
 
 /// Every (kind, workflow) pair with a built-in definition.
-pub const BUILTIN_WORKFLOWS: [(Kind, &str); 8] = [
+pub const BUILTIN_WORKFLOWS: [(Kind, &str); 9] = [
     (Kind::Pod, "start"),
     (Kind::Pod, "update"),
     (Kind::Pod, "move"),
     (Kind::Pod, "stop"),
     (Kind::Node, "join"),
+    (Kind::Node, "stop"),
     (Kind::VirtualMachine, "start"),
     (Kind::VirtualMachine, "update"),
     (Kind::VirtualMachine, "stop"),
@@ -44,6 +45,7 @@ pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
         (Kind::Pod, "move") => ("running", pod_start()),
         (Kind::Pod, "stop") => ("deleted", pod_stop()),
         (Kind::Node, "join") => ("ready", node_join()),
+        (Kind::Node, "stop") => ("deleted", node_stop()),
         (Kind::VirtualMachine, "start") => ("running", vm_start()),
         (Kind::VirtualMachine, "update") => ("running", vm_update()),
         (Kind::VirtualMachine, "stop") => ("deleted", vm_stop()),
@@ -196,6 +198,34 @@ fn pod_update() -> Vec<StepDefinition> {
         .timeout_secs(600)
         .build(),
         target("running", "the new revision runs and is ready", &[]),
+    ]
+}
+
+/// Deletion of a node: a drain. The scheduler places nothing more there and
+/// moves every pod that may leave (not pinned to it); pods pinned there and
+/// VMs hold the drain until they are deleted, re-pinned or migrated (the
+/// step's log names them). Then the node's agent leaves: it stops
+/// heartbeating and does not register again until it is started again.
+fn node_stop() -> Vec<StepDefinition> {
+    vec![
+        step(
+            "scheduler/drain",
+            "place nothing more on the node, move its pods elsewhere, wait for pinned pods and VMs",
+        )
+        .wanted_by("drained")
+        .timeout_secs(3600)
+        .build(),
+        target("drained", "no pod or VM is bound to the node", &[]),
+        node_step(
+            JoinStep::Leave,
+            "stop heartbeating: the node leaves the cluster",
+        )
+        .requires(&["drained"])
+        .wanted_by("deleted")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        target("deleted", "the node has left and its object can go", &[]),
     ]
 }
 

@@ -280,13 +280,19 @@ async fn apply_edit(
   corral delete pod/web --wait                  follow its stop workflow until it is gone
   corral delete pod/web --skip acme/backup      do not wait for that step
   corral delete pod/web --force                 skip every step left: remove it now
+  corral delete node/node-2 --wait              drain it: its pods move, then its agent leaves
 
 A pod a node runs stops through its `stop` workflow: preStop hooks,
 SIGTERM and the grace period, volumes released through their plugins,
 the sandbox and address freed, and every step a Controller registered
 (a finalizer); it is removed when that finishes. `corral why pod/web`
 names what a deletion waits on. --skip and --force are recorded in the
-step log and in the pod's history.
+step log and in the pod's history. A VM stops the same way (ACPI first).
+Deleting a node drains it: nothing new is placed there, every pod not
+pinned to it moves, pods pinned there and VMs hold the drain until you
+delete, re-pin or migrate them (`corral why node/x` names them), then its
+agent stops heartbeating and the node is removed; restarting the agent
+joins it again.
 
 Deleting an object deletes its dependents too: the objects whose
 metadata.owner names it (a PinnedDeployment's pods), each recorded in its

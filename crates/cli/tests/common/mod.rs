@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod agents;
 pub mod lab;
 
 use std::io::{BufRead, BufReader};

@@ -1,7 +1,8 @@
 //! The per-node controller (owns a PerNodeDeployment's `status`, manages
 //! its pods): one pod `NAME-<node>`, pinned to its node, on every node
 //! whose labels match `nodeSelector` and that is Ready or Silent and not
-//! forgotten (a Lost, forgotten or deleted node's pod is deleted).
+//! forgotten nor being deleted (a Lost, forgotten or deleted node's pod is
+//! deleted, and so is the pod of a node being drained).
 //! Template changes are in-place updates paced as a PinnedDeployment's
 //! ([`crate::pinned::pacing`]).
 //! Decisions are [`plan`]'s.
@@ -52,7 +53,9 @@ fn project_node(node: &Object) -> NodeView {
         .is_ok_and(|spec| spec.forgotten);
     NodeView {
         labels: node.metadata.labels.clone(),
-        eligible: matches!(phase, NodePhase::Ready | NodePhase::Silent) && !forgotten,
+        eligible: matches!(phase, NodePhase::Ready | NodePhase::Silent)
+            && !forgotten
+            && node.metadata.deleting.is_none(),
     }
 }
 
