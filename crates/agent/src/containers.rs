@@ -220,6 +220,24 @@ impl ContainerRunner {
             prepare_mount_point(&mounted.rootfs, &mount.destination, mount.source.is_dir())
                 .map_err(config_error)?;
         }
+        // The scratch tmpfs mounts too, with their mode on the mount point
+        // (runc gives a tmpfs the mode of the directory it covers; the
+        // chmod is the container's own copy, the image is untouched). One
+        // the image has as a symbolic link (`/var/tmp -> /tmp`) is left to
+        // what the link points to.
+        config.tmpfs.retain(|tmpfs| {
+            prepare_mount_point(&mounted.rootfs, &tmpfs.destination, true)
+                .and_then(|()| {
+                    use std::os::unix::fs::PermissionsExt;
+                    let path = mounted
+                        .rootfs
+                        .join(tmpfs.destination.trim_start_matches('/'));
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(tmpfs.mode))
+                        .map_err(|error| format!("mount point {}: {error}", tmpfs.destination))
+                })
+                .inspect_err(|error| tracing::debug!(%error, "scratch tmpfs left out"))
+                .is_ok()
+        });
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
             config.memory_limit_bytes = Some(bytes);
@@ -485,6 +503,42 @@ pub fn runtime_id(uid: &str, container: &str, generation: u64) -> String {
         .take(12)
         .collect();
     format!("c{short}-{container}-{generation}")
+}
+
+/// Whether the end of a container's log says a write failed on a
+/// read-only file system (EROFS, as libc and most runtimes word it).
+pub fn wrote_to_read_only_fs(log: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 16 << 10;
+    let Ok(mut file) = std::fs::File::open(log) else {
+        return false;
+    };
+    let length = file.metadata().map(|meta| meta.len()).unwrap_or(0);
+    if file
+        .seek(SeekFrom::Start(length.saturating_sub(TAIL)))
+        .is_err()
+    {
+        return false;
+    }
+    let mut tail = Vec::new();
+    if file.take(TAIL).read_to_end(&mut tail).is_err() {
+        return false;
+    }
+    String::from_utf8_lossy(&tail).contains("Read-only file system")
+}
+
+/// The exit cause of a container that failed writing to a read-only file
+/// system: what happened, and how to give the program somewhere to write.
+pub fn read_only_hint(code: Option<i32>) -> String {
+    let exited = code.map_or_else(
+        || "exited".to_string(),
+        |code| format!("exited with code {code}"),
+    );
+    format!(
+        "{exited} after a write to a read-only file system (its log says so): a container's root \
+         filesystem is read-only; give the path it writes a volume (an emptyDir in spec.volumes \
+         with a volumeMount) or write under /tmp, /var/tmp or /run"
+    )
 }
 
 /// Whether the kernel's OOM killer killed a process of the container's

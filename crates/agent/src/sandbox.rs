@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use corral_api::kinds::{PodSpec, RuntimeClass};
 use corral_api::security::Relaxation;
 use corral_runtime::bundle::{
-    Capability, ContainerConfig, IdMapping, NetworkNamespace, SysfsMount, UserIds, UserNamespace,
-    default_profile,
+    Capability, ContainerConfig, IdMapping, NetworkNamespace, SysfsMount, TmpfsMount, UserIds,
+    UserNamespace, default_profile,
 };
 
 /// The uid and gid a container runs as when its image's user is root.
@@ -100,6 +100,14 @@ pub fn choose_user(image_user: UserIds, relax: &BTreeSet<Relaxation>) -> UserCho
     }
 }
 
+/// Scratch directories a read-only root gets as tmpfs mounts, besides
+/// `/tmp` (every container has that).
+pub const SCRATCH_DIRS: [&str; 2] = ["/var/tmp", "/run"];
+
+/// The size of each scratch tmpfs (it counts against the container's
+/// memory limit as it fills).
+const SCRATCH_BYTES: u64 = 64 << 20;
+
 /// Tightens `config` (built for the image, joining the pod's network
 /// namespace) into the pod's sandbox.
 pub fn apply(
@@ -131,6 +139,19 @@ pub fn apply(
         Some(default_profile().map_err(|e| SandboxError::Seccomp(e.to_string()))?)
     };
     config.readonly_rootfs = !relax.contains(&Relaxation::WritableRootfs);
+    // A read-only root still has the scratch directories programs expect
+    // to write, each a tmpfs anyone may write (as podman's --read-only).
+    if config.readonly_rootfs {
+        for destination in SCRATCH_DIRS {
+            if !config.tmpfs.iter().any(|t| t.destination == destination) {
+                config.tmpfs.push(TmpfsMount {
+                    destination: destination.to_string(),
+                    size_bytes: SCRATCH_BYTES,
+                    mode: 0o1777,
+                });
+            }
+        }
+    }
     if relax.contains(&Relaxation::HostNetwork) {
         config.network = NetworkNamespace::Host;
     }
@@ -224,7 +245,10 @@ mod tests {
         );
         assert_eq!(userns.uid_mappings, userns.gid_mappings);
         assert!(matches!(config.network, NetworkNamespace::Join(_)));
-        assert!(config.tmpfs.iter().any(|t| t.destination == "/tmp"));
+        for scratch in ["/tmp", "/var/tmp", "/run"] {
+            let tmpfs = config.tmpfs.iter().find(|t| t.destination == scratch);
+            assert_eq!(tmpfs.map(|t| t.mode), Some(0o1777), "{scratch}");
+        }
         assert!(config.masked_paths.iter().any(|p| p == "/proc/kcore"));
         assert_eq!(host_uid(&choice, &sandbox(&[])), (1 << 20) + NOBODY);
     }
@@ -256,6 +280,10 @@ mod tests {
         assert_eq!(config.capabilities, vec![Capability::NetAdmin]);
         assert!(config.seccomp.is_none());
         assert!(!config.readonly_rootfs);
+        assert!(
+            config.tmpfs.iter().all(|t| t.destination == "/tmp"),
+            "a writable root needs no scratch mounts"
+        );
         assert!(config.no_new_privileges, "never relaxed");
         assert!(
             config.user_namespace.is_some(),

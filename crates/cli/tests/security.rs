@@ -148,7 +148,20 @@ fn a_default_container_is_sandboxed() {
     );
     let (code, text) = sh(cluster, "sandboxed", "touch /written");
     assert_ne!(code, 0, "the rootfs is read-only: {text}");
-    sh_ok(cluster, "sandboxed", "echo hi > /tmp/ok && cat /tmp/ok");
+    // The scratch directories are writable, by the container's own user.
+    for scratch in ["/tmp", "/var/tmp", "/run"] {
+        let owner = sh_ok(
+            cluster,
+            "sandboxed",
+            &format!(
+                "echo hi > {scratch}/ok && cat {scratch}/ok && stat -c '%u %a' {scratch}/ok {scratch}"
+            ),
+        );
+        let lines: Vec<&str> = owner.lines().collect();
+        assert_eq!(lines[0], "hi", "{scratch}: {owner}");
+        assert!(lines[1].starts_with("65534 "), "{scratch}: {owner}");
+        assert_eq!(lines[2], "0 1777", "{scratch}: {owner}");
+    }
 
     let dev = sh_ok(cluster, "sandboxed", "ls -A /dev");
     for entry in dev.split_whitespace() {
@@ -170,6 +183,48 @@ fn a_default_container_is_sandboxed() {
 
     let explained = cluster.ok(&["explain-security", "pod/sandboxed"]);
     assert!(explained.contains("non-root"), "{explained}");
+}
+
+/// A program that writes to its read-only root is told how to give it
+/// somewhere to write.
+#[test]
+fn a_write_to_the_read_only_root_says_how_to_fix_it() {
+    let cluster = &common::start_node();
+    let manifest = pod(
+        "writer",
+        "  restartPolicy: Never\n",
+        "echo state > /etc/app.state",
+    );
+    cluster.ok(&["apply", "-f", &cluster.manifest("writer.yaml", &manifest)]);
+    let why = wait_for(
+        "why pod/writer to explain the failed write",
+        Duration::from_secs(60),
+        || {
+            let why = cluster.ok(&["why", "pod/writer"]);
+            why.contains("read-only file system").then_some(why)
+        },
+    );
+    assert!(
+        why.contains("exited with code") && why.contains("give the path it writes a volume"),
+        "{why}"
+    );
+    // Which is what a volume under a scratch directory does.
+    let with_volume = "kind: Pod
+metadata: {name: keeper}
+spec:
+  volumes: [{name: state, emptyDir: {}}]
+  containers:
+    - name: main
+      image: local/busybox:1
+      command: [sh, -c, 'echo kept > /run/state/app && echo scratch > /run/pid && exec sleep 3600']
+      mounts: [{volume: state, path: /run/state}]
+";
+    cluster.ok(&["apply", "-f", &cluster.manifest("keeper.yaml", with_volume)]);
+    running(cluster, "keeper");
+    assert_eq!(
+        sh_ok(cluster, "keeper", "cat /run/state/app /run/pid"),
+        "kept\nscratch\n"
+    );
 }
 
 #[test]

@@ -51,6 +51,14 @@ impl PodWorkload {
                     .map(|memory| format!(" (memory limit {memory})"))
                     .unwrap_or_default();
                 tracing::info!(pod = %self.key(), container = %name, ?exit_code, restart = ?restart, "container exited");
+                let read_only_write = exit_code.is_some_and(|code| code != 0)
+                    && record.stop_cause.is_none()
+                    && !out_of_memory
+                    && crate::containers::wrote_to_read_only_fs(&crate::containers::log_path(
+                        &self.ctx.runner.pods_dir,
+                        &self.uid(),
+                        &name,
+                    ));
                 let entry = self
                     .record
                     .containers
@@ -67,6 +75,8 @@ impl PodWorkload {
                         Some(format!("was killed by the kernel: out of memory{limit}")),
                         Some(ContainerReason::OutOfMemory),
                     )
+                } else if read_only_write {
+                    (Some(crate::containers::read_only_hint(exit_code)), None)
                 } else {
                     let reason = stop_cause.as_ref().map(|_| ContainerReason::Unhealthy);
                     (stop_cause, reason)

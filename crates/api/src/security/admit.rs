@@ -305,7 +305,12 @@ fn knobs(granted: &[(Relaxation, Grant)], default_runtime: RuntimeClass) -> Vec<
             "default profile",
             "unconfined",
         ),
-        toggle("read-only rootfs", Relaxation::WritableRootfs, "on", "off"),
+        toggle(
+            "read-only rootfs",
+            Relaxation::WritableRootfs,
+            "on (writable tmpfs: /tmp, /var/tmp, /run)",
+            "off",
+        ),
         Knob::new("masked /proc", "on", Vec::new()),
         listed(
             "devices",
