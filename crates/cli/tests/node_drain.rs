@@ -118,3 +118,38 @@ fn deleting_a_node_moves_its_pods_waits_for_pinned_ones_and_the_agent_leaves() {
     );
     assert_eq!(lab.json("pod/mover")["status"]["phase"], "Running");
 }
+
+/// A pod being deleted on a node that is then lost is removed: nothing is
+/// left to stop it, and its history says so.
+#[test]
+fn a_pod_being_deleted_goes_when_its_node_is_lost() {
+    require_root();
+    require_tool("runc");
+    let mut lab = Agents::start("corral-node-lost-");
+    let tar = busybox_image_tar(lab.dir.path(), ImageFormat::DockerArchive);
+    let join = lab.corral(&["token", "create", "--join", "--ttl", "10m"]);
+    lab.start_agent("node-a", join.trim(), &tar);
+    lab.wait_ready("node-a");
+    let manifest = lab.path("stuck.yaml");
+    std::fs::write(&manifest, pod("stuck", None)).unwrap();
+    lab.corral(&["apply", "-f", manifest.to_str().unwrap()]);
+    wait_running_on(&lab, "stuck", "node-a");
+    // The agent dies; the deletion begins before the node is seen silent,
+    // so it waits on node steps nobody will claim.
+    let agent = lab.agent("node-a");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let deleting = lab.corral(&["delete", "pod/stuck"]);
+    assert!(deleting.contains("deleting"), "{deleting}");
+    lab.corral(&["node", "forget", "node-a"]);
+    wait_for("pod/stuck to go", Duration::from_secs(20), || {
+        lab.try_corral(&["get", "pod/stuck"])
+            .is_err_and(|error| error.contains("not found"))
+            .then_some(())
+    });
+    let history = lab.corral(&["history", "pod/stuck"]);
+    assert!(
+        history.contains("its node node-a is lost: nothing left to stop"),
+        "{history}"
+    );
+}

@@ -11,8 +11,9 @@
 //!
 //! A pod no node took (unscheduled), or whose node is gone (Lost,
 //! forgotten, or no Node object any more), has nothing to stop: it is
-//! removed at once. (A node lost *after* the deletion began leaves the pod
-//! `Deleting`, its node steps unclaimed, until `--force`.)
+//! removed at once, and so is one being deleted when its node is lost or
+//! forgotten later ([`release_lost_node`]: its node steps would never be
+//! claimed; the node fences the pod's processes when it returns).
 //! People may skip named steps (`--skip`) or all that are left
 //! (`--force`); each skipped step is done with "skipped by NAME" in the
 //! step log, and the removal's history message names them.
@@ -280,6 +281,55 @@ pub async fn finish(server: &Server, mut object: Object) -> Result<Outcome, Stor
         }
     }
     Ok(Outcome::Stopping(object))
+}
+
+/// Removes the pods and VMs being deleted on `node`, now Lost or forgotten:
+/// nothing is left to stop them. The removal is the deleter's change, its
+/// message saying why the rest of the stop workflow did not run. Returns
+/// how many were removed.
+pub async fn release_lost_node(server: &Server, node: &str) -> Result<usize, ApiError> {
+    let mut removed = 0;
+    for kind in [Kind::Pod, Kind::VirtualMachine] {
+        let request = crate::watchcache::ListRequest {
+            kind,
+            scope: crate::watchcache::Scope {
+                node: Some(node.to_string()),
+                ..Default::default()
+            },
+            limit: None,
+            continue_token: None,
+        };
+        for cached in server.cache.list(&request).await?.items {
+            let Ok(object) = cached.decode() else {
+                continue;
+            };
+            let Some(deletion) = object.metadata.deleting.clone() else {
+                continue;
+            };
+            let mut change = removal(&deletion, server.clock.now());
+            let why = format!("its node {node} is lost: nothing left to stop");
+            change.message = if change.message.is_empty() {
+                why
+            } else {
+                format!("{} ({why})", change.message)
+            };
+            let key = object.key();
+            match server
+                .store
+                .delete(&key, Some(object.metadata.resource_version), &change)
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(object = %key, %node, "being deleted on a lost node: removed");
+                    removed += 1;
+                }
+                // Changed meanwhile: its next change brings it back here.
+                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// The history change of the removal: the deleter's, with the steps

@@ -177,6 +177,12 @@ async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &C
             Err(error) => tracing::warn!(object = %object.key(), %error, "rollback check failed"),
         }
     }
+    if kind == Kind::Node && node_is_gone(&object) {
+        let name = &object.metadata.name;
+        if let Err(error) = crate::deletion::release_lost_node(server, name).await {
+            tracing::warn!(node = %name, %error, "cannot remove what was being deleted on a lost node");
+        }
+    }
     let key = object.key();
     let deadline = object_deadline(&object);
     if object.metadata.deleting.is_some() {
@@ -187,6 +193,16 @@ async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &C
         }
     }
     deadlines.set(key, deadline);
+}
+
+/// Whether a Node is Lost or forgotten: its agent answers no steps.
+fn node_is_gone(node: &Object) -> bool {
+    let lost = node
+        .typed_status::<corral_api::kinds::NodeStatus>()
+        .is_ok_and(|status| status.phase == corral_api::kinds::NodePhase::Lost);
+    lost || node
+        .typed_spec::<corral_api::kinds::NodeSpec>()
+        .is_ok_and(|spec| spec.forgotten)
 }
 
 /// The nearest deadline of the object's running instances.
