@@ -123,7 +123,7 @@ async fn a_recovery_is_recorded_as_a_finished_instance_with_the_nodes_timings() 
         .find(|entry| entry.message.starts_with("done"))
         .expect("a done entry");
     assert_eq!(done.message, "done: node/check-sandbox done");
-    assert_eq!(done.at, began + TimeDelta::milliseconds(100));
+    assert_eq!(done.time, began + TimeDelta::milliseconds(100));
 
     // The same report again is the same instance, not a second one.
     let (status, value) = h.call("POST", &path, &node, Some(body)).await;
