@@ -89,6 +89,7 @@ impl PodWorkload {
         else {
             return false;
         };
+        let previous_wait = self.recovery_retry.take().map(|(_, wait)| wait);
         let Verdict::Stale { reasons } = judge(&facts) else {
             return false;
         };
@@ -125,15 +126,12 @@ impl PodWorkload {
         }
         let took = (Utc::now() - began).to_std().unwrap_or_default();
         if failed {
-            let wait = self
-                .recovery_retry
-                .map_or(RECOVERY_RETRY_FIRST, |(_, wait)| {
-                    (wait * 2).min(RECOVERY_RETRY_MAX)
-                });
+            let wait = previous_wait.map_or(RECOVERY_RETRY_FIRST, |wait| {
+                (wait * 2).min(RECOVERY_RETRY_MAX)
+            });
             self.recovery_retry = Some((Instant::now() + wait, wait));
             tracing::warn!(pod = %self.key(), ?steps, ?wait, "recovery failed; trying again");
         } else {
-            self.recovery_retry = None;
             tracing::info!(pod = %self.key(), ?took, "pod recovered from local state");
         }
         self.record.recovery = Some(RecoveryReport {
