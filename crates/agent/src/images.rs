@@ -110,6 +110,8 @@ mod tests {
             generations: BTreeMap::new(),
             netns: None,
             egress_ipv4: None,
+            address: None,
+            recovery: None,
         }
     }
 

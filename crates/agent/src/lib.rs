@@ -36,6 +36,7 @@ pub mod pod_data;
 pub mod pods;
 mod port_forward;
 pub mod probes;
+pub mod recovery;
 pub mod registries;
 pub mod routes;
 pub mod sandbox;

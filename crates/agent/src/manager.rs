@@ -160,6 +160,8 @@ impl Manager {
                         generations: BTreeMap::new(),
                         netns: None,
                         egress_ipv4: None,
+                        address: None,
+                        recovery: None,
                     });
                 self.spawn(record)
             }

@@ -59,6 +59,15 @@ pub struct PodRecord {
     /// The pod's IPv4 egress address (node-local, never in the API).
     #[serde(default)]
     pub egress_ipv4: Option<std::net::Ipv4Addr>,
+    /// The pod's IPv6 address as wired (`status.address`, kept so the pod
+    /// is wired again from local state alone after a reboot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::Ipv6Addr>,
+    /// A recovery of the pod after its sandbox was found stale (a reboot),
+    /// kept until the API has it (`corral why` shows it as the `recover`
+    /// workflow).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::recovery::RecoveryReport>,
 }
 
 /// One container of a pod as the agent last ran it.
@@ -237,6 +246,8 @@ mod tests {
             generations: BTreeMap::new(),
             netns: None,
             egress_ipv4: None,
+            address: None,
+            recovery: None,
         };
         record.containers.insert(
             "web".into(),

@@ -523,6 +523,37 @@ pub struct StepActionRequest {
     pub fields: BTreeMap<String, Value>,
 }
 
+/// The body of `POST …/pods/{name}/recoveries`: a node recovered the pod
+/// from its local state after its sandbox was found stale (a reboot), and
+/// reports the steps it ran — possibly long after, the control plane having
+/// been away. The server records them as a finished `recover` workflow
+/// instance with the node's timings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecoveryReport {
+    /// The pod revision the node ran again.
+    pub revision: u64,
+    pub started_at: DateTime<Utc>,
+    /// The `recover` workflow's node steps, in the order they ran.
+    pub steps: Vec<RecoveredStep>,
+}
+
+/// One step of a node's recovery of a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecoveredStep {
+    /// `node/check-sandbox`, `node/clear-stale-sandbox`, …
+    pub step: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    /// What it did, when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// The body of `POST …/{name}/steps` for several actions at once: applied
 /// in order, all or none, in one write of the object — with, optionally,
 /// status fields the caller owns (`status.node`, `status.address`, a

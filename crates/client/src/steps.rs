@@ -3,8 +3,8 @@
 
 use corral_api::ObjectKey;
 use corral_api::workflow::{
-    LogLevel, StepActionKind, StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance,
-    WorkflowStatus,
+    LogLevel, RecoveryReport, StepActionKind, StepActionRequest, StepBatchRequest, StepLogEntry,
+    WorkflowInstance, WorkflowStatus,
 };
 use reqwest::Method;
 
@@ -93,6 +93,21 @@ impl Client {
     pub async fn retry(&self, key: &ObjectKey) -> Result<WorkflowInstance, ClientError> {
         let path = format!("{}/retry", object_path(key));
         self.call(self.request(Method::POST, &path)).await
+    }
+
+    /// A node's report of a pod it recovered from local state after its
+    /// sandbox was found stale (a reboot): recorded as a finished
+    /// `recover` workflow instance with the node's timings.
+    pub async fn record_recovery(
+        &self,
+        key: &ObjectKey,
+        report: &RecoveryReport,
+    ) -> Result<(), ClientError> {
+        let path = format!("{}/recoveries", object_path(key));
+        let _: WorkflowInstance = self
+            .call(self.request(Method::POST, &path).json(report))
+            .await?;
+        Ok(())
     }
 
     /// The object's kept workflow instances whole (each joined with its

@@ -158,6 +158,7 @@ fn object_routes(prefix: &str, docs: &ObjectDocs) -> Vec<Route> {
         Route::new(path("/{name}/rollback")).post(history::rollback, docs.rollback()),
         Route::new(path("/{name}/steps")).post(steps::act, docs.steps()),
         Route::new(path("/{name}/retry")).post(steps::retry, docs.retry()),
+        Route::new(path("/{name}/recoveries")).post(steps::record_recovery, docs.recoveries()),
         Route::new(path("/{name}/reveal")).get(secrets::reveal, docs.reveal()),
         Route::new(path("/{name}/steplogs")).get(steps::logs, docs.steplogs()),
         Route::new(path("/{name}/workflows")).get(steps::instances, docs.workflows()),

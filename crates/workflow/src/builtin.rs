@@ -21,11 +21,12 @@ mod vm;
 use vm::{vm_start, vm_stop, vm_update};
 
 /// Every (kind, workflow) pair with a built-in definition.
-pub const BUILTIN_WORKFLOWS: [(Kind, &str); 9] = [
+pub const BUILTIN_WORKFLOWS: [(Kind, &str); 10] = [
     (Kind::Pod, "start"),
     (Kind::Pod, "update"),
     (Kind::Pod, "move"),
     (Kind::Pod, "stop"),
+    (Kind::Pod, "recover"),
     (Kind::Node, "join"),
     (Kind::Node, "stop"),
     (Kind::VirtualMachine, "start"),
@@ -44,6 +45,10 @@ pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
         // (fencing); it is not waited for, since it may never return.
         (Kind::Pod, "move") => ("running", pod_start()),
         (Kind::Pod, "stop") => ("deleted", pod_stop()),
+        // A node found the pod's sandbox stale (a reboot) and ran it again
+        // from local state; it reports the steps once the API hears it,
+        // and the server records them as a finished instance.
+        (Kind::Pod, "recover") => ("running", pod_recover()),
         (Kind::Node, "join") => ("ready", node_join()),
         (Kind::Node, "stop") => ("deleted", node_stop()),
         (Kind::VirtualMachine, "start") => ("running", vm_start()),
@@ -139,6 +144,54 @@ fn pod_start() -> Vec<StepDefinition> {
         .timeout_secs(600)
         .build(),
         target("running", "the pod runs and is ready", &[]),
+    ]
+}
+
+/// What a node does, from its local state alone, for a pod whose sandbox
+/// a reboot took (the agent's `pods/recover.rs`). One attempt each: the
+/// node runs them before it can report, so a failure is final here, and
+/// supervision goes on trying on the node.
+fn pod_recover() -> Vec<StepDefinition> {
+    vec![
+        node_step(
+            PodStep::CheckSandbox,
+            "tell a live sandbox from a stale record: the namespaces, mounts and processes behind its paths",
+        )
+        .timeout_secs(30)
+        .build(),
+        node_step(
+            PodStep::ClearStaleSandbox,
+            "delete the dead containers from the runtime, their files and the stale namespace files",
+        )
+        .requires(&[PodStep::CheckSandbox.as_str()])
+        .timeout_secs(60)
+        .build(),
+        node_step(
+            PodStep::CreateSandbox,
+            "create the pod's namespaces again and configure its address",
+        )
+        .requires(&[PodStep::ClearStaleSandbox.as_str()])
+        .timeout_secs(60)
+        .build(),
+        node_step(
+            PodStep::PrepareVolumes,
+            "make or mount the pod's volumes and data again",
+        )
+        .requires(&[PodStep::ClearStaleSandbox.as_str()])
+        .timeout_secs(300)
+        .build(),
+        node_step(
+            PodStep::StartContainers,
+            "start every container meant to run",
+        )
+        .requires(&[
+            PodStep::CreateSandbox.as_str(),
+            PodStep::PrepareVolumes.as_str(),
+        ])
+        .wanted_by("running")
+        .timeout_secs(120)
+        .build(),
+        target("running", "the pod runs again", &[]),
     ]
 }
 

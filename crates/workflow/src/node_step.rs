@@ -82,10 +82,15 @@ macro_rules! node_steps {
 
 node_steps! {
     /// The node's steps in a pod's workflows (`start`, `move`, `update`,
-    /// `stop`).
+    /// `stop`, `recover`).
     PodStep ("pod") {
-        /// start: the pod's namespaces, wired to the node with its address.
+        /// start, recover: the pod's namespaces, wired to the node with its
+        /// address.
         CreateSandbox => "node/create-sandbox",
+        /// recover: whether the sandbox behind the pod's record is live.
+        CheckSandbox => "node/check-sandbox",
+        /// recover: what a reboot left of the dead sandbox removed.
+        ClearStaleSandbox => "node/clear-stale-sandbox",
         /// start, update: every container image on the node.
         PullImage => "node/pull-image",
         /// start, update: the pod's volumes made or mounted.

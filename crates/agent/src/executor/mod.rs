@@ -118,6 +118,11 @@ pub trait Workload: Send + 'static {
     /// (revisions written before workflows existed).
     async fn admit_without_workflow(&mut self);
 
+    /// Once, when the worker starts, before anything else: check what
+    /// local state says against the node (a pod's sandbox after a reboot,
+    /// `pods/recover.rs`) and repair it from local state alone.
+    async fn resume(&mut self) {}
+
     /// Whether `step` runs on its own beside the others: it needs nothing
     /// of the workload once started, so [`Workload::detach`] hands it over.
     fn is_detached(&self, _step: &str) -> bool {
@@ -226,6 +231,7 @@ impl<W: Workload> Executor<W> {
     /// Runs until told to remove the object (then removes it) or until the
     /// channel closes (agent shutdown, which leaves everything running).
     pub async fn run(mut self, mut messages: mpsc::Receiver<Message>) {
+        self.workload.resume().await;
         loop {
             self.reconcile().await;
             let tick = self.workload.tick();

@@ -12,11 +12,14 @@
 //! - [`supervision`]: restarts after exits, and the probes;
 //! - [`removal`]: everything the pod holds on the node, freed;
 //! - [`data`]: the Secrets and Configs the pod reads, in its tmpfs, kept
-//!   up to date in place.
+//!   up to date in place;
+//! - [`recover`]: a record that outlived its sandbox (a reboot) recovered
+//!   from local state when the worker starts.
 
 mod data;
 mod init;
 mod namespaces;
+mod recover;
 mod removal;
 mod revision;
 mod supervision;
@@ -49,6 +52,9 @@ use crate::state::PodRecord;
 use crate::steps::NodeWork;
 use supervision::ProbeState;
 
+/// How often a recovery the API has not seen is sent again.
+const RECOVERY_REPORT_RETRY: Duration = Duration::from_secs(3);
+
 /// The status fields the node owns on a pod.
 const STATUS_FIELDS: [&str; 4] = ["phase", "containers", "observedRevision", "message"];
 
@@ -74,6 +80,10 @@ pub struct PodWorkload {
     sandbox_removed: bool,
     /// The init containers' progress while `node/run-init-containers` runs.
     init: Option<init::InitRun>,
+    /// When a recovery the API has not seen may be sent again.
+    recovery_report_at: Instant,
+    /// A failed recovery: when to try again, and the wait that led there.
+    recovery_retry: Option<(Instant, Duration)>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -94,6 +104,8 @@ impl PodWorkload {
             data_retry: None,
             sandbox_removed: false,
             init: None,
+            recovery_report_at: Instant::now(),
+            recovery_retry: None,
         }
     }
 
@@ -448,19 +460,35 @@ impl Workload for PodWorkload {
             PodStep::StopContainers => self.stop_containers().await,
             PodStep::ReleaseVolumes => self.release_volumes(Some(work)).await,
             PodStep::RemoveSandbox => self.remove_sandbox().await,
+            // The agent runs these itself when it finds a stale sandbox
+            // (`recover.rs`); the server only records them.
+            PodStep::CheckSandbox | PodStep::ClearStaleSandbox => StepOutcome::Failed(format!(
+                "{step} runs only in the node's own recovery of a stale sandbox"
+            ))
+            .into(),
         }
+    }
+
+    async fn resume(&mut self) {
+        self.recover_if_stale().await;
     }
 
     async fn supervise(&mut self) -> bool {
         self.cleanups.retain(|cleanup| !cleanup.is_finished());
+        if self.record.recovery.is_some() && Instant::now() >= self.recovery_report_at {
+            // The API may be away for long: a try every few seconds.
+            self.recovery_report_at = Instant::now() + RECOVERY_REPORT_RETRY;
+            self.report_recovery().await;
+        }
         if self.deleting() {
             // Its stop workflow stops the containers: nothing restarts.
             return false;
         }
+        let recovered = self.retry_recovery().await;
         let restarted = self.restart_exited().await;
         let probed = self.probe().await;
         let data = self.retry_data_change().await;
-        restarted || probed || data
+        recovered || restarted || probed || data
     }
 
     fn status(&self) -> Option<Map<String, Value>> {

@@ -7,23 +7,43 @@
 use std::path::{Path, PathBuf};
 
 use corral_api::kinds::RuntimeClass;
+use corral_runtime::oci::netns;
 use corral_runtime::oci::userns::IdRange;
 
 use super::{PodWorkload, short, typed_spec};
 use crate::sandbox;
 
 impl PodWorkload {
-    /// Whether the pod's namespaces exist (made, and wired, before).
+    /// Whether the pod's network namespace exists (made, and wired,
+    /// before): a namespace mounted on the recorded file, not merely the
+    /// file (a reboot leaves the file and takes the namespace).
     pub(super) fn has_sandbox(&self) -> bool {
-        self.record.netns.as_ref().is_some_and(|path| path.exists())
+        self.record
+            .netns
+            .as_ref()
+            .is_some_and(|path| netns::exists(path))
     }
 
     /// The pod's namespaces, made if missing, and wired; returns a note.
     pub(super) async fn ensure_sandbox(&mut self) -> Result<String, String> {
         let began = std::time::Instant::now();
         let (path, created) = match &self.record.netns {
-            Some(path) if path.exists() => (path.clone(), false),
-            _ => {
+            Some(path) if netns::exists(path) => (path.clone(), false),
+            stale => {
+                // The files a reboot left (no namespace behind them) go
+                // first, or the new namespace could not be pinned there.
+                if let Some(name) = stale
+                    .as_ref()
+                    .and_then(|path| path.file_name())
+                    .and_then(|name| name.to_str())
+                    .map(str::to_string)
+                {
+                    let manager = self.ctx.netns.clone();
+                    tokio::task::spawn_blocking(move || manager.remove(&name))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| crate::chain(&e))?;
+                }
                 let path = self.create_sandbox().await?;
                 self.record.netns = Some(path.clone());
                 (path, true)
@@ -86,6 +106,11 @@ impl PodWorkload {
         let mut saved = false;
         let ipv6 = match crate::network::pod_address(&self.desired) {
             Ok(address) => address,
+            // Wired before: the address kept in local state (a pod is
+            // wired again after a reboot with the API away).
+            Err(crate::network::NetworkError::NoAddress) if self.record.address.is_some() => {
+                self.record.address.expect("INVARIANT: checked above")
+            }
             Err(crate::network::NetworkError::NoAddress) if self.ctx.client.is_some() => {
                 // Our copy may predate the address IPAM wrote: ask once.
                 let client = self.ctx.client.as_ref().expect("INVARIANT: checked above");
@@ -97,6 +122,11 @@ impl PodWorkload {
             }
             Err(error) => return Err(crate::chain(&error)),
         };
+        if self.record.address != Some(ipv6) {
+            self.record.address = Some(ipv6);
+            self.save();
+            saved = true;
+        }
         if self.record.egress_ipv4.is_none() {
             let taken = self
                 .ctx

@@ -93,7 +93,9 @@ impl PodWorkload {
                 else {
                     continue;
                 };
-                let Some(netns) = self.record.netns.clone() else {
+                // Never into a sandbox that is gone (a reboot): recovery
+                // makes it again first (`recover.rs`).
+                let Some(netns) = self.record.netns.clone().filter(|_| self.has_sandbox()) else {
                     continue;
                 };
                 if let Err(error) = self.ensure_data(&spec).await {

@@ -1,6 +1,7 @@
 //! The step API: `POST …/{name}/steps` (claim, complete, fail, log) and
 //! `GET …/{name}/steplogs?step=&owner=&workflow=`, and a person's
-//! `POST …/{name}/retry`. Parsing only; the
+//! `POST …/{name}/retry`, and a node's `POST …/pods/{name}/recoveries`.
+//! Parsing only; the
 //! behaviour is in [`crate::workflows`].
 
 use std::collections::HashMap;
@@ -9,7 +10,8 @@ use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use bytes::Bytes;
 use corral_api::workflow::{
-    StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance, WorkflowStatus,
+    RecoveryReport, StepActionRequest, StepBatchRequest, StepLogEntry, WorkflowInstance,
+    WorkflowStatus,
 };
 use corral_store::StepLogFilter;
 
@@ -56,6 +58,26 @@ pub async fn act(
     })?;
     let action = StepAction::try_from(request)?;
     Ok(Json(workflows::act(&server, &caller, &key, action).await?))
+}
+
+/// `POST …/pods/{name}/recoveries`: the pod's node reports a recovery it
+/// ran from local state (its sandbox found stale after a reboot); recorded
+/// as a finished `recover` workflow instance, which is returned.
+pub async fn record_recovery(
+    State(server): State<SharedServer>,
+    Caller(caller): Caller,
+    Path(params): Path<HashMap<String, String>>,
+    body: Bytes,
+) -> Result<Json<WorkflowInstance>, ApiError> {
+    let key = Target::from_params(&params)?.key()?;
+    let report: RecoveryReport = serde_json::from_slice(&body).map_err(|error| {
+        ApiError::BadRequest(format!(
+            "request body is not a recovery report ({{\"revision\": …, \"startedAt\": …, \"steps\": [{{\"step\": …, \"startedAt\": …, \"finishedAt\": …}}, …]}}): {error}"
+        ))
+    })?;
+    Ok(Json(
+        workflows::record_recovery(&server, &caller, &key, &report).await?,
+    ))
 }
 
 /// `POST …/{name}/retry`: a person asks for the newest workflow instance's

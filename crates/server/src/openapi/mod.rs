@@ -58,6 +58,7 @@ pub fn document() -> Value {
     generator.subschema_for::<corral_api::Identity>();
     generator.subschema_for::<corral_api::workflow::StepActionRequest>();
     generator.subschema_for::<corral_api::workflow::StepBatchRequest>();
+    generator.subschema_for::<corral_api::workflow::RecoveryReport>();
     generator.subschema_for::<corral_api::workflow::WorkflowStatus>();
     generator.subschema_for::<corral_api::workflow::WorkflowInstance>();
     generator.subschema_for::<corral_api::workflow::StepLogEntry>();

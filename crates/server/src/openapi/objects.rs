@@ -145,6 +145,13 @@ impl ObjectDocs {
             "responses": ok(schema_ref("RevealedSecret"), "the values")})
     }
 
+    pub(crate) fn recoveries(&self) -> Value {
+        json!({"summary": "Pods only, the pod's node only: a recovery the node ran from local state after it found the pod's sandbox stale (a reboot), recorded as a finished `recover` workflow instance with the node's timings (403: not the pod's node; 404: not a pod; 409: the pod is being deleted); sending the same report again returns the recorded instance",
+            "parameters": self.named,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": schema_ref("RecoveryReport")}}},
+            "responses": ok(schema_ref("WorkflowInstance"), "the recorded instance")})
+    }
+
     pub(crate) fn retry(&self) -> Value {
         json!({"summary": "people only: run the failed steps of the object's newest workflow instance again, each with a fresh retry budget (done steps stay done), or bring forward the retry of steps waiting out their backoff (409: nothing failed)",
             "parameters": self.named,

@@ -18,6 +18,9 @@
 //!   an unchanged re-apply of an object whose newest instance failed,
 //!   [`retry_failed`]).
 //!
+//! A node that recovered a pod from local state after a reboot reports it,
+//! and [`record_recovery`] keeps it as a finished `recover` instance.
+//!
 //! Deleting a Pod starts its `stop` instance ([`crate::deletion`]); the
 //! driver removes the pod when that instance succeeds.
 //!
@@ -27,6 +30,7 @@
 
 pub mod definitions;
 mod driver;
+mod recover;
 mod retry;
 pub mod rollback;
 mod steps;
@@ -42,6 +46,7 @@ use corral_workflow::RegisteredController;
 use serde_json::{Map, Value};
 
 pub use driver::{drive, tick_all};
+pub use recover::record_recovery;
 pub use retry::{retry, retry_failed};
 pub use steps::{StepAction, act, act_batch, step_logs};
 

@@ -320,7 +320,7 @@ fn choose(status: &StoredWorkflows, key: &ObjectKey, id: Option<&str>) -> Result
 }
 
 /// The status a refused transition maps to, with the engine's message.
-fn refusal(error: TransitionError) -> ApiError {
+pub(super) fn refusal(error: TransitionError) -> ApiError {
     let message = error.to_string();
     match error {
         TransitionError::NotOwner { .. } | TransitionError::NotClaimant { .. } => {
