@@ -4,8 +4,10 @@
 //! every other caller: plain HTTP, TLS without a client certificate, the
 //! node's own certificate, the old shared secret — each refused before
 //! any request is read. The certificate survives a restart, and a node
-//! without one (it joined before) gets one on its next start. Needs root,
-//! runc, curl and busybox-static; fails (never skips) without them.
+//! without one (it joined before) gets one on its next start. On a
+//! two-node lab, one node's certificate does not open the other's agent.
+//! Needs root, runc, curl, ip and busybox-static; fails (never skips)
+//! without them.
 
 #![allow(clippy::unwrap_used)]
 
@@ -184,4 +186,58 @@ fn only_the_api_server_reaches_an_agent() {
         !data_dir.join("agent-secret").exists(),
         "the old secret is removed"
     );
+}
+
+/// Two machines: node-1 holds a certificate from the same cluster CA, but
+/// it is a node's, and node-0's agent refuses it; the server still reaches
+/// node-1's pod.
+#[test]
+fn a_node_cannot_call_another_nodes_agent() {
+    corral_testkit::require_root();
+    for tool in ["runc", "ip", "curl"] {
+        corral_testkit::require_tool(tool);
+    }
+    let images = tempfile::tempdir().unwrap();
+    let tar =
+        corral_testkit::busybox_image_tar(images.path(), corral_testkit::ImageFormat::OciLayout);
+    let lab = common::lab::Lab::up("agenttls", 2, &tar, &[]);
+    let manifest = lab.dir.join("web.yaml");
+    std::fs::write(&manifest, common::lab::httpd_pod("web", "node-1")).unwrap();
+    lab.corral(&["apply", "-f", manifest.to_str().unwrap()]);
+    lab.running_address("web");
+    let said = lab.corral(&["exec", "pod/web", "--", "echo", "across-nodes"]);
+    assert_eq!(said.trim(), "across-nodes");
+
+    let endpoint = lab.json("node/node-0").unwrap()["status"]["agentEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let address = endpoint
+        .strip_prefix("https://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .map(|(host, port)| (host.to_string(), port.to_string()))
+        .unwrap_or_else(|| panic!("an https endpoint: {endpoint}"));
+    let (node_1, _) = kept_certificate(&lab.dir.join("node-1"), "node-1");
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node_1).unwrap()).unwrap();
+    let certificate = lab.dir.join("node-1-cert.pem");
+    let key = lab.dir.join("node-1-key.pem");
+    std::fs::write(&certificate, kept["certificate"].as_str().unwrap()).unwrap();
+    std::fs::write(&key, kept["key"].as_str().unwrap()).unwrap();
+    let ca = lab.dir.join("server").join("tls").join("ca.pem");
+    let resolve = format!("node-0.node.corral:{}:{}", address.1, address.0);
+    let url = format!("https://node-0.node.corral:{}/v1/images", address.1);
+    let curl = |extra: &[&str]| {
+        let mut command = vec!["curl", "-sS", "--max-time", "10", "--cacert"];
+        command.push(ca.to_str().unwrap());
+        command.extend(["--resolve", &resolve]);
+        command.extend_from_slice(extra);
+        command.push(&url);
+        lab.exec("node-1", &command)
+    };
+    refused(
+        &curl(&["--cert", certificate.to_str().unwrap(), "--key", key.to_str().unwrap()]),
+        "node-1's certificate at node-0's agent",
+    );
+    refused(&curl(&[]), "node-1 without a client certificate");
 }
