@@ -218,8 +218,7 @@ fn a_node_cannot_call_another_nodes_agent() {
         .map(|(host, port)| (host.to_string(), port.to_string()))
         .unwrap_or_else(|| panic!("an https endpoint: {endpoint}"));
     let (node_1, _) = kept_certificate(&lab.dir.join("node-1"), "node-1");
-    let kept: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(node_1).unwrap()).unwrap();
+    let kept: serde_json::Value = serde_json::from_slice(&std::fs::read(node_1).unwrap()).unwrap();
     let certificate = lab.dir.join("node-1-cert.pem");
     let key = lab.dir.join("node-1-key.pem");
     std::fs::write(&certificate, kept["certificate"].as_str().unwrap()).unwrap();
@@ -236,7 +235,12 @@ fn a_node_cannot_call_another_nodes_agent() {
         lab.exec("node-1", &command)
     };
     refused(
-        &curl(&["--cert", certificate.to_str().unwrap(), "--key", key.to_str().unwrap()]),
+        &curl(&[
+            "--cert",
+            certificate.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ]),
         "node-1's certificate at node-0's agent",
     );
     refused(&curl(&[]), "node-1 without a client certificate");
