@@ -388,10 +388,18 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    let endpoint = Some(corral_agent::serve::EndpointConfig {
-        listen: args.listen.clone(),
-        tls: Arc::new(NodeTls::load(&node, &data_dir, config.ca.as_deref())?),
-    });
+    let endpoint = match config.ca.as_deref() {
+        Some(ca) => Some(corral_agent::serve::EndpointConfig {
+            listen: args.listen.clone(),
+            tls: Arc::new(NodeTls::load(&node, &data_dir, Some(ca))?),
+        }),
+        None => {
+            tracing::warn!(
+                "the client config names no cluster CA (--ca): this node serves no container logs or exec"
+            );
+            None
+        }
+    };
     if let Some(address) = &args.address {
         address
             .parse::<std::net::Ipv6Addr>()
