@@ -1,6 +1,6 @@
 //! The agent's image endpoints, what `corral image import` and `corral
-//! image ls` reach through the API server (which presents the agent
-//! secret, as for logs and exec):
+//! image ls` reach through the API server (over the agent channel's TLS,
+//! as for logs and exec):
 //!
 //! - `POST /v1/images/import?name=REF` imports the archive in the request
 //!   body (an OCI layout or docker-archive tar) into this node's image
@@ -18,14 +18,13 @@ use std::path::Path;
 
 use axum::Json;
 use axum::extract::{RawQuery, Request, State};
-use axum::http::HeaderMap;
 use bytes::{Buf, Bytes};
 use corral_api::kinds::{NodeImage, PodSpec};
 use corral_runtime::image::{Image, ImageError, ImageStore, Reference};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::serve::{EndpointError, Shared, authenticate, parse_query, single};
+use crate::serve::{EndpointError, Shared, parse_query, single};
 use crate::state::PodRecord;
 
 /// How the upload is named in import errors.
@@ -63,7 +62,6 @@ pub(crate) async fn import(
     RawQuery(query): RawQuery,
     request: Request,
 ) -> Result<Json<Vec<NodeImage>>, EndpointError> {
-    authenticate(&endpoint, request.headers())?;
     let params = parse_query(query.as_deref());
     let name = single(&params, "name")
         .filter(|name| !name.is_empty())
@@ -127,9 +125,7 @@ pub(crate) async fn import(
 /// `GET /v1/images`.
 pub(crate) async fn list(
     State(endpoint): State<Shared>,
-    headers: HeaderMap,
 ) -> Result<Json<Vec<NodeImage>>, EndpointError> {
-    authenticate(&endpoint, &headers)?;
     let ctx = endpoint.ctx.clone();
     let listed = tokio::task::spawn_blocking(move || {
         let records = ctx
@@ -223,7 +219,7 @@ mod tests {
         };
         let steps = Arc::new(FakeApi::new(crate::steps::fake::pod("start", &[])));
         let ctx = crate::context(&config, None, steps).expect("agent context");
-        crate::serve::app(Arc::new(ctx), "s3cret", CancellationToken::new())
+        crate::serve::app(Arc::new(ctx), CancellationToken::new())
     }
 
     /// Sends `body` in chunks of 4 KiB; the status and the JSON answer.
@@ -231,7 +227,6 @@ mod tests {
         app: &axum::Router,
         method: &str,
         uri: &str,
-        secret: &str,
         body: Vec<u8>,
     ) -> (StatusCode, serde_json::Value) {
         let chunks: Vec<Result<Bytes, io::Error>> = body
@@ -241,7 +236,6 @@ mod tests {
         let request = Request::builder()
             .method(method)
             .uri(uri)
-            .header("authorization", format!("Bearer {secret}"))
             .body(Body::from_stream(futures::stream::iter(chunks)))
             .unwrap();
         let response = app.clone().oneshot(request).await.unwrap();
@@ -262,13 +256,10 @@ mod tests {
         let archive = std::fs::read(&tar).unwrap();
         let app = endpoint(dir.path());
 
-        let (status, _) = send(&app, "POST", "/v1/images/import", "wrong", archive.clone()).await;
-        assert_eq!(status, StatusCode::UNAUTHORIZED);
         let (status, body) = send(
             &app,
             "POST",
             "/v1/images/import?name=Bad%20Name",
-            "s3cret",
             archive.clone(),
         )
         .await;
@@ -280,14 +271,7 @@ mod tests {
                 .starts_with("name: \"Bad Name\""),
             "{body}"
         );
-        let (status, body) = send(
-            &app,
-            "POST",
-            "/v1/images/import",
-            "s3cret",
-            b"junk".repeat(4000),
-        )
-        .await;
+        let (status, body) = send(&app, "POST", "/v1/images/import", b"junk".repeat(4000)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         assert!(
             body["message"]
@@ -301,7 +285,6 @@ mod tests {
             &app,
             "POST",
             "/v1/images/import?name=local%2Frenamed%3A2",
-            "s3cret",
             archive,
         )
         .await;
@@ -309,7 +292,7 @@ mod tests {
         assert_eq!(body[0]["reference"], "local/renamed:2");
         assert!(body[0]["digest"].as_str().unwrap().starts_with("sha256:"));
 
-        let (status, body) = send(&app, "GET", "/v1/images", "s3cret", Vec::new()).await;
+        let (status, body) = send(&app, "GET", "/v1/images", Vec::new()).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         let listed: Vec<&str> = body
             .as_array()

@@ -16,8 +16,7 @@ use corral_runtime::oci::netns;
 use hyper_util::rt::TokioIo;
 
 use crate::serve::{
-    EndpointError, Shared, authenticate, find_pod, parse_query, require_upgrade,
-    switching_protocols,
+    EndpointError, Shared, find_pod, parse_query, require_upgrade, switching_protocols,
 };
 
 /// How long connecting to the pod's port may take.
@@ -29,7 +28,6 @@ pub(crate) async fn port_forward(
     RawQuery(query): RawQuery,
     mut request: Request,
 ) -> Result<Response, EndpointError> {
-    authenticate(&endpoint, request.headers())?;
     require_upgrade(request.headers(), "port-forward")?;
     let params = parse_query(query.as_deref());
     let port = params

@@ -1,7 +1,8 @@
 //! The agent's endpoint for container I/O: the API server proxies
-//! `corral logs` and `corral exec` here. Only the API server calls it:
-//! every request carries `Authorization: Bearer SECRET`, the secret shared
-//! by the API server and its agents ([`EndpointConfig::secret`]).
+//! `corral logs` and `corral exec` here. Only the API server calls it: the
+//! endpoint speaks TLS only, with the certificate the cluster CA issued to
+//! this node, and refuses at the handshake every client without an API
+//! server's client certificate ([`crate::node_tls`]). No secret is shared.
 //!
 //! - `GET /v1/pods/{namespace}/{name}/logs?container=C&follow=BOOL&tail=N`
 //!   answers the container's log file as a byte stream (`text/plain`):
@@ -42,7 +43,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, UPGRADE};
+use axum::http::header::{CONNECTION, CONTENT_TYPE, UPGRADE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -51,7 +52,6 @@ use corral_api::{Kind, ObjectKey};
 use corral_client::exec_protocol::UPGRADE_PROTOCOL;
 use corral_runtime::oci::{ExecSpec, reap};
 use hyper_util::rt::TokioIo;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -59,28 +59,21 @@ use crate::AgentContext;
 use crate::containers::log_path;
 use crate::exec::{Input, open_terminal, run_session, terminate};
 use crate::logs::LogReader;
+use crate::node_tls::NodeTls;
 use crate::state::PodRecord;
+use crate::tls_listener::TlsListener;
 
-/// Where the endpoint listens and the secret callers must present.
-#[derive(Clone)]
+/// Where the endpoint listens and the node's TLS identity it serves with.
+#[derive(Debug, Clone)]
 pub struct EndpointConfig {
     /// `127.0.0.1:0` picks a free loopback port.
     pub listen: String,
-    pub secret: String,
-}
-
-impl std::fmt::Debug for EndpointConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EndpointConfig")
-            .field("listen", &self.listen)
-            .finish_non_exhaustive()
-    }
+    pub tls: Arc<NodeTls>,
 }
 
 /// What the handlers share.
 pub(crate) struct Endpoint {
     pub(crate) ctx: Arc<AgentContext>,
-    secret_hash: [u8; 32],
     pub(crate) shutdown: CancellationToken,
 }
 
@@ -89,8 +82,6 @@ pub(crate) type Shared = Arc<Endpoint>;
 /// Why a request failed; each variant is one HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum EndpointError {
-    #[error("{0}")]
-    Unauthenticated(&'static str),
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -104,7 +95,6 @@ pub(crate) enum EndpointError {
 impl IntoResponse for EndpointError {
     fn into_response(self) -> Response {
         let (status, code) = match &self {
-            EndpointError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "Unauthenticated"),
             EndpointError::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             EndpointError::NotFound(_) => (StatusCode::NOT_FOUND, "NotFound"),
             EndpointError::Conflict(_) => (StatusCode::CONFLICT, "Conflict"),
@@ -115,13 +105,10 @@ impl IntoResponse for EndpointError {
     }
 }
 
-/// The endpoint's routes (tests call it without a socket).
-pub fn app(ctx: Arc<AgentContext>, secret: &str, shutdown: CancellationToken) -> Router {
-    let endpoint = Arc::new(Endpoint {
-        ctx,
-        secret_hash: Sha256::digest(secret.as_bytes()).into(),
-        shutdown,
-    });
+/// The endpoint's routes (tests call it without a socket; callers are
+/// authenticated by the TLS listener of [`start`]).
+pub fn app(ctx: Arc<AgentContext>, shutdown: CancellationToken) -> Router {
+    let endpoint = Arc::new(Endpoint { ctx, shutdown });
     Router::new()
         .route("/v1/pods/{namespace}/{name}/logs", get(logs))
         .route("/v1/pods/{namespace}/{name}/exec", post(exec))
@@ -140,18 +127,32 @@ pub fn app(ctx: Arc<AgentContext>, secret: &str, shutdown: CancellationToken) ->
         .with_state(endpoint)
 }
 
-/// Binds the endpoint and serves it in the background until `shutdown`;
-/// returns the URL to advertise (`address` replaces an unspecified
-/// listen IP such as `0.0.0.0`).
+/// Binds the endpoint and serves it over TLS in the background until
+/// `shutdown`, keeping the node's certificate renewed through the agent's
+/// client; returns the URL to advertise (`address` replaces an
+/// unspecified listen IP such as `0.0.0.0`).
 pub async fn start(
     config: &EndpointConfig,
     address: Option<&str>,
     ctx: Arc<AgentContext>,
     shutdown: CancellationToken,
 ) -> std::io::Result<String> {
-    let listener = TcpListener::bind(&config.listen).await?;
-    let url = advertised_url(listener.local_addr()?, address);
-    let router = app(ctx, &config.secret, shutdown.clone());
+    let tcp = TcpListener::bind(&config.listen).await?;
+    let url = advertised_url(tcp.local_addr()?, address);
+    let tls = config.tls.server_config().map_err(std::io::Error::other)?;
+    let listener = TlsListener::new(tcp, tls);
+    match ctx.client.clone() {
+        Some(client) => {
+            tokio::spawn(
+                config
+                    .tls
+                    .clone()
+                    .keep_renewed(Arc::new(client), shutdown.clone()),
+            );
+        }
+        None => tracing::warn!("no API client: the agent channel's certificate is not renewed"),
+    }
+    let router = app(ctx, shutdown.clone());
     tokio::spawn(async move {
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -163,34 +164,17 @@ pub async fn start(
     Ok(url)
 }
 
-/// `http://IP:PORT` of the listener, with `address` for an unspecified IP.
+/// `https://IP:PORT` of the listener, with `address` for an unspecified IP.
 pub fn advertised_url(local: SocketAddr, address: Option<&str>) -> String {
     match address {
         Some(address) if local.ip().is_unspecified() => {
             if address.contains(':') && !address.starts_with('[') {
-                format!("http://[{address}]:{}", local.port())
+                format!("https://[{address}]:{}", local.port())
             } else {
-                format!("http://{address}:{}", local.port())
+                format!("https://{address}:{}", local.port())
             }
         }
-        _ => format!("http://{local}"),
-    }
-}
-
-pub(crate) fn authenticate(endpoint: &Endpoint, headers: &HeaderMap) -> Result<(), EndpointError> {
-    let presented = headers
-        .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .ok_or(EndpointError::Unauthenticated(
-            "the agent endpoint needs Authorization: Bearer SECRET (the API server's agent secret)",
-        ))?;
-    // Comparing digests keeps the comparison's timing independent of the secret.
-    let hash: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
-    if hash == endpoint.secret_hash {
-        Ok(())
-    } else {
-        Err(EndpointError::Unauthenticated("wrong agent secret"))
+        _ => format!("https://{local}"),
     }
 }
 
@@ -321,11 +305,9 @@ pub(crate) async fn find_pod(
 
 async fn logs(
     State(endpoint): State<Shared>,
-    headers: HeaderMap,
     Path((namespace, name)): Path<(String, String)>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, EndpointError> {
-    authenticate(&endpoint, &headers)?;
     let params = parse_query(query.as_deref());
     let follow = flag(&params, "follow")?;
     let tail = tail(&params)?;
@@ -353,7 +335,6 @@ async fn exec(
     RawQuery(query): RawQuery,
     mut request: Request,
 ) -> Result<Response, EndpointError> {
-    authenticate(&endpoint, request.headers())?;
     require_upgrade(request.headers(), "exec")?;
     let params = parse_query(query.as_deref());
     let tty = flag(&params, "tty")?;
@@ -452,17 +433,17 @@ mod tests {
         let any: SocketAddr = "0.0.0.0:4100".parse().unwrap();
         assert_eq!(
             advertised_url(loopback, Some("10.0.0.1")),
-            "http://127.0.0.1:4100"
+            "https://127.0.0.1:4100"
         );
         assert_eq!(
             advertised_url(any, Some("10.0.0.1")),
-            "http://10.0.0.1:4100"
+            "https://10.0.0.1:4100"
         );
         assert_eq!(
             advertised_url(any, Some("fd00::1")),
-            "http://[fd00::1]:4100"
+            "https://[fd00::1]:4100"
         );
-        assert_eq!(advertised_url(any, None), "http://0.0.0.0:4100");
+        assert_eq!(advertised_url(any, None), "https://0.0.0.0:4100");
     }
 
     #[test]

@@ -56,7 +56,7 @@ fn logs_and_exec_reach_the_containers() {
     assert!(
         node_json["status"]["agentEndpoint"]
             .as_str()
-            .is_some_and(|e| e.starts_with("http://127.0.0.1:")),
+            .is_some_and(|e| e.starts_with("https://127.0.0.1:")),
         "{node_json}"
     );
 

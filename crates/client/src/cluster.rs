@@ -77,6 +77,21 @@ impl Client {
             .await
     }
 
+    /// Asks the cluster CA to sign node `node`'s agent certificate for the
+    /// key of `csr_pem` (a PKCS#10 request, PEM); only the node itself may.
+    pub async fn node_certificate(
+        &self,
+        node: &str,
+        csr_pem: &str,
+    ) -> Result<corral_api::kinds::NodeCertificate, ClientError> {
+        let path = format!("/v1/nodes/{node}/certificate");
+        let body = corral_api::kinds::NodeCertificateRequest {
+            csr: csr_pem.to_string(),
+        };
+        self.call(self.request(Method::POST, &path).json(&body))
+            .await
+    }
+
     /// Hands `field` (`Pod:status.node`) from controller `from` to
     /// controller `to` (operators only). Returns the written `Controller`
     /// objects as JSON (`from`, absent when it owned the field by default

@@ -16,6 +16,7 @@
 //! tokens and clients, the workflow driver, history compaction, leadership
 //! on etcd): `corral up` and `corral server` only call it.
 
+pub mod agent_tls;
 pub mod auth;
 pub mod cascade;
 pub mod clock;
@@ -58,10 +59,12 @@ pub struct Server {
     pub tokens: auth::TokenCache,
     pub metrics: metrics::Metrics,
     pub ownership: ownership::Ownership,
-    /// The secret node agents expect from this server when it proxies
-    /// `logs` and `exec` to them; unset, those calls fail with an
-    /// explanation. Set once at start.
-    pub agent_secret: std::sync::OnceLock<String>,
+    /// The cluster CA's side of the agent channel: it signs node agents'
+    /// certificates and this server's client certificate, and verifies
+    /// agents when this server proxies `logs`, `exec` and the rest to
+    /// them ([`agent_tls`]); unset, those calls fail with an explanation.
+    /// Set once at start.
+    pub agent_tls: std::sync::OnceLock<Arc<agent_tls::AgentTls>>,
     /// Cancelled when the server stops: open watch streams end then, so a
     /// graceful shutdown never waits on a watcher.
     pub stopping: CancellationToken,
@@ -107,7 +110,7 @@ impl Server {
             metrics: metrics::Metrics::default(),
             stopping,
             ownership: ownership::Ownership::default(),
-            agent_secret: std::sync::OnceLock::new(),
+            agent_tls: std::sync::OnceLock::new(),
             cache,
             definitions: workflows::definitions::Definitions::default(),
             secrets: secrets::Secrets::default(),

@@ -96,7 +96,9 @@ impl Route {
 
 /// Every route of the API.
 pub fn table() -> Vec<Route> {
-    use crate::handlers::{history, image_import, lease, node_images, secrets, system, tokens};
+    use crate::handlers::{
+        history, image_import, lease, node_certificate, node_images, secrets, system, tokens,
+    };
     use crate::ownership;
 
     let mut table = vec![
@@ -115,6 +117,8 @@ pub fn table() -> Vec<Route> {
         Route::new("/v1/nodes/{name}/lease")
             .get(lease::read, docs::read_lease())
             .put(lease::renew, docs::renew_lease()),
+        Route::new("/v1/nodes/{name}/certificate")
+            .post(node_certificate::issue, docs::node_certificate()),
         Route::new("/v1/nodes/{name}/images/prune").post(node_images::prune, docs::prune_images()),
         Route::new("/v1/images").get(image_import::list, docs::list_images()),
         Route::new("/v1/images/import").post(image_import::import, docs::import_images()),

@@ -2,7 +2,8 @@
 //! makes a cluster CA (kept in `DATA/tls/`, the key readable by root only);
 //! at every start it issues itself a certificate for its names and
 //! addresses signed by that CA. Clients trust the CA (its PEM is in their
-//! config), never the system roots.
+//! config), never the system roots. The same CA signs the agent channel's
+//! certificates ([`crate::agent_tls`]).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -38,6 +39,8 @@ pub enum TlsError {
     Certificate(#[from] rcgen::Error),
     #[error("the TLS configuration is invalid")]
     Rustls(#[from] rustls::Error),
+    #[error("cannot set up the agent channel's certificates")]
+    AgentTls(#[from] crate::agent_tls::AgentTlsError),
 }
 
 /// What the API server needs to serve TLS, and what clients need to trust it.
@@ -46,6 +49,9 @@ pub struct TlsMaterial {
     /// The cluster CA certificate (PEM), for client configs.
     pub ca_pem: String,
     pub server_config: Arc<rustls::ServerConfig>,
+    /// The CA's signing side for node agents' and this server's
+    /// certificates.
+    pub agent: Arc<crate::agent_tls::AgentTls>,
 }
 
 impl std::fmt::Debug for TlsMaterial {
@@ -62,7 +68,9 @@ fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) 
     }
 }
 
-fn ca_params() -> CertificateParams {
+/// The parameters the cluster CA certificate is made with (and its issuer
+/// rebuilt from, to sign).
+pub fn cluster_ca_params() -> CertificateParams {
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
     name.push(DnType::CommonName, CA_NAME);
@@ -103,7 +111,7 @@ fn cluster_ca(dir: &Path) -> Result<(KeyPair, String), TlsError> {
     }
     std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
     let key = KeyPair::generate()?;
-    let cert = ca_params().self_signed(&key)?.pem();
+    let cert = cluster_ca_params().self_signed(&key)?.pem();
     write_private(&key_path, key.serialize_pem().as_bytes())?;
     write_private(&cert_path, cert.as_bytes())?;
     Ok((key, cert))
@@ -152,7 +160,12 @@ pub fn load_or_create(dir: &Path, names: &[String]) -> Result<TlsMaterial, TlsEr
     // The issuer is rebuilt from the same parameters and key as the stored
     // CA certificate: same subject, same key identifier, so what it signs
     // chains to that certificate.
-    let issuer = Issuer::new(ca_params(), ca_key);
+    let agent = crate::agent_tls::AgentTls::new(
+        cluster_ca_params(),
+        KeyPair::from_pem(&ca_key.serialize_pem())?,
+        ca_pem.clone(),
+    )?;
+    let issuer = Issuer::new(cluster_ca_params(), ca_key);
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(names.to_vec())?;
     let mut name = DistinguishedName::new();
@@ -170,6 +183,7 @@ pub fn load_or_create(dir: &Path, names: &[String]) -> Result<TlsMaterial, TlsEr
     Ok(TlsMaterial {
         ca_pem,
         server_config: Arc::new(config),
+        agent: Arc::new(agent),
     })
 }
 

@@ -1,7 +1,7 @@
 //! `POST /v1/images/import` and `GET /v1/images`, in-process against fake
 //! agents: operators import (users, controllers and nodes are refused
 //! before anything is read), the body reaches every node's agent whole
-//! and with the agent secret, each node answers for itself (an agent's
+//! over the agent channel's TLS (no bearer secret), each node answers for itself (an agent's
 //! refusal, an unreachable agent, a missing node), and without `node=`
 //! only Ready nodes are asked.
 
@@ -27,7 +27,7 @@ type Seen = Arc<Mutex<Vec<(String, String, Vec<u8>)>>>;
 
 /// An agent that imports anything: it answers one image named by `name=`
 /// (or `local/fake:1`) whose size is the body's length.
-async fn fake_agent() -> (String, Seen) {
+async fn fake_agent(server: &SharedServer, node: &str) -> (String, Seen) {
     let seen: Seen = Arc::default();
     let kept = seen.clone();
     let app = axum::Router::new()
@@ -58,11 +58,11 @@ async fn fake_agent() -> (String, Seen) {
                 axum::Json(json!([{"reference": "local/busybox:1", "digest": "sha256:11", "size": 7, "pods": ["pod/web"]}]))
             }),
         );
-    (serve(app).await, seen)
+    (common::serve_agent(server, node, app).await, seen)
 }
 
 /// An agent that refuses every import, as a corrupt archive is refused.
-async fn refusing_agent() -> String {
+async fn refusing_agent(server: &SharedServer, node: &str) -> String {
     let app = axum::Router::new().route(
         "/v1/images/import",
         post(|_body: Bytes| async {
@@ -72,20 +72,13 @@ async fn refusing_agent() -> String {
             )
         }),
     );
-    serve(app).await
-}
-
-async fn serve(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    common::serve_agent(server, node, app).await
 }
 
 /// A port nothing listens on: connecting is refused.
 async fn dead_endpoint() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let url = format!("https://{}", listener.local_addr().unwrap());
     drop(listener);
     url
 }
@@ -131,10 +124,10 @@ async fn upload(
 #[tokio::test]
 async fn each_named_node_imports_the_whole_upload_or_says_why_not() {
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
+    common::agent_ca(&server);
     let admin = common::token(&server, "admin", Role::Operator).await;
-    let (good, seen) = fake_agent().await;
-    let refusing = refusing_agent().await;
+    let (good, seen) = fake_agent(&server, "node-1").await;
+    let refusing = refusing_agent(&server, "node-2").await;
     let dead = dead_endpoint().await;
     node(&server, "node-1", "Ready", Some(&good)).await;
     node(&server, "node-2", "Ready", Some(&refusing)).await;
@@ -174,7 +167,7 @@ async fn each_named_node_imports_the_whole_upload_or_says_why_not() {
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 1, "node-1 is asked once");
     let (auth, query, bytes) = &seen[0];
-    assert_eq!(auth, "Bearer s3cret");
+    assert_eq!(auth, "", "no bearer secret");
     assert_eq!(query, "name=local%2Fapp%3A2");
     assert_eq!(bytes.as_slice(), b"first chunk, second chunk, the end");
 }
@@ -182,15 +175,15 @@ async fn each_named_node_imports_the_whole_upload_or_says_why_not() {
 #[tokio::test]
 async fn without_nodes_every_ready_node_imports_and_the_rest_are_skipped() {
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
+    common::agent_ca(&server);
     let admin = common::token(&server, "admin", Role::Operator).await;
 
     let (status, body) = upload(&server, "/v1/images/import", Some(&admin), vec![b"x"]).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["message"], "the cluster has no nodes");
 
-    let (one, seen_one) = fake_agent().await;
-    let (two, seen_two) = fake_agent().await;
+    let (one, seen_one) = fake_agent(&server, "node-c").await;
+    let (two, seen_two) = fake_agent(&server, "node-b").await;
     node(&server, "node-b", "Ready", Some(&two)).await;
     node(&server, "node-c", "Silent", Some(&one)).await;
     let (status, body) = upload(&server, "/v1/images/import", Some(&admin), vec![b"x"]).await;
@@ -208,7 +201,7 @@ async fn without_nodes_every_ready_node_imports_and_the_rest_are_skipped() {
     );
 
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
+    common::agent_ca(&server);
     let admin = common::token(&server, "admin", Role::Operator).await;
     node(&server, "node-c", "Silent", Some(&one)).await;
     let (status, body) = upload(&server, "/v1/images/import", Some(&admin), vec![b"x"]).await;
@@ -225,8 +218,8 @@ async fn without_nodes_every_ready_node_imports_and_the_rest_are_skipped() {
 #[tokio::test]
 async fn only_operators_import_and_only_people_list() {
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
-    let (agent, seen) = fake_agent().await;
+    common::agent_ca(&server);
+    let (agent, seen) = fake_agent(&server, "node-1").await;
     node(&server, "node-1", "Ready", Some(&agent)).await;
     let user = common::token(&server, "alice", Role::User).await;
     let controller = common::token(&server, "scheduler", Role::Controller).await;
@@ -260,9 +253,9 @@ async fn only_operators_import_and_only_people_list() {
 #[tokio::test]
 async fn a_list_answers_for_each_node_even_when_one_cannot() {
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
+    common::agent_ca(&server);
     let admin = common::token(&server, "admin", Role::Operator).await;
-    let (agent, _) = fake_agent().await;
+    let (agent, _) = fake_agent(&server, "node-1").await;
     let dead = dead_endpoint().await;
     node(&server, "node-1", "Ready", Some(&agent)).await;
     node(&server, "node-2", "Ready", Some(&dead)).await;

@@ -1,6 +1,7 @@
 //! `POST /v1/nodes/{name}/images/prune`, in-process against a fake agent:
 //! operators only, the node and its endpoint explained when missing, the
-//! agent reached with the agent secret and its report passed back.
+//! agent reached over the agent channel's TLS (no bearer secret) and its
+//! report passed back.
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,7 +18,7 @@ const PRUNE: &str = "/v1/nodes/node-1/images/prune";
 
 /// An agent endpoint that answers a prune with a fixed report and keeps
 /// the `Authorization` headers it was sent.
-async fn fake_agent() -> (String, Arc<Mutex<Vec<String>>>) {
+async fn fake_agent(server: &corral_server::SharedServer) -> (String, Arc<Mutex<Vec<String>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let kept = seen.clone();
     let app = axum::Router::new().route(
@@ -35,18 +36,15 @@ async fn fake_agent() -> (String, Arc<Mutex<Vec<String>>>) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = common::serve_agent(server, "node-1", app).await;
     (url, seen)
 }
 
 #[tokio::test]
 async fn an_operator_has_the_nodes_agent_collect_its_images() {
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
     let admin = common::token(&server, "admin", Role::Operator).await;
-    let (url, seen) = fake_agent().await;
+    let (url, seen) = fake_agent(&server).await;
     common::put(
         &server,
         Kind::Node,
@@ -62,13 +60,17 @@ async fn an_operator_has_the_nodes_agent_collect_its_images() {
         body,
         json!({"removedImages": ["reg.example/old:1"], "removedBlobs": 3, "removedLayers": 2})
     );
-    assert_eq!(*seen.lock().unwrap(), vec!["Bearer s3cret".to_string()]);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![String::new()],
+        "no bearer secret"
+    );
 }
 
 #[tokio::test]
 async fn refusals_name_the_reason_before_any_agent_is_asked() {
     let server = common::new_server();
-    server.agent_secret.set("s3cret".into()).unwrap();
+    common::agent_ca(&server);
     let admin = common::token(&server, "admin", Role::Operator).await;
     let user = common::token(&server, "alice", Role::User).await;
 

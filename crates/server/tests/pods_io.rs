@@ -1,5 +1,6 @@
 //! `logs` and `exec` refusals, in-process: every reason the API server
-//! cannot reach a container is explained before any agent is contacted.
+//! cannot reach a container is explained before any agent is contacted,
+//! and an agent that is not the bound node's is refused at the handshake.
 //! (The proxying itself is tested end to end in corral-cli's `pod_io`.)
 
 #![allow(clippy::unwrap_used)]
@@ -151,15 +152,48 @@ async fn refusals_name_what_is_missing() {
 
     let (status, message) = call(&server, "GET", &format!("{PODS}/far/logs"), &admin).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(message.contains("no agent secret"), "{message}");
+    assert!(message.contains("no cluster CA"), "{message}");
 
-    server.agent_secret.set("s3cret".into()).unwrap();
+    common::agent_ca(&server);
     let (status, message) = call(&server, "GET", &format!("{PODS}/far/logs"), &admin).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(
         message.contains("cannot reach the agent of node node-2"),
         "{message}"
     );
+
+    // node-4's endpoint answered by an agent with node-3's certificate:
+    // refused at the handshake, nothing sent.
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = asked.clone();
+    let impostor = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { "logs of node-3" }
+    });
+    let endpoint = common::serve_agent(&server, "node-3", impostor).await;
+    put(
+        &server,
+        Kind::Pod,
+        "moved",
+        containers(&["moved"]),
+        json!({"node": "node-4"}),
+    )
+    .await;
+    put(
+        &server,
+        Kind::Node,
+        "node-4",
+        json!({}),
+        json!({"phase": "Ready", "agentEndpoint": endpoint}),
+    )
+    .await;
+    let (status, message) = call(&server, "GET", &format!("{PODS}/moved/logs"), &admin).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        message.contains("as node node-4: it presented a certificate for another name"),
+        "{message}"
+    );
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
 
     let uri = "/v1/namespaces/default/pinneddeployments/x/logs";
     let (status, message) = call(&server, "GET", uri, &admin).await;

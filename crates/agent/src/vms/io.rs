@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use corral_api::{Kind, ObjectKey};
@@ -33,8 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::state::{VmRecord, VmState};
 use crate::logs::LogReader;
 use crate::serve::{
-    EndpointError, Shared, authenticate, flag, parse_query, require_upgrade, switching_protocols,
-    tail,
+    EndpointError, Shared, flag, parse_query, require_upgrade, switching_protocols, tail,
 };
 
 /// After the client's stdin ends, the session lasts until the console has
@@ -73,11 +71,9 @@ async fn find_vm(
 /// `GET /v1/vms/{namespace}/{name}/logs`: the console log.
 pub(crate) async fn logs(
     State(endpoint): State<Shared>,
-    headers: HeaderMap,
     Path((namespace, name)): Path<(String, String)>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, EndpointError> {
-    authenticate(&endpoint, &headers)?;
     let params = parse_query(query.as_deref());
     let follow = flag(&params, "follow")?;
     let tail = tail(&params)?;
@@ -109,7 +105,6 @@ pub(crate) async fn console(
     Path((namespace, name)): Path<(String, String)>,
     mut request: Request,
 ) -> Result<Response, EndpointError> {
-    authenticate(&endpoint, request.headers())?;
     require_upgrade(request.headers(), "console")?;
     let (record, dir) = find_vm(&endpoint, &namespace, &name).await?;
     if record.pid.is_none() {

@@ -25,7 +25,10 @@ pub use job::{ConcurrencyPolicy, JobPhase, JobSpec, JobStatus};
 pub use loadbalancer::{
     DEFAULT_LB_CLASS, LoadBalancerPort, LoadBalancerProtocol, LoadBalancerSpec, LoadBalancerStatus,
 };
-pub use node::{ImagePruneReport, NodeCapacity, NodePhase, NodeSpec, NodeStatus, NodeWireguard};
+pub use node::{
+    ImagePruneReport, NodeCapacity, NodeCertificate, NodeCertificateRequest, NodePhase, NodeSpec,
+    NodeStatus, NodeWireguard, SERVER_TLS_NAME, node_tls_name,
+};
 pub use node_images::{NodeImage, NodeImages, NodeImagesReport, SkippedNode};
 pub use per_node::{PerNodeDeploymentSpec, PerNodeDeploymentStatus};
 pub use pinned::{

@@ -101,6 +101,40 @@ pub struct ImagePruneReport {
     pub removed_layers: usize,
 }
 
+/// The TLS name in the serving certificate the cluster CA issues to node
+/// `node`'s agent (`NAME.node.corral`): the API server checks it against
+/// the node a pod or VM is bound to before it sends anything.
+pub fn node_tls_name(node: &str) -> String {
+    format!("{node}.node.corral")
+}
+
+/// The TLS name in the client certificate every API server presents to
+/// node agents; agents accept no other client.
+pub const SERVER_TLS_NAME: &str = "server.corral";
+
+/// `POST /v1/nodes/{name}/certificate`: a node's certificate signing
+/// request (PEM), sent with the node's own token. The key stays on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeCertificateRequest {
+    /// A PKCS#10 certificate signing request, PEM. Only its public key is
+    /// used: the server fixes the names and the validity.
+    pub csr: String,
+}
+
+/// The serving certificate the cluster CA issued to a node's agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCertificate {
+    /// The certificate, PEM, for [`node_tls_name`] of the node.
+    pub certificate: String,
+    /// The cluster CA, PEM, that signed it (and the API servers' client
+    /// certificates).
+    pub ca: String,
+    pub not_before: DateTime<Utc>,
+    pub not_after: DateTime<Utc>,
+}
+
 impl NodeStatus {
     /// Why the node cannot vouch for its pods now, in a sentence for `why`
     /// of a pod bound to it (`name` is the node's); `None` when it is Ready.

@@ -176,8 +176,7 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
             if let Some(pid) = state.nodes[index].agent_pid {
                 bail!("node {node}'s agent runs already (pid {pid})");
             }
-            let secret = std::fs::read_to_string(dir.join("server").join("agent-secret"))?;
-            let pid = start_agent(&dir, &state, &state.nodes[index], secret.trim())?;
+            let pid = start_agent(&dir, &state, &state.nodes[index])?;
             state.nodes[index].agent_pid = Some(pid);
             save(&dir, &state)
         }
@@ -271,7 +270,6 @@ async fn up(count: usize, dir: &Path, images: &[PathBuf], wireguard: bool) -> an
         Duration::from_secs(30),
         || state.config.exists() && corral_in(&state, &state.nodes[0].netns, &["whoami"]).is_ok(),
     )?;
-    let secret = std::fs::read_to_string(server_dir.join("agent-secret"))?;
 
     for image in images {
         for node in &state.nodes {
@@ -291,7 +289,7 @@ async fn up(count: usize, dir: &Path, images: &[PathBuf], wireguard: bool) -> an
         }
     }
     for index in 0..state.nodes.len() {
-        let pid = start_agent(dir, &state, &state.nodes[index], secret.trim())?;
+        let pid = start_agent(dir, &state, &state.nodes[index])?;
         state.nodes[index].agent_pid = Some(pid);
         save(dir, &state)?;
     }
@@ -330,7 +328,7 @@ fn node_joined(state: &LabState, name: &str) -> bool {
         == Some("succeeded")
 }
 
-fn start_agent(dir: &Path, state: &LabState, node: &LabNode, secret: &str) -> anyhow::Result<u32> {
+fn start_agent(dir: &Path, state: &LabState, node: &LabNode) -> anyhow::Result<u32> {
     let token = corral_in(
         state,
         &state.nodes[0].netns,
@@ -347,8 +345,7 @@ fn start_agent(dir: &Path, state: &LabState, node: &LabNode, secret: &str) -> an
         .args(["--address", &node.ipv6.to_string()])
         .args(["--forwarding", "node", "--egress-uplink", lab::UPLINK])
         .args(state.wireguard.then_some("--wireguard"))
-        .env("CORRAL_NODE_TOKEN", token.trim())
-        .env("CORRAL_AGENT_SECRET", secret);
+        .env("CORRAL_NODE_TOKEN", token.trim());
     let child = netns::spawn(Some(&node.netns), &mut agent)?
         .with_context(|| format!("cannot start {}'s agent", node.name))?;
     Ok(child.id())

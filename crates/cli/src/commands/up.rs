@@ -8,11 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use corral_agent::node_identity::{default_node_name, node_identity};
+use corral_agent::node_tls::NodeTls;
 use corral_api::{Identity, Role};
 use corral_client::{Client, ClientConfig};
-use corral_server::control_plane::{
-    AGENT_SECRET_FILE, ControlPlane, ControlPlaneConfig, NODE_CONFIG,
-};
+use corral_server::control_plane::{ControlPlane, ControlPlaneConfig, NODE_CONFIG};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -232,8 +231,8 @@ impl NetworkArgs {
 #[command(after_help = "Examples:
   corral agent --server https://10.0.0.1:7443 --ca ca.pem --join-token corral_… --name node-2
                                       join; later starts reuse node-2's own token
-  corral agent --agent-config node-2.json --listen 0.0.0.0:7444 --agent-secret \"$SECRET\"
-                                      also serve container logs and exec to the server
+  corral agent --agent-config node-2.json --listen 0.0.0.0:7444
+                                      serve container logs and exec to the server on all addresses
   corral agent --agent-config node-2.json --address fd00::2 --wireguard
                                       pod traffic to other nodes through WireGuard
   corral agent --agent-config node-2.json --registry-auth /etc/corral/registry-auth.json \\
@@ -271,14 +270,13 @@ pub struct AgentArgs {
     /// Where pod state, images and container files live.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Address to serve container logs and exec on; the API server must
+    /// Address to serve container logs and exec on, over TLS with the
+    /// certificate the cluster CA issues to this node (kept in
+    /// DATA/tls/node-NAME.json, renewed before it expires); only API
+    /// servers' client certificates are accepted. The API server must
     /// reach it (e.g. 0.0.0.0:7444; the node's --address is advertised).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     listen: String,
-    /// The secret the API server presents for logs and exec (the server's
-    /// DATA/agent-secret file). Without it the node serves neither.
-    #[arg(long, value_name = "SECRET", env = "CORRAL_AGENT_SECRET")]
-    agent_secret: Option<String>,
     /// The node's IPv6 address on the network between nodes; other nodes
     /// route this node's /64 via it.
     #[arg(long, value_name = "IPV6")]
@@ -321,15 +319,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    let endpoint =
-        plane
-            .server()
-            .agent_secret
-            .get()
-            .map(|secret| corral_agent::serve::EndpointConfig {
-                listen: args.agent_listen.clone(),
-                secret: secret.clone(),
-            });
+    let endpoint = Some(corral_agent::serve::EndpointConfig {
+        listen: args.agent_listen.clone(),
+        tls: Arc::new(NodeTls::load(&node, &data_dir, node_config.ca.as_deref())?),
+    });
     let network = args
         .network
         .config(corral_agent::network::Forwarding::PodLinks)?;
@@ -395,18 +388,18 @@ pub async fn agent(args: AgentArgs) -> anyhow::Result<()> {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    let endpoint = args
-        .agent_secret
-        .clone()
-        .map(|secret| corral_agent::serve::EndpointConfig {
+    let endpoint = match config.ca.as_deref() {
+        Some(ca) => Some(corral_agent::serve::EndpointConfig {
             listen: args.listen.clone(),
-            secret,
-        });
-    if endpoint.is_none() {
-        tracing::warn!(
-            "no --agent-secret: this node serves no container logs or exec (the server's DATA/{AGENT_SECRET_FILE} holds the secret)"
-        );
-    }
+            tls: Arc::new(NodeTls::load(&node, &data_dir, Some(ca))?),
+        }),
+        None => {
+            tracing::warn!(
+                "the client config names no cluster CA (--ca): this node serves no container logs or exec"
+            );
+            None
+        }
+    };
     if let Some(address) = &args.address {
         address
             .parse::<std::net::Ipv6Addr>()

@@ -1,8 +1,7 @@
 //! What the control plane keeps in its data dir: client configs (the
 //! admin's, and on `corral up` the node's), the built-in controllers'
-//! tokens, the cluster's settings (its prefix, fixed at first start) and
-//! the secret it presents to node agents. Secrets are written readable by
-//! root only.
+//! tokens and the cluster's settings (its prefix, fixed at first start).
+//! Secrets are written readable by root only.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -23,8 +22,9 @@ pub const ADMIN_CONFIG: &str = "admin.json";
 pub const NODE_CONFIG: &str = "node.json";
 /// The cluster's settings chosen at first start.
 pub const CLUSTER_FILE: &str = "cluster.json";
-/// The secret the API server presents to node agents (logs, exec, image GC).
-pub const AGENT_SECRET_FILE: &str = "agent-secret";
+/// Where servers before the agent channel's certificates kept the secret
+/// they presented to node agents; removed at start.
+const OLD_AGENT_SECRET_FILE: &str = "agent-secret";
 /// The built-in controllers' tokens.
 pub const BUILTIN_TOKENS: &str = "controller-tokens.json";
 
@@ -143,20 +143,20 @@ pub fn cluster_prefix(data_dir: &Path, given: Option<&str>) -> Result<ClusterPre
     Ok(prefix)
 }
 
-/// The secret the server presents to node agents: as stored, or chosen
-/// now and stored (readable by root only).
-pub fn agent_secret(data_dir: &Path) -> Result<String, FilesError> {
-    let path = data_dir.join(AGENT_SECRET_FILE);
-    if let Ok(text) = std::fs::read_to_string(&path)
-        && !text.trim().is_empty()
-    {
-        return Ok(text.trim().to_string());
+/// Removes the shared agent secret an older server kept: agents now
+/// accept only this server's client certificate, so it opens nothing and
+/// should not lie around.
+pub fn remove_agent_secret(data_dir: &Path) {
+    let path = data_dir.join(OLD_AGENT_SECRET_FILE);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "removed the old shared agent secret: agents authenticate this server by its client certificate now");
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "cannot remove the old shared agent secret")
+        }
     }
-    let mut bytes = [0u8; 24];
-    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-    let secret = hex::encode(bytes);
-    write_private(&path, secret.as_bytes())?;
-    Ok(secret)
 }
 
 /// Registers the built-in controllers with the tokens kept in the data
@@ -240,16 +240,11 @@ mod tests {
     }
 
     #[test]
-    fn the_agent_secret_is_kept_and_private() {
-        use std::os::unix::fs::PermissionsExt;
+    fn the_old_agent_secret_is_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let secret = agent_secret(dir.path()).unwrap();
-        assert_eq!(secret.len(), 48);
-        assert_eq!(agent_secret(dir.path()).unwrap(), secret);
-        let mode = std::fs::metadata(dir.path().join(AGENT_SECRET_FILE))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(dir.path().join(OLD_AGENT_SECRET_FILE), "s3cret").unwrap();
+        remove_agent_secret(dir.path());
+        assert!(!dir.path().join(OLD_AGENT_SECRET_FILE).exists());
+        remove_agent_secret(dir.path());
     }
 }

@@ -3,8 +3,9 @@
 //! [`ControlPlane::start`] opens the store (SQLite or etcd, see
 //! [`crate::datastore`]), binds the API's TLS listener with a certificate
 //! signed by the cluster CA, registers the built-in controllers (their
-//! tokens kept in the data dir), fixes the cluster prefix and the agent
-//! secret at first start, and writes the admin client config.
+//! tokens kept in the data dir), fixes the cluster prefix at first start,
+//! makes the server's client certificate for node agents
+//! ([`crate::agent_tls`]), and writes the admin client config.
 //! [`ControlPlane::run`] then starts the built-in controllers, the
 //! workflow driver and history compaction — at once on SQLite, and on etcd
 //! whenever this server wins the controller leadership — and serves the
@@ -31,7 +32,7 @@ use crate::ownership::BuiltinTokens;
 use crate::tls::{self, TlsError, TlsListener};
 use crate::{ApiError, Server, SharedServer};
 
-pub use files::{ADMIN_CONFIG, AGENT_SECRET_FILE, BUILTIN_TOKENS, CLUSTER_FILE, NODE_CONFIG};
+pub use files::{ADMIN_CONFIG, BUILTIN_TOKENS, CLUSTER_FILE, NODE_CONFIG};
 
 /// How to start a control plane (the flags of `corral server`).
 #[derive(Debug, Clone)]
@@ -166,7 +167,8 @@ impl ControlPlane {
             leadership.fence_authors(controller_tokens.keys().cloned());
         }
         let prefix = files::cluster_prefix(&data_dir, config.cluster_prefix.as_deref())?;
-        let _ = server.agent_secret.set(files::agent_secret(&data_dir)?);
+        let _ = server.agent_tls.set(tls.agent.clone());
+        files::remove_agent_secret(&data_dir);
         let keyring = config
             .secrets_keyring
             .clone()

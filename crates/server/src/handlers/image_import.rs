@@ -2,7 +2,7 @@
 //! node's images and `POST /v1/images/import?node=…&name=REF` imports the
 //! archive in the request body on each node. Images are not API objects:
 //! every node's agent owns its store, so the server asks the agents (at
-//! `status.agentEndpoint`, with the agent secret, as for logs and exec)
+//! `status.agentEndpoint`, over the agent channel's TLS, as for logs and exec)
 //! and answers node by node, an error for the nodes that failed.
 //!
 //! Without `node=` the request goes to every Ready node; the others are
@@ -60,7 +60,7 @@ async fn targets(
                 None => Err(format!("node {node} does not exist")),
                 Some(status) => status.agent_endpoint.ok_or_else(|| {
                     format!(
-                        "node {node} ({:?}) reports no agent endpoint: is its agent running, with an agent secret?",
+                        "node {node} ({:?}) reports no agent endpoint: is its agent running?",
                         status.phase
                     )
                 }),
@@ -89,11 +89,9 @@ async fn targets(
             });
             continue;
         }
-        let endpoint = status.agent_endpoint.ok_or_else(|| {
-            format!(
-                "node {name} reports no agent endpoint: is its agent running, with an agent secret?"
-            )
-        });
+        let endpoint = status
+            .agent_endpoint
+            .ok_or_else(|| format!("node {name} reports no agent endpoint: is its agent running?"));
         targets.push(Target {
             node: name,
             endpoint,
@@ -170,7 +168,8 @@ fn failed(node: String, error: String) -> NodeImages {
 
 fn route_to(target: &Target, endpoint: &str, path: &str, query: String) -> Route {
     Route {
-        agent_url: format!("{}{path}", endpoint.trim_end_matches('/')),
+        endpoint: endpoint.to_string(),
+        path: path.to_string(),
         node: target.node.clone(),
         query,
     }
@@ -203,7 +202,16 @@ pub async fn list(
             }
         };
         let route = route_to(target, endpoint, "/v1/images", String::new());
-        let request = agent_request(&server, &route, reqwest::Method::GET)?.timeout(LIST_TIMEOUT);
+        let request = match agent_request(&server, &route, reqwest::Method::GET).await {
+            Ok(request) => request.timeout(LIST_TIMEOUT),
+            Err(error) => {
+                asked.push(futures::future::Either::Left(std::future::ready(failed(
+                    target.node.clone(),
+                    error.to_string(),
+                ))));
+                continue;
+            }
+        };
         asked.push(futures::future::Either::Right(async move {
             answer(&route, request.send().await).await
         }));
@@ -246,7 +254,15 @@ pub async fn import(
         let body = futures::stream::unfold(chunks, |mut chunks| async move {
             chunks.recv().await.map(|chunk| (chunk, chunks))
         });
-        let request = agent_request(&server, &route, reqwest::Method::POST)?
+        let request = match agent_request(&server, &route, reqwest::Method::POST).await {
+            Ok(request) => request,
+            Err(error) => {
+                let answer = failed(target.node.clone(), error.to_string());
+                outcomes.push(tokio::spawn(async move { answer }));
+                continue;
+            }
+        };
+        let request = request
             .timeout(IMPORT_TIMEOUT)
             .header(reqwest::header::CONTENT_TYPE, "application/x-tar")
             .body(reqwest::Body::wrap_stream(body));

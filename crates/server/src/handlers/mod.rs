@@ -4,6 +4,7 @@
 pub mod history;
 pub mod image_import;
 pub mod lease;
+pub mod node_certificate;
 pub mod node_images;
 pub mod objects;
 pub mod pods_io;

@@ -39,15 +39,17 @@ pub async fn prune(
     let endpoint = status.agent_endpoint.ok_or_else(|| {
         ApiError::Unavailable(format!(
             "node {node} reports no agent endpoint, so its images cannot be collected from here \
-             (is its agent running, with an agent secret? it also collects on its own every 10 minutes)"
+             (is its agent running? it also collects on its own every 10 minutes)"
         ))
     })?;
     let route = Route {
-        agent_url: format!("{}/v1/images/prune", endpoint.trim_end_matches('/')),
+        endpoint,
+        path: "/v1/images/prune".to_string(),
         node,
         query: String::new(),
     };
-    let response = agent_request(&server, &route, reqwest::Method::POST)?
+    let response = agent_request(&server, &route, reqwest::Method::POST)
+        .await?
         .timeout(PRUNE_TIMEOUT)
         .send()
         .await

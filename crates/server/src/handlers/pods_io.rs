@@ -4,8 +4,10 @@
 //! HTTP/1.1 upgrade to `corral-exec`) relays the exec session's bytes both
 //! ways. `GET …/virtualmachines/{name}/logs?follow=&tail=` streams the VM's
 //! console log and `POST …/virtualmachines/{name}/console` relays its serial
-//! console over the same upgrade and frames. The agent's endpoint is the node's `status.agentEndpoint`; the
-//! server presents the agent secret there. Only people may call these.
+//! console over the same upgrade and frames. The agent's endpoint is the
+//! node's `status.agentEndpoint`, reached over TLS: the server presents its
+//! client certificate and accepts only the cluster CA's certificate for the
+//! bound node ([`crate::agent_tls`]). Only people may call these.
 //!
 //! The server picks the container when the pod has one and the request
 //! names none, and explains every refusal (not bound yet, no endpoint,
@@ -38,9 +40,19 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// query to send it (with the container filled in).
 #[derive(Debug)]
 pub(super) struct Route {
-    pub(super) agent_url: String,
+    /// The node's `status.agentEndpoint` (`https://IP:PORT`).
+    pub(super) endpoint: String,
+    /// The agent's path (`/v1/pods/NS/NAME/logs`).
+    pub(super) path: String,
     pub(super) node: String,
     pub(super) query: String,
+}
+
+impl Route {
+    /// Where the request goes, for messages.
+    pub(super) fn agent_url(&self) -> String {
+        format!("{}{}", self.endpoint.trim_end_matches('/'), self.path)
+    }
 }
 
 fn object_name(key: &ObjectKey) -> String {
@@ -128,20 +140,16 @@ async fn route(
     let endpoint = node_status.agent_endpoint.ok_or_else(|| {
         ApiError::Unavailable(format!(
             "node {node} reports no agent endpoint, so its {what}s cannot be reached \
-             (is its agent running, with an agent secret?)"
+             (is its agent running?)"
         ))
     })?;
-    let agent_url = format!(
-        "{}/v1/{agent_kind}/{}/{}/{action}",
-        endpoint.trim_end_matches('/'),
-        key.namespace,
-        key.name
-    );
+    let path = format!("/v1/{agent_kind}/{}/{}/{action}", key.namespace, key.name);
     let query = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(&pairs)
         .finish();
     Ok(Route {
-        agent_url,
+        endpoint,
+        path,
         node,
         query,
     })
@@ -216,30 +224,50 @@ fn container_query(
     Ok(pairs)
 }
 
-pub(super) fn agent_request(
+/// A request to the route's agent over the agent channel: TLS with this
+/// server's client certificate, the agent's certificate checked to be the
+/// cluster CA's for the route's node.
+pub(super) async fn agent_request(
     server: &SharedServer,
     route: &Route,
     method: reqwest::Method,
 ) -> Result<reqwest::RequestBuilder, ApiError> {
-    let secret = server.agent_secret.get().ok_or_else(|| {
+    let tls = server.agent_tls.get().ok_or_else(|| {
         ApiError::Unavailable(
-            "this API server has no agent secret, so it cannot reach node agents".into(),
+            "this API server has no cluster CA for the agent channel, so it cannot reach node agents"
+                .into(),
         )
     })?;
-    let client = reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .build()
-        .map_err(|error| ApiError::Internal(error_chain(&error)))?;
-    Ok(client
-        .request(method, format!("{}?{}", route.agent_url, route.query))
-        .bearer_auth(secret))
+    let (client, base) = tls
+        .connect(&route.node, &route.endpoint, CONNECT_TIMEOUT)
+        .await
+        .map_err(|error| {
+            ApiError::Unavailable(format!(
+                "cannot reach the agent of node {}: {}",
+                route.node,
+                error_chain(&error)
+            ))
+        })?;
+    let url = if route.query.is_empty() {
+        format!("{base}{}", route.path)
+    } else {
+        format!("{base}{}?{}", route.path, route.query)
+    };
+    Ok(client.request(method, url))
 }
 
 pub(super) fn unreachable(route: &Route, error: &reqwest::Error) -> ApiError {
+    if let Some(why) = crate::agent_tls::refused_certificate(error) {
+        return ApiError::Unavailable(format!(
+            "refused the agent at {} as node {}: {why}; nothing was sent to it",
+            route.agent_url(),
+            route.node
+        ));
+    }
     ApiError::Unavailable(format!(
         "cannot reach the agent of node {} at {}: {}",
         route.node,
-        route.agent_url,
+        route.agent_url(),
         error_chain(error)
     ))
 }
@@ -265,7 +293,8 @@ pub async fn logs(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let route = route(&server, &caller, &params, query.as_deref(), "logs").await?;
-    let response = agent_request(&server, &route, reqwest::Method::GET)?
+    let response = agent_request(&server, &route, reqwest::Method::GET)
+        .await?
         .send()
         .await
         .map_err(|error| unreachable(&route, &error))?;
@@ -325,7 +354,8 @@ pub(crate) async fn open_console(
     params: &HashMap<String, String>,
 ) -> Result<reqwest::Upgraded, ApiError> {
     let route = route(server, caller, params, None, "console").await?;
-    let response = agent_request(server, &route, reqwest::Method::POST)?
+    let response = agent_request(server, &route, reqwest::Method::POST)
+        .await?
         .header(reqwest::header::CONNECTION, "Upgrade")
         .header(reqwest::header::UPGRADE, EXEC_PROTOCOL)
         .send()
@@ -364,7 +394,8 @@ async fn relay(
         )));
     }
     let route = route(&server, &caller, &params, query.as_deref(), action).await?;
-    let response = agent_request(&server, &route, reqwest::Method::POST)?
+    let response = agent_request(&server, &route, reqwest::Method::POST)
+        .await?
         .header(reqwest::header::CONNECTION, "Upgrade")
         .header(reqwest::header::UPGRADE, EXEC_PROTOCOL)
         .send()
@@ -378,7 +409,7 @@ async fn relay(
         .await
         .map_err(|error| unreachable(&route, &error))?;
     let client_upgrade = hyper::upgrade::on(&mut request);
-    tracing::info!(caller = %caller.name, agent = %route.agent_url, "{action} session");
+    tracing::info!(caller = %caller.name, agent = %route.agent_url(), "{action} session");
     tokio::spawn(async move {
         match client_upgrade.await {
             Ok(upgraded) => {

@@ -64,6 +64,8 @@ pub fn document() -> Value {
     generator.subschema_for::<corral_api::workflow::StepLogEntry>();
     generator.subschema_for::<crate::handlers::lease::Lease>();
     generator.subschema_for::<corral_api::kinds::ImagePruneReport>();
+    generator.subschema_for::<corral_api::kinds::NodeCertificateRequest>();
+    generator.subschema_for::<corral_api::kinds::NodeCertificate>();
     generator.subschema_for::<corral_api::kinds::RevealedSecret>();
     generator.subschema_for::<crate::secrets::RotationReport>();
     generator.subschema_for::<corral_api::identity::TokenInfo>();

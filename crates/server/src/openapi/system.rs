@@ -103,6 +103,13 @@ pub(crate) fn renew_lease() -> Value {
         "responses": ok(schema_ref("Lease"), "the lease")})
 }
 
+pub(crate) fn node_certificate() -> Value {
+    json!({"summary": "the node itself, with its node token: the cluster CA signs the node agent's serving certificate (for NAME.node.corral, server authentication only) for the key of the certificate signing request; the key stays on the node",
+        "parameters": [name_param("the node")],
+        "requestBody": json_body(schema_ref("NodeCertificateRequest")),
+        "responses": ok(schema_ref("NodeCertificate"), "the certificate, the CA, and its validity")})
+}
+
 pub(crate) fn prune_images() -> Value {
     json!({"summary": "operators only: the node's agent deletes the pulled images no pod on the node uses or used in its last revisions (it also does so every 10 minutes), and says what it removed",
         "parameters": [name_param("the node")],

@@ -96,3 +96,64 @@ pub async fn put(server: &SharedServer, kind: Kind, name: &str, spec: Value, sta
         .await
         .expect("the test object is stored");
 }
+
+/// The cluster CA of `server`'s agent channel, made on first use.
+pub fn agent_ca(server: &SharedServer) -> Arc<corral_server::agent_tls::AgentTls> {
+    server
+        .agent_tls
+        .get_or_init(|| {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let pem = corral_server::tls::cluster_ca_params()
+                .self_signed(&key)
+                .expect("ca")
+                .pem();
+            Arc::new(
+                corral_server::agent_tls::AgentTls::new(
+                    corral_server::tls::cluster_ca_params(),
+                    key,
+                    pem,
+                )
+                .expect("agent tls"),
+            )
+        })
+        .clone()
+}
+
+/// Serves `app` on loopback as node `node`'s agent does: over TLS with
+/// the certificate `server`'s cluster CA issues to that node. Returns the
+/// endpoint (`https://127.0.0.1:PORT`).
+pub async fn serve_agent(server: &SharedServer, node: &str, app: axum::Router) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let ca = agent_ca(server);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+        .expect("params")
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem");
+    let signed = ca.sign_node(node, &csr, Utc::now()).expect("signed");
+    let chain = vec![CertificateDer::from_pem_slice(signed.certificate.as_bytes()).expect("der")];
+    let private = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key");
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(chain, private)
+    .expect("config");
+    let material = corral_server::tls::TlsMaterial {
+        ca_pem: ca.ca_pem().to_string(),
+        server_config: Arc::new(config),
+        agent: ca.clone(),
+    };
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("https://{}", tcp.local_addr().expect("addr"));
+    let listener = corral_server::tls::TlsListener::new(tcp, &material);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
