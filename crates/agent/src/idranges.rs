@@ -25,6 +25,20 @@ pub struct RangeTable {
     slots: BTreeMap<String, u32>,
 }
 
+/// What [`RangeTable::transfer`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// The range moved; its first host id.
+    Moved(u32),
+    /// The receiver holds a range already (kept); its first host id.
+    AlreadyHeld(u32),
+}
+
+/// The giver of a transfer holds no range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} holds no id range to give")]
+pub struct Missing(pub String);
+
 /// Every slot is taken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("no free user-namespace id range on this node: all {SLOTS} are held by pods")]
@@ -52,6 +66,28 @@ impl RangeTable {
         }
         self.slots.insert(pod.to_string(), free);
         Ok((base(free), true))
+    }
+
+    /// Gives `from`'s slot to `to` (a spare sandbox's range to the pod
+    /// claiming it); `to` keeps its own if it holds one.
+    pub fn transfer(&mut self, from: &str, to: &str) -> Result<Transfer, Missing> {
+        if let Some(slot) = self.slots.get(to) {
+            return Ok(Transfer::AlreadyHeld(base(*slot)));
+        }
+        let slot = self
+            .slots
+            .remove(from)
+            .ok_or_else(|| Missing(from.to_string()))?;
+        self.slots.insert(to.to_string(), slot);
+        Ok(Transfer::Moved(base(slot)))
+    }
+
+    /// Frees every range held under a name starting with `prefix`; how
+    /// many.
+    pub fn release_prefixed(&mut self, prefix: &str) -> usize {
+        let before = self.slots.len();
+        self.slots.retain(|holder, _| !holder.starts_with(prefix));
+        before - self.slots.len()
     }
 
     /// Frees `pod`'s range; whether it held one.
@@ -119,6 +155,36 @@ impl IdRanges {
         self.table.lock().ok()?.get(pod)
     }
 
+    /// Gives `from`'s range to `to` (persisted), unless `to` holds one.
+    pub fn transfer(&self, from: &str, to: &str) -> Result<Transfer, String> {
+        let mut table = self
+            .table
+            .lock()
+            .map_err(|_| "the id range table lock is poisoned".to_string())?;
+        let mut next = table.clone();
+        let transfer = next.transfer(from, to).map_err(|e| e.to_string())?;
+        if let Transfer::Moved(_) = transfer {
+            self.persist(&next).map_err(|e| crate::chain(&e))?;
+            *table = next;
+        }
+        Ok(transfer)
+    }
+
+    /// Frees every range held under a name starting with `prefix`
+    /// (persisted); how many.
+    pub fn release_prefixed(&self, prefix: &str) -> Result<usize, StateError> {
+        let Ok(mut table) = self.table.lock() else {
+            return Ok(0);
+        };
+        let mut next = table.clone();
+        let released = next.release_prefixed(prefix);
+        if released > 0 {
+            self.persist(&next)?;
+            *table = next;
+        }
+        Ok(released)
+    }
+
     /// Frees `pod`'s range once its containers are gone.
     pub fn release(&self, pod: &str) -> Result<(), StateError> {
         let Ok(mut table) = self.table.lock() else {
@@ -161,6 +227,32 @@ mod tests {
         let (d, _) = table.allocate("d").expect("d");
         assert_eq!(d, b, "the freed slot is taken first");
         assert_eq!(table.get("c"), Some(c));
+    }
+
+    #[test]
+    fn a_range_is_transferred_once_and_never_to_a_holder() {
+        let mut table = RangeTable::default();
+        let (spare, _) = table.allocate("spare:spare-1").expect("spare");
+        let (own, _) = table.allocate("pod-own").expect("own");
+        assert_eq!(
+            table.transfer("spare:spare-1", "pod-own"),
+            Ok(Transfer::AlreadyHeld(own))
+        );
+        assert_eq!(
+            table.transfer("spare:spare-1", "pod-a"),
+            Ok(Transfer::Moved(spare))
+        );
+        assert_eq!(table.get("pod-a"), Some(spare));
+        assert_eq!(table.get("spare:spare-1"), None);
+        assert_eq!(
+            table.transfer("spare:spare-1", "pod-b"),
+            Err(Missing("spare:spare-1".into()))
+        );
+        table.allocate("spare:spare-2").expect("spare 2");
+        table.allocate("spare:spare-3").expect("spare 3");
+        assert_eq!(table.release_prefixed("spare:"), 2);
+        assert_eq!(table.get("pod-a"), Some(spare));
+        assert_eq!(table.get("pod-own"), Some(own));
     }
 
     #[test]

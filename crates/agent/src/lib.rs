@@ -41,6 +41,7 @@ pub mod recovery;
 pub mod registries;
 pub mod routes;
 pub mod sandbox;
+pub mod sandbox_pool;
 pub mod serve;
 pub mod state;
 pub mod steps;
@@ -76,6 +77,8 @@ pub struct AgentContext {
     pub netns: Arc<NetnsManager>,
     /// Host uid/gid ranges of pods' user namespaces.
     pub id_ranges: Arc<idranges::IdRanges>,
+    /// Spare sandboxes made ahead of pods ([`sandbox_pool`]).
+    pub sandbox_pool: Arc<sandbox_pool::SandboxPool>,
     /// The pod network; `None` leaves pods with loopback only.
     pub network: Option<Arc<network::PodNetwork>>,
     /// Revisions whose images stay on the node (rollback without a pull).
@@ -247,6 +250,7 @@ pub fn context(
         id_ranges: Arc::new(idranges::IdRanges::open(
             &data.join("agent").join("id-ranges.json"),
         )?),
+        sandbox_pool: Arc::new(sandbox_pool::SandboxPool::new(sandbox_pool::POOL_SIZE)),
         network: None,
         image_revisions: config.image_revisions,
         plugins: plugins::Plugins::new(vec![
@@ -342,7 +346,12 @@ pub async fn run(
     }
     tokio::spawn(image_gc_loop(ctx.clone(), shutdown.clone()));
     tokio::spawn(vm_manager.run(shutdown.clone()));
+    let pool = tokio::spawn(sandbox_pool::run(ctx.clone(), shutdown.clone()));
     manager.run(shutdown).await;
+    // The spares go with the agent (pods keep their sandboxes).
+    if tokio::time::timeout(POOL_STOP_TIMEOUT, pool).await.is_err() {
+        tracing::warn!("spare sandboxes are still being removed; the next start sweeps them");
+    }
     if let Some(network) = &ctx.network {
         network.stop();
     }
@@ -362,6 +371,9 @@ fn start_vms(config: &AgentConfig, ctx: Arc<AgentContext>) -> Result<vms::VmMana
     };
     Ok(vms::VmManager::new(Arc::new(vm_ctx)))
 }
+
+/// How long a stopping agent waits for its spare sandboxes to be removed.
+const POOL_STOP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How often unused pulled images are collected (see [`images`]).
 pub const IMAGE_GC_INTERVAL: Duration = Duration::from_secs(600);

@@ -308,6 +308,37 @@ impl PodNetwork {
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
     }
 
+    /// Makes a spare veth for the sandbox pool: node end `host_interface`
+    /// (down), its peer `eth0` in `netns`.
+    pub async fn make_spare_interface(
+        &self,
+        host_interface: &str,
+        netns: &Path,
+    ) -> Result<(), NetworkError> {
+        self.ops
+            .create_spare_interface(host_interface, netns)
+            .await?;
+        Ok(())
+    }
+
+    /// Renames spare veth `spare` to the node end of `owner`'s pod.
+    pub async fn claim_spare_interface(
+        &self,
+        spare: &str,
+        owner: &str,
+    ) -> Result<(), NetworkError> {
+        self.ops
+            .rename_interface(spare, &datapath::host_interface_name(owner))
+            .await?;
+        Ok(())
+    }
+
+    /// Removes the veth whose node end is `host_interface`; absent is fine.
+    pub async fn remove_interface(&self, host_interface: &str) -> Result<(), NetworkError> {
+        self.ops.remove_pod_interface(host_interface).await?;
+        Ok(())
+    }
+
     /// Removes the pod's (or VM's) veth; absent is fine.
     pub async fn unwire_pod(&self, owner: &str) -> Result<(), NetworkError> {
         self.ops

@@ -1,7 +1,8 @@
 //! `corral-bench pod-start`: how long a pod takes from the API request to
 //! all its containers running, observed through a watch, next to the same
 //! busybox `sleep 3600` started by bare `runc run -d` (the floor) and by
-//! `podman run -d` (a peer). N containers one after another, then M at once,
+//! `podman run -d` (a peer), and corral's gVisor pods next to bare `runsc
+//! run -detach` (their floor). N containers one after another, then M at once,
 //! for each system in turn (removing the N before the M), each after one
 //! untimed warm-up start (reported apart). Then corral's
 //! in-place update (an env change) against delete + create of the same pod,
@@ -11,8 +12,9 @@
 //! run from claimed to done, from the benchmark pods' step logs.
 //!
 //! Needs root (corral's node agent and runc run containers), `runc`,
-//! `/bin/busybox` (busybox-static) and, for the peer, `podman`; without
-//! podman the peer rows are left out and the reason is printed.
+//! `runsc`, `/bin/busybox` (busybox-static) and, for the peer, `podman`;
+//! without podman the peer rows (without runsc its floor row) are left out
+//! and the reason is printed.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -31,6 +33,7 @@ use crate::{apply, machine};
 const CORRAL: &str = "corral: apply → running (watch)";
 const GVISOR: &str = "corral, runtime: gvisor";
 const FLOOR: &str = "floor: runc run -d";
+const RUNSC_FLOOR: &str = "floor: runsc run -d";
 const PODMAN: &str = "peer: podman run -d";
 const UPDATE: &str = "corral: in-place update (env)";
 const RECREATE: &str = "corral: delete + create";
@@ -149,7 +152,9 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
         node.start_pod_under(format!("gvisor-{i}"), Some("gvisor"))
     })
     .await?;
-    starts.push(row(GVISOR, 1, summary));
+    let gvisor = row(GVISOR, 1, summary);
+    starts.push(gvisor.clone());
+    let mut gvisor_rows = vec![gvisor];
     node.process.ensure_running()?;
     node.delete_all_pods().await?;
     drop(node);
@@ -169,6 +174,23 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     starts.push(row(FLOOR, m, summary));
     floor.remove_all().await?;
     drop(floor);
+
+    // runsc: the floor of the gVisor row (one at a time, as that row)
+    let runsc_note = match RuncFloor::runsc().await {
+        Ok(floor) => {
+            println!("{RUNSC_FLOOR}: {n} one after another …");
+            warm_up.push(format!(
+                "runsc {}",
+                report::millis(floor.run(format!("{prefix}-gvisor-warm-up")).await?)
+            ));
+            let summary =
+                one_after_another(n, |i| floor.run(format!("{prefix}-gvisor-{i}"))).await?;
+            gvisor_rows.push(row(RUNSC_FLOOR, 1, summary));
+            floor.remove_all().await?;
+            "runsc floor measured".to_string()
+        }
+        Err(error) => format!("UNAVAILABLE, no runsc floor row: {error:#}"),
+    };
 
     // podman
     let podman_note = match Podman::start(&image_tar).await {
@@ -201,6 +223,7 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     println!();
     println!("load at the end: {}", machine::load());
     println!("podman: {podman_note}");
+    println!("runsc: {runsc_note}");
     println!(
         "untimed warm-up start, the first after launch: {}",
         warm_up.join(", ")
@@ -209,6 +232,15 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     print!(
         "{}",
         report::latency_table(&starts, &[(FLOOR, "runc"), (PODMAN, "podman")])
+    );
+    println!();
+    // gVisor against its own floor (and runc's, from the table above).
+    if let Some(runc) = starts.iter().find(|r| r.system == FLOOR && r.clients == 1) {
+        gvisor_rows.push(runc.clone());
+    }
+    print!(
+        "{}",
+        report::latency_table(&gvisor_rows, &[(RUNSC_FLOOR, "runsc"), (FLOOR, "runc")])
     );
     println!();
     print!(

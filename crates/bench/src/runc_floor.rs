@@ -1,10 +1,12 @@
-//! The floor of pod start: bare `runc run -d` of a bundle running the same
-//! busybox `sleep 3600`, with no API, no watch, no image handling and no
-//! per-container rootfs mount. The bundle's `config.json` comes from
-//! `runc spec` (namespaces including a fresh network namespace, read-only
-//! rootfs) with the command set and no terminal; the rootfs is one shared
-//! directory holding the image's files (`/bin/busybox` and its applet links).
-//! Dropping it deletes every container, its cgroups and the temp dir.
+//! The floors of pod start: bare `runc run -d` (and, for gVisor pods, bare
+//! `runsc run -detach` with the flags corral's agent gives runsc) of a
+//! bundle running the same busybox `sleep 3600`, with no API, no watch, no
+//! image handling and no per-container rootfs mount. The bundle's
+//! `config.json` comes from `runc spec` (namespaces including a fresh
+//! network namespace, read-only rootfs) with the command set and no
+//! terminal; the rootfs is one shared directory holding the image's files
+//! (`/bin/busybox` and its applet links). Dropping it deletes every
+//! container, its cgroups and the temp dir.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -16,8 +18,17 @@ use tempfile::TempDir;
 
 use crate::node;
 
+/// The flags corral's agent runs runsc with (crates/agent/src/lib.rs):
+/// root, no cgroups of its own, the kernel network stack of the namespace
+/// the sandbox joins.
+const RUNSC_FLAGS: [&str; 3] = ["--rootless=false", "--ignore-cgroups", "--network=host"];
+
 #[derive(Debug)]
 pub struct RuncFloor {
+    /// `runc` or `runsc`.
+    binary: &'static str,
+    /// Flags before the subcommand (besides `--root`).
+    global_args: Vec<String>,
     dir: TempDir,
     template: Value,
     /// `corral-bench-floor-<pid>`: the cgroup parent of every container.
@@ -25,8 +36,27 @@ pub struct RuncFloor {
 }
 
 impl RuncFloor {
-    /// Builds the rootfs and the `runc spec` template.
+    /// The runc floor: builds the rootfs and the `runc spec` template.
     pub async fn new() -> anyhow::Result<Self> {
+        Self::with_runtime("runc", Vec::new()).await
+    }
+
+    /// The gVisor floor: the same bundle under `runsc` with the agent's
+    /// flags (fails if runsc is not installed).
+    pub async fn runsc() -> anyhow::Result<Self> {
+        let found = tokio::process::Command::new("runsc")
+            .arg("--version")
+            .output()
+            .await
+            .context("cannot run `runsc --version` (is gVisor's runsc installed?)")?;
+        if !found.status.success() {
+            bail!("runsc --version failed");
+        }
+        let flags = RUNSC_FLAGS.iter().map(|flag| flag.to_string()).collect();
+        Self::with_runtime("runsc", flags).await
+    }
+
+    async fn with_runtime(binary: &'static str, global_args: Vec<String>) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("corral-bench-runc-")
             .tempdir()?;
@@ -50,6 +80,8 @@ impl RuncFloor {
             serde_json::from_slice(&std::fs::read(template_dir.join("config.json"))?)
                 .context("runc spec wrote no JSON")?;
         Ok(RuncFloor {
+            binary,
+            global_args,
             dir,
             template,
             cgroup_parent: format!("corral-bench-floor-{}", std::process::id()),
@@ -61,7 +93,8 @@ impl RuncFloor {
     }
 
     /// Writes the bundle of container `id` (untimed), then times
-    /// `runc run -d`, which returns once the container's process runs.
+    /// `runc run -d` (`runsc run -detach`), which returns once the
+    /// container's process runs.
     pub async fn run(&self, id: String) -> anyhow::Result<Duration> {
         let bundle = self.dir.path().join("bundles").join(&id);
         std::fs::create_dir_all(&bundle)?;
@@ -77,9 +110,10 @@ impl RuncFloor {
         // pipe would stay open as long as it runs, so use files.
         let log = bundle.join("runc.log");
         let started = Instant::now();
-        let status = tokio::process::Command::new("runc")
+        let status = tokio::process::Command::new(self.binary)
             .arg(format!("--root={}", self.root().display()))
-            .args(["run", "-d", "--bundle"])
+            .args(&self.global_args)
+            .args(["run", "--detach", "--bundle"])
             .arg(&bundle)
             .arg(&id)
             .stdin(Stdio::null())
@@ -88,11 +122,12 @@ impl RuncFloor {
             .kill_on_drop(true)
             .status()
             .await
-            .context("cannot run runc")?;
+            .with_context(|| format!("cannot run {}", self.binary))?;
         let elapsed = started.elapsed();
         if !status.success() {
             bail!(
-                "runc run {id} failed ({status}): {}",
+                "{} run {id} failed ({status}): {}",
+                self.binary,
                 std::fs::read_to_string(&log).unwrap_or_default().trim()
             );
         }
@@ -102,14 +137,15 @@ impl RuncFloor {
     /// Deletes every container (untimed).
     pub async fn remove_all(&self) -> anyhow::Result<()> {
         let root = self.root();
-        tokio::task::spawn_blocking(move || node::delete_all_containers("runc", &root)).await?;
+        let binary = self.binary;
+        tokio::task::spawn_blocking(move || node::delete_all_containers(binary, &root)).await?;
         Ok(())
     }
 }
 
 impl Drop for RuncFloor {
     fn drop(&mut self) {
-        node::delete_all_containers("runc", &self.root());
+        node::delete_all_containers(self.binary, &self.root());
         corral_runtime::mounts::unmount_all_under(self.dir.path());
         node::remove_cgroup(Path::new(&self.cgroup_parent));
     }

@@ -1,7 +1,7 @@
-//! End to end: `corral-bench pod-start` with tiny numbers starts corral, runc
-//! containers and podman containers, prints every row, and leaves no
+//! End to end: `corral-bench pod-start` with tiny numbers starts corral,
+//! runc, runsc and podman containers, prints every row, and leaves no
 //! container, mount or cgroup behind. Root only; it needs the `corral`
-//! binary built into the same target dir and profile, `runc`, `podman` and
+//! binary built into the same target dir and profile, `runc`, `runsc`, `podman` and
 //! `/bin/busybox`, and fails with a clear message when one is missing.
 
 use std::path::PathBuf;
@@ -35,6 +35,7 @@ fn floor_cgroups(pid: u32) -> Vec<PathBuf> {
 fn pod_start_benchmark_runs_end_to_end() {
     corral_testkit::require_root();
     corral_testkit::require_tool("runc");
+    corral_testkit::require_tool("runsc");
     corral_testkit::require_tool("podman");
     corral_testkit::require_tool("/bin/busybox");
     let child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
@@ -67,6 +68,8 @@ fn pod_start_benchmark_runs_end_to_end() {
         ("corral: apply → running (watch)", "2 at once"),
         ("floor: runc run -d", "1 at a time"),
         ("floor: runc run -d", "2 at once"),
+        ("corral, runtime: gvisor", "1 at a time"),
+        ("floor: runsc run -d", "1 at a time"),
         ("peer: podman run -d", "1 at a time"),
         ("peer: podman run -d", "2 at once"),
         ("corral: in-place update (env)", "1 at a time"),

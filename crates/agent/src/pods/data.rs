@@ -100,8 +100,9 @@ impl PodWorkload {
             return Ok(());
         };
         let (ranges, spec) = (self.ctx.id_ranges.clone(), spec.clone());
+        let pool = self.ctx.sandbox_pool.clone();
         tokio::task::spawn_blocking(move || {
-            let host_base = pod_host_base(&ranges, &uid, &spec)?;
+            let host_base = pod_host_base(&pool, &ranges, &uid, &spec)?;
             crate::volumes::prepare(
                 &pods_dir,
                 &uid,
@@ -155,7 +156,12 @@ impl PodWorkload {
             };
             let keys = pod_data::changed_keys(data.get(&change.source), &values);
             data.insert(&change.source, values);
-            let host_base = match pod_host_base(&self.ctx.id_ranges, &self.uid(), &spec) {
+            let host_base = match pod_host_base(
+                &self.ctx.sandbox_pool,
+                &self.ctx.id_ranges,
+                &self.uid(),
+                &spec,
+            ) {
                 Ok(base) => base,
                 Err(error) => {
                     tracing::warn!(pod = %self.key(), %error, "cannot find the pod's id range");

@@ -48,6 +48,7 @@ use crate::plugins::Verb;
 use crate::pod_data::follow::DataChange;
 use crate::registries::{PROGRESS_INTERVAL, PullLog};
 use crate::sandbox::{self, PodSandbox};
+use crate::sandbox_pool::SandboxPool;
 use crate::state::PodRecord;
 use crate::steps::NodeWork;
 use supervision::ProbeState;
@@ -200,7 +201,7 @@ impl PodWorkload {
             return Box::pin(std::future::ready(StepOutcome::Failed(error).into()));
         }
         let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
-        let ranges = self.ctx.id_ranges.clone();
+        let (ranges, pool) = (self.ctx.id_ranges.clone(), self.ctx.sandbox_pool.clone());
         let data_step = self.data_step();
         Box::pin(async move {
             let data = match data_step.fetch(&spec).await {
@@ -208,7 +209,7 @@ impl PodWorkload {
                 Err(error) => return StepOutcome::Failed(error).into(),
             };
             let prepared = tokio::task::spawn_blocking(move || {
-                let host_base = pod_host_base(&ranges, &uid, &spec)?;
+                let host_base = pod_host_base(&pool, &ranges, &uid, &spec)?;
                 let owner = crate::volumes::PodRange { host_base };
                 let volumes = crate::volumes::prepare(&pods_dir, &uid, &spec, &owner)
                     .map_err(|e| crate::chain(&e))?;
@@ -302,9 +303,10 @@ impl PodWorkload {
     async fn plugin_step(&self, spec: PodSpec, plugin: String, verb: Verb) -> StepRun {
         let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
         let (ranges, plugins) = (self.ctx.id_ranges.clone(), self.ctx.plugins.clone());
+        let pool = self.ctx.sandbox_pool.clone();
         let pod = self.desired.clone();
         let run = tokio::task::spawn_blocking(move || {
-            let host_base = pod_host_base(&ranges, &uid, &spec)?;
+            let host_base = pod_host_base(&pool, &ranges, &uid, &spec)?;
             let range = crate::volumes::PodRange { host_base };
             Ok::<_, String>(crate::plugin_volumes::run_step(
                 &plugins, &pods_dir, &pod, &spec, range, &plugin, verb,
@@ -506,13 +508,18 @@ impl Workload for PodWorkload {
 }
 
 /// The host id of the pod's root when it gets its own user namespace
-/// (allocated here if the sandbox is not made yet; allocation is
-/// idempotent): volumes belong to the pod's id range.
-fn pod_host_base(ranges: &IdRanges, uid: &str, spec: &PodSpec) -> Result<Option<u32>, String> {
+/// (taken from a spare sandbox or allocated here if the sandbox is not
+/// made yet; idempotent): volumes belong to the pod's id range.
+fn pod_host_base(
+    pool: &SandboxPool,
+    ranges: &IdRanges,
+    uid: &str,
+    spec: &PodSpec,
+) -> Result<Option<u32>, String> {
     let relax = sandbox::relaxations(spec).map_err(|e| e.to_string())?;
     let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
     if sandbox::wants_user_namespace(&relax, runtime) {
-        Ok(Some(ranges.allocate(uid)?))
+        Ok(Some(pool.reserve_range(ranges, uid)?))
     } else {
         Ok(None)
     }

@@ -27,8 +27,8 @@ impl PodWorkload {
     /// The pod's namespaces, made if missing, and wired; returns a note.
     pub(super) async fn ensure_sandbox(&mut self) -> Result<String, String> {
         let began = std::time::Instant::now();
-        let (path, created) = match &self.record.netns {
-            Some(path) if netns::exists(path) => (path.clone(), false),
+        let (path, created, pooled) = match &self.record.netns {
+            Some(path) if netns::exists(path) => (path.clone(), false, false),
             stale => {
                 // The files a reboot left (no namespace behind them) go
                 // first, or the new namespace could not be pinned there.
@@ -44,26 +44,33 @@ impl PodWorkload {
                         .map_err(|e| e.to_string())?
                         .map_err(|e| crate::chain(&e))?;
                 }
-                let path = self.create_sandbox().await?;
+                let (path, pooled) = self.create_sandbox().await?;
                 self.record.netns = Some(path.clone());
-                (path, true)
+                (path, true, pooled)
             }
         };
         let made = began.elapsed();
         // The new namespace is saved with the egress address it gets (one
         // write), or alone.
         let network = self.ensure_network(&path, created).await;
-        tracing::debug!(pod = %self.key(), ?made, wired = ?began.elapsed(), "sandbox ready");
+        tracing::debug!(pod = %self.key(), ?made, pooled, wired = ?began.elapsed(), "sandbox ready");
         if created && !matches!(network, Ok((_, true))) {
             self.save();
         }
+        let from_pool = if pooled {
+            " (a spare from the node's warm pool)"
+        } else {
+            ""
+        };
         match network?.0 {
-            Some(note) => Ok(format!("{}; {note}", path.display())),
-            None => Ok(path.display().to_string()),
+            Some(note) => Ok(format!("{}; {note}{from_pool}", path.display())),
+            None => Ok(format!("{}{from_pool}", path.display())),
         }
     }
 
-    async fn create_sandbox(&self) -> Result<PathBuf, String> {
+    /// Makes the pod's namespaces, or takes a spare sandbox made ahead
+    /// ([`crate::sandbox_pool`]); says which.
+    async fn create_sandbox(&self) -> Result<(PathBuf, bool), String> {
         let spec = typed_spec(&self.desired).ok_or("the pod's spec does not decode")?;
         let relax = sandbox::relaxations(&spec).map_err(|e| e.to_string())?;
         let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
@@ -74,18 +81,35 @@ impl PodWorkload {
             self.uid(),
         );
         let name = format!("pod-{}", short(&uid));
-        tokio::task::spawn_blocking(move || -> Result<PathBuf, String> {
-            if !user_namespace {
-                return netns.create(&name).map_err(|e| crate::chain(&e));
+        if !user_namespace {
+            return tokio::task::spawn_blocking(move || netns.create(&name))
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|path| (path, false))
+                .map_err(|e| crate::chain(&e));
+        }
+        let (pool, reserving) = (self.ctx.sandbox_pool.clone(), uid.clone());
+        let host_base =
+            tokio::task::spawn_blocking(move || pool.reserve_range(&ranges, &reserving))
+                .await
+                .map_err(|e| e.to_string())??;
+        if let Some(spare) = self.ctx.sandbox_pool.take_reserved(&uid) {
+            let owner = self.network_owner();
+            match crate::sandbox_pool::adopt(&self.ctx, spare, &name, &owner).await {
+                Ok(path) => return Ok((path, true)),
+                Err(error) => {
+                    tracing::warn!(pod = %self.key(), %error, "cannot use a spare sandbox; making one");
+                }
             }
-            let host_base = ranges.allocate(&uid)?;
+        }
+        tokio::task::spawn_blocking(move || {
             let ids = IdRange {
                 host_base,
                 size: sandbox::IDS_PER_POD,
             };
             netns
                 .create_with_user_namespace(&name, ids)
-                .map(|pinned| pinned.net)
+                .map(|pinned| (pinned.net, false))
                 .map_err(|e| crate::chain(&e))
         })
         .await

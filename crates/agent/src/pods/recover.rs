@@ -223,8 +223,9 @@ impl PodWorkload {
     async fn reprepare_volumes(&self, spec: &PodSpec) -> Result<String, String> {
         let (pods_dir, uid) = (self.ctx.runner.pods_dir.clone(), self.uid());
         let (ranges, spec_copy) = (self.ctx.id_ranges.clone(), spec.clone());
+        let pool = self.ctx.sandbox_pool.clone();
         let note = tokio::task::spawn_blocking(move || {
-            let host_base = super::pod_host_base(&ranges, &uid, &spec_copy)?;
+            let host_base = super::pod_host_base(&pool, &ranges, &uid, &spec_copy)?;
             crate::volumes::prepare(
                 &pods_dir,
                 &uid,

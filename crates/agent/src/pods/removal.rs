@@ -198,6 +198,7 @@ impl PodWorkload {
                 crate::chain(&error)
             ));
         }
+        crate::sandbox_pool::discard_reserved(&self.ctx, &self.uid()).await;
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));
         let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;

@@ -16,6 +16,8 @@ pub struct FakeState {
     pub forwarding: bool,
     /// Pod interfaces by host interface name.
     pub pods: BTreeMap<String, PodInterface>,
+    /// Spare veths (down, no pod yet) by node end, with their namespace.
+    pub spares: BTreeMap<String, std::path::PathBuf>,
     /// Node routes by destination.
     pub routes: BTreeMap<Ipv6Net, NodeRoute>,
     /// Every mutating call, in order, e.g. `ensure_node_route fd00::/64`.
@@ -80,12 +82,44 @@ impl NetworkOps for FakeNetworkOps {
         Ok(())
     }
 
+    async fn create_spare_interface(
+        &self,
+        host_interface: &str,
+        netns: &std::path::Path,
+    ) -> Result<(), DatapathError> {
+        validate_host_interface(host_interface)?;
+        let mut state = self.lock();
+        state
+            .calls
+            .push(format!("create_spare_interface {host_interface}"));
+        state
+            .spares
+            .insert(host_interface.to_string(), netns.to_path_buf());
+        Ok(())
+    }
+
+    async fn rename_interface(&self, from: &str, to: &str) -> Result<(), DatapathError> {
+        validate_host_interface(to)?;
+        let mut state = self.lock();
+        state.calls.push(format!("rename_interface {from} {to}"));
+        let netns = state
+            .spares
+            .remove(from)
+            .ok_or_else(|| DatapathError::MissingInterface {
+                name: from.to_string(),
+                netns: None,
+            })?;
+        state.spares.insert(to.to_string(), netns);
+        Ok(())
+    }
+
     async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError> {
         let mut state = self.lock();
         state
             .calls
             .push(format!("remove_pod_interface {host_interface}"));
         state.pods.remove(host_interface);
+        state.spares.remove(host_interface);
         Ok(())
     }
 

@@ -37,7 +37,7 @@ pub use netlink::{Netlink, connect};
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use ipnet::Ipv6Net;
@@ -188,6 +188,16 @@ pub trait NetworkOps: Send + Sync {
     /// IPv6 on those links. `vm.egress` must be `None`.
     async fn ensure_vm_interface(&self, vm: &PodInterface, port: &str)
     -> Result<(), DatapathError>;
+    /// Makes a veth for a pod not known yet (the agent's pool of spare
+    /// sandboxes): node end `host_interface`, down, without address or
+    /// alias; its peer moved into `netns` as `eth0`.
+    async fn create_spare_interface(
+        &self,
+        host_interface: &str,
+        netns: &Path,
+    ) -> Result<(), DatapathError>;
+    /// Renames the node end of a veth that is down (a spare given to a pod).
+    async fn rename_interface(&self, from: &str, to: &str) -> Result<(), DatapathError>;
     /// Deletes the pod's host veth (its peer and routes go with it).
     async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError>;
     /// Lists pod interfaces on the node.

@@ -437,6 +437,34 @@ impl NetworkOps for Netlink {
         configure_bridge_side(vm, port, &vm_handle).await
     }
 
+    async fn create_spare_interface(
+        &self,
+        host_interface: &str,
+        netns: &Path,
+    ) -> Result<(), DatapathError> {
+        validate_host_interface(host_interface)?;
+        let spare = PodInterface {
+            owner: String::new(),
+            host_interface: host_interface.to_string(),
+            netns: netns.to_path_buf(),
+            ipv6: Ipv6Addr::UNSPECIFIED,
+            egress: None,
+        };
+        let spare_handle = connect(Some(netns)).await?;
+        self.create_veth(&spare, &spare_handle).await.map(drop)
+    }
+
+    async fn rename_interface(&self, from: &str, to: &str) -> Result<(), DatapathError> {
+        validate_host_interface(to)?;
+        let index = link_index(&self.handle, from, self.netns()).await?;
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).name(to).build())
+            .execute()
+            .await
+            .map_err(netlink_error(format!("rename {from} to {to}")))
+    }
+
     async fn remove_pod_interface(&self, host_interface: &str) -> Result<(), DatapathError> {
         match find_link(&self.handle, host_interface).await? {
             Some(link) => self.delete_link(link.header.index, host_interface).await,

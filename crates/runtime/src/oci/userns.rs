@@ -94,6 +94,28 @@ impl NetnsManager<LinuxNetns> {
     }
 }
 
+impl NetnsManager<LinuxNetns> {
+    /// Pins the namespaces `from` (network) and `from.user` under the name
+    /// `to` (a bind mount each), then removes the pins of `from`. A
+    /// namespace lives while any pin holds it: it is never gone between.
+    pub fn move_pinned(&self, from: &str, to: &str) -> Result<PodNamespaces, NetnsError> {
+        let (old_net, net) = (self.path(from)?, self.path(to)?);
+        let (old_user, user) = (user_namespace_path(&old_net), user_namespace_path(&net));
+        mount_point(&net)?;
+        if let Err(error) = mount_point(&user) {
+            let _ = fs::remove_file(&net);
+            return Err(error);
+        }
+        let bound = bind(&old_net, &net).and_then(|()| bind(&old_user, &user));
+        if let Err(error) = bound {
+            let _ = self.remove(to);
+            return Err(error);
+        }
+        self.remove(from)?;
+        Ok(PodNamespaces { user, net })
+    }
+}
+
 /// Runs the helper, maps its ids, pins its namespaces, ends it.
 fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
     let mut command = Command::new("sleep");

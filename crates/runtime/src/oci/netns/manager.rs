@@ -87,6 +87,11 @@ impl<S: NetnsSyscalls> NetnsManager<S> {
         }
     }
 
+    /// The directory the namespaces are pinned in.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
     /// Where namespace `name` is (or would be) mounted.
     pub fn path(&self, name: &str) -> Result<PathBuf, NetnsError> {
         if valid_name(name) {

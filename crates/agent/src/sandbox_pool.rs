@@ -1,0 +1,556 @@
+//! The warm pool of pod sandboxes: a few pods' worth of namespaces made
+//! ahead, while the node is otherwise idle, so `node/create-sandbox` of a
+//! new pod takes one ready-made instead of making it on the pod's critical
+//! path (docs/design/0033-sandbox-pool.md).
+//!
+//! A spare is what every default (runc, user-namespaced) pod's sandbox
+//! starts as: a user namespace mapped to an id range of its own (held in
+//! the range table under `spare:NAME`), the network namespace it owns with
+//! `lo` up, and, when the node has a pod network, a veth whose node end
+//! (`crs…`, down, no address) has its peer already in the namespace as
+//! `eth0`. Claiming one gives its id range to the pod, re-pins its
+//! namespaces under the pod's own name (`pod-<uid>`) and renames the veth
+//! to the pod's; the pod's address, egress and routes are then wired as
+//! for any pod. A claimed sandbox is thereafter exactly a pod's own: its
+//! removal, restart and recovery do not know the pool.
+//!
+//! The pool keeps [`POOL_SIZE`] spares, makes them one at a time and starts
+//! only [`REFILL_DELAY`] after the last claim (a burst of pods is not
+//! slowed by its own refill). Spares are removed when the agent stops and,
+//! left by one that did not stop cleanly, when it starts. The bookkeeping
+//! ([`PoolBook`]) is pure and unit-tested; the namespaces and links are
+//! made by the agent's usual [`NetnsManager`] and [`crate::network`].
+//!
+//! [`NetnsManager`]: corral_runtime::oci::netns::NetnsManager
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use corral_runtime::oci::userns::IdRange;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::AgentContext;
+use crate::idranges::{IdRanges, Transfer};
+use crate::sandbox::IDS_PER_POD;
+
+/// How many spares the node keeps ready.
+pub const POOL_SIZE: usize = 2;
+
+/// How long after the last claim the pool starts making spares again.
+pub const REFILL_DELAY: Duration = Duration::from_millis(50);
+
+/// How long the pool waits after a spare could not be made.
+const RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// The namespaces of spares are pinned as `spare-N` (and `spare-N.user`).
+pub const SPARE_PREFIX: &str = "spare-";
+
+/// A spare's id range is held in the range table as `spare:NAME`.
+pub const RANGE_PREFIX: &str = "spare:";
+
+/// One ready-made sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spare {
+    /// `spare-N`: the name its namespaces are pinned under.
+    pub name: String,
+    /// The first host id of its user namespace's range.
+    pub host_base: u32,
+    /// The node end of its veth, when the node has a pod network.
+    pub veth: Option<String>,
+}
+
+impl Spare {
+    /// The key its id range is held under until a pod claims it.
+    pub fn range_key(&self) -> String {
+        range_key(&self.name)
+    }
+}
+
+fn range_key(name: &str) -> String {
+    format!("{RANGE_PREFIX}{name}")
+}
+
+/// The node end of the veth of the spare pinned at `net`: `crs` and 11 hex
+/// digits of its path's hash, as long as a pod's (`crl…`), so renaming it to
+/// the pod's always fits, and distinct between agents sharing a host.
+pub fn spare_veth_name(net: &Path) -> String {
+    let digest = Sha256::digest(net.as_os_str().as_encoded_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("crs{}", &hex[..11])
+}
+
+/// The pool's bookkeeping: spares ready, spares reserved for a pod (its id
+/// range already given to it) and not yet taken, spares being made.
+#[derive(Debug, Default)]
+pub struct PoolBook {
+    target: usize,
+    ready: VecDeque<Spare>,
+    reserved: BTreeMap<String, Spare>,
+    making: usize,
+    next: u64,
+    closed: bool,
+}
+
+impl PoolBook {
+    pub fn new(target: usize) -> Self {
+        PoolBook {
+            target,
+            ..PoolBook::default()
+        }
+    }
+
+    /// How many spares should be made now.
+    pub fn to_make(&self) -> usize {
+        if self.closed {
+            return 0;
+        }
+        self.target.saturating_sub(self.ready.len() + self.making)
+    }
+
+    /// The name of the next spare to make, counted as being made; `None`
+    /// when the pool is full or closed.
+    pub fn start_making(&mut self) -> Option<String> {
+        if self.to_make() == 0 {
+            return None;
+        }
+        self.making += 1;
+        self.next += 1;
+        Some(format!("{SPARE_PREFIX}{}", self.next))
+    }
+
+    /// A spare is made (`Some`) or could not be (`None`). A spare made
+    /// after the pool closed is handed back to be removed.
+    pub fn finish_making(&mut self, spare: Option<Spare>) -> Option<Spare> {
+        self.making = self.making.saturating_sub(1);
+        match spare {
+            Some(spare) if self.closed => Some(spare),
+            Some(spare) => {
+                self.ready.push_back(spare);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The oldest ready spare.
+    pub fn take_ready(&mut self) -> Option<Spare> {
+        self.ready.pop_front()
+    }
+
+    /// Puts back a spare a claim could not use.
+    pub fn put_back(&mut self, spare: Spare) {
+        self.ready.push_front(spare);
+    }
+
+    /// `spare`'s id range now belongs to pod `uid`: it waits for the
+    /// pod's `node/create-sandbox`.
+    pub fn reserve(&mut self, uid: &str, spare: Spare) {
+        self.reserved.insert(uid.to_string(), spare);
+    }
+
+    /// The spare reserved for pod `uid`, if any.
+    pub fn take_reserved(&mut self, uid: &str) -> Option<Spare> {
+        self.reserved.remove(uid)
+    }
+
+    /// Closes the pool: nothing more is made, and every spare (ready, and
+    /// reserved with whether its range is a pod's) is returned to remove.
+    pub fn close(&mut self) -> Vec<(Spare, bool)> {
+        self.closed = true;
+        let ready = self.ready.drain(..).map(|spare| (spare, false));
+        let reserved = std::mem::take(&mut self.reserved)
+            .into_values()
+            .map(|spare| (spare, true));
+        ready.chain(reserved).collect()
+    }
+
+    pub fn ready(&self) -> usize {
+        self.ready.len()
+    }
+
+    pub fn making(&self) -> usize {
+        self.making
+    }
+}
+
+/// The node's pool (one per agent).
+#[derive(Debug)]
+pub struct SandboxPool {
+    book: Mutex<PoolBook>,
+    /// Told of each claim, so the pool refills.
+    claimed: tokio::sync::Notify,
+}
+
+impl SandboxPool {
+    pub fn new(size: usize) -> Self {
+        SandboxPool {
+            book: Mutex::new(PoolBook::new(size)),
+            claimed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn book(&self) -> MutexGuard<'_, PoolBook> {
+        // The book stays consistent across a panic (every change is one
+        // statement): a poisoned lock is still usable.
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The first host id of pod `uid`'s range: its own if it holds one,
+    /// else a ready spare's (reserved for it until its
+    /// `node/create-sandbox` takes it), else a newly allocated one. Used
+    /// by every step that needs the range, whichever runs first.
+    pub fn reserve_range(&self, ranges: &IdRanges, uid: &str) -> Result<u32, String> {
+        // Held throughout, so two steps of one pod never take two spares
+        // and a reserved spare is in the book before anyone looks for it.
+        let mut book = self.book();
+        if let Some(base) = ranges.get(uid) {
+            return Ok(base);
+        }
+        if let Some(spare) = book.take_ready() {
+            match ranges.transfer(&spare.range_key(), uid) {
+                Ok(Transfer::Moved(base)) => {
+                    book.reserve(uid, spare);
+                    drop(book);
+                    self.claimed.notify_one();
+                    return Ok(base);
+                }
+                Ok(Transfer::AlreadyHeld(base)) => {
+                    book.put_back(spare);
+                    return Ok(base);
+                }
+                Err(error) => {
+                    tracing::warn!(spare = %spare.name, %error, "cannot give a spare sandbox's id range to a pod");
+                    book.put_back(spare);
+                }
+            }
+        }
+        drop(book);
+        ranges.allocate(uid)
+    }
+
+    /// The spare reserved for pod `uid`, if any.
+    pub fn take_reserved(&self, uid: &str) -> Option<Spare> {
+        self.book().take_reserved(uid)
+    }
+
+    /// How many spares are ready.
+    pub fn ready(&self) -> usize {
+        self.book().ready()
+    }
+}
+
+/// Gives `spare` (reserved for the pod) to the pod: its namespaces pinned
+/// as `name`, its veth renamed to the pod's (`owner`). Returns the pod's
+/// network namespace. On failure the spare is removed (its id range stays
+/// the pod's) and the caller makes the sandbox as usual.
+pub async fn adopt(
+    ctx: &AgentContext,
+    spare: Spare,
+    name: &str,
+    owner: &str,
+) -> Result<PathBuf, String> {
+    let netns = ctx.netns.clone();
+    let (from, to) = (spare.name.clone(), name.to_string());
+    let moved = tokio::task::spawn_blocking(move || netns.move_pinned(&from, &to))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|moved| moved.map_err(|e| crate::chain(&e)));
+    let pinned = match moved {
+        Ok(pinned) => pinned,
+        Err(error) => {
+            remove(ctx, spare, true).await;
+            return Err(error);
+        }
+    };
+    if let (Some(veth), Some(network)) = (&spare.veth, &ctx.network)
+        && let Err(error) = network.claim_spare_interface(veth, owner).await
+    {
+        // The pod's wiring makes a veth of its own.
+        tracing::warn!(spare = %spare.name, error = %crate::chain(&error), "cannot rename a spare veth; the pod gets a new one");
+        let _ = network.remove_interface(veth).await;
+    }
+    Ok(pinned.net)
+}
+
+/// Makes spare `name`: its id range, namespaces and veth.
+async fn make(ctx: &AgentContext, name: &str) -> Result<Spare, String> {
+    let (netns, ranges, spare_name) = (ctx.netns.clone(), ctx.id_ranges.clone(), name.to_string());
+    let host_base = tokio::task::spawn_blocking(move || {
+        let host_base = ranges.allocate(&range_key(&spare_name))?;
+        let ids = IdRange {
+            host_base,
+            size: IDS_PER_POD,
+        };
+        match netns.create_with_user_namespace(&spare_name, ids) {
+            Ok(_) => Ok(host_base),
+            Err(error) => {
+                let _ = ranges.release(&range_key(&spare_name));
+                Err(crate::chain(&error))
+            }
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let mut spare = Spare {
+        name: name.to_string(),
+        host_base,
+        veth: None,
+    };
+    if let Some(network) = &ctx.network {
+        let net = ctx.netns.path(name).map_err(|e| crate::chain(&e))?;
+        let veth = spare_veth_name(&net);
+        if let Err(error) = network.make_spare_interface(&veth, &net).await {
+            let _ = network.remove_interface(&veth).await;
+            remove(ctx, spare, false).await;
+            return Err(crate::chain(&error));
+        }
+        spare.veth = Some(veth);
+    }
+    Ok(spare)
+}
+
+/// Removes `spare`: its veth, namespaces and (unless a pod holds it now)
+/// id range.
+async fn remove(ctx: &AgentContext, spare: Spare, range_is_a_pods: bool) {
+    if let (Some(veth), Some(network)) = (&spare.veth, &ctx.network)
+        && let Err(error) = network.remove_interface(veth).await
+    {
+        tracing::warn!(spare = %spare.name, error = %crate::chain(&error), "cannot remove a spare veth");
+    }
+    let (netns, ranges) = (ctx.netns.clone(), ctx.id_ranges.clone());
+    let removed = tokio::task::spawn_blocking(move || {
+        netns
+            .remove(&spare.name)
+            .map_err(|e| crate::chain(&e))
+            .and_then(|()| {
+                if range_is_a_pods {
+                    Ok(())
+                } else {
+                    ranges
+                        .release(&spare.range_key())
+                        .map_err(|e| crate::chain(&e))
+                }
+            })
+            .map_err(|error| (spare.name, error))
+    })
+    .await;
+    if let Ok(Err((spare, error))) = removed {
+        tracing::warn!(%spare, %error, "cannot remove a spare sandbox");
+    }
+}
+
+/// Removes the spare reserved for pod `uid` that its `node/create-sandbox`
+/// never took (the pod is removed first); its id range is the pod's.
+pub async fn discard_reserved(ctx: &AgentContext, uid: &str) {
+    if let Some(spare) = ctx.sandbox_pool.take_reserved(uid) {
+        remove(ctx, spare, true).await;
+    }
+}
+
+/// Removes spares an agent left behind that did not stop cleanly: their
+/// veths, namespaces (`spare-*` in the namespace dir) and id ranges.
+pub async fn sweep_stale(ctx: &AgentContext) -> usize {
+    let names: Vec<String> = std::fs::read_dir(ctx.netns.run_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| name.starts_with(SPARE_PREFIX) && !name.ends_with(".user"))
+        .collect();
+    for name in &names {
+        let spare = Spare {
+            name: name.clone(),
+            host_base: 0,
+            veth: ctx
+                .network
+                .as_ref()
+                .and_then(|_| ctx.netns.path(name).ok())
+                .map(|net| spare_veth_name(&net)),
+        };
+        remove(ctx, spare, false).await;
+    }
+    match ctx.id_ranges.release_prefixed(RANGE_PREFIX) {
+        Ok(released) => names.len().max(released),
+        Err(error) => {
+            tracing::warn!(error = %crate::chain(&error), "cannot free spare sandboxes' id ranges");
+            names.len()
+        }
+    }
+}
+
+/// Keeps the pool full until `shutdown`, then removes every spare.
+pub async fn run(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
+    let swept = sweep_stale(&ctx).await;
+    if swept > 0 {
+        tracing::info!(swept, "removed spare sandboxes a previous agent left");
+    }
+    let pool = &ctx.sandbox_pool;
+    loop {
+        let name = pool.book().start_making();
+        match name {
+            Some(name) => {
+                // Never cancelled mid-way (that would leave half a spare):
+                // a spare made as the agent stops is removed below.
+                match make(&ctx, &name).await {
+                    Ok(spare) => {
+                        tracing::debug!(spare = %spare.name, "spare sandbox ready");
+                        let late = pool.book().finish_making(Some(spare));
+                        if let Some(late) = late {
+                            remove(&ctx, late, false).await;
+                        }
+                    }
+                    Err(error) => {
+                        pool.book().finish_making(None);
+                        tracing::warn!(%name, %error, "cannot make a spare sandbox");
+                        tokio::select! {
+                            () = tokio::time::sleep(RETRY_DELAY) => {}
+                            () = shutdown.cancelled() => {}
+                        }
+                    }
+                }
+                if shutdown.is_cancelled() {
+                    break;
+                }
+            }
+            None => {
+                tokio::select! {
+                    () = pool.claimed.notified() => {}
+                    () = shutdown.cancelled() => break,
+                }
+                // Quiet for a while first: pods starting together go first.
+                loop {
+                    tokio::select! {
+                        () = pool.claimed.notified() => {}
+                        () = tokio::time::sleep(REFILL_DELAY) => break,
+                        () = shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+    }
+    let spares = pool.book().close();
+    for (spare, range_is_a_pods) in spares {
+        remove(&ctx, spare, range_is_a_pods).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spare(name: &str) -> Spare {
+        Spare {
+            name: name.to_string(),
+            host_base: 1 << 20,
+            veth: Some(spare_veth_name(&Path::new("/run/netns").join(name))),
+        }
+    }
+
+    #[test]
+    fn the_pool_makes_up_to_its_size_counting_spares_being_made() {
+        let mut book = PoolBook::new(2);
+        assert_eq!(book.to_make(), 2);
+        let first = book.start_making().expect("room");
+        let second = book.start_making().expect("room");
+        assert_ne!(first, second);
+        assert_eq!(book.start_making(), None, "two being made fill it");
+        assert_eq!(book.finish_making(Some(spare(&first))), None);
+        assert_eq!(book.finish_making(None), None, "a failure frees its place");
+        assert_eq!((book.ready(), book.making(), book.to_make()), (1, 0, 1));
+    }
+
+    #[test]
+    fn a_claim_takes_the_oldest_and_makes_room_for_one_more() {
+        let mut book = PoolBook::new(2);
+        for name in ["spare-1", "spare-2"] {
+            book.start_making();
+            book.finish_making(Some(spare(name)));
+        }
+        assert_eq!(book.to_make(), 0);
+        let taken = book.take_ready().expect("ready");
+        assert_eq!(taken.name, "spare-1");
+        assert_eq!(book.to_make(), 1);
+        book.reserve("pod-a", taken.clone());
+        assert_eq!(book.take_reserved("pod-b"), None);
+        assert_eq!(book.take_reserved("pod-a"), Some(taken));
+        assert_eq!(book.take_reserved("pod-a"), None, "taken once");
+    }
+
+    #[test]
+    fn a_spare_put_back_is_the_next_taken() {
+        let mut book = PoolBook::new(2);
+        for name in ["spare-1", "spare-2"] {
+            book.start_making();
+            book.finish_making(Some(spare(name)));
+        }
+        let taken = book.take_ready().expect("ready");
+        book.put_back(taken.clone());
+        assert_eq!(book.take_ready(), Some(taken));
+    }
+
+    #[test]
+    fn an_empty_pool_gives_nothing_and_a_closed_pool_makes_nothing() {
+        let mut book = PoolBook::new(0);
+        assert_eq!(book.start_making(), None);
+        assert_eq!(book.take_ready(), None);
+        let mut book = PoolBook::new(2);
+        book.start_making();
+        book.finish_making(Some(spare("spare-1")));
+        let being_made = book.start_making().expect("room");
+        book.reserve("pod-a", book.ready.front().cloned().expect("ready"));
+        book.ready.clear();
+        book.start_making();
+        let closed = book.close();
+        assert_eq!(closed, vec![(spare("spare-1"), true)]);
+        assert_eq!(book.to_make(), 0);
+        assert_eq!(book.start_making(), None);
+        // One still being made when the pool closed is handed back.
+        let late = spare(&being_made);
+        assert_eq!(book.finish_making(Some(late.clone())), Some(late));
+        assert_eq!(book.ready(), 0);
+    }
+
+    #[test]
+    fn spare_veths_are_as_long_as_pods_and_distinct() {
+        let a = spare_veth_name(Path::new("/var/lib/corral/netns/spare-1"));
+        let b = spare_veth_name(Path::new("/tmp/other-agent/netns/spare-1"));
+        assert_ne!(a, b);
+        assert_eq!(
+            a.len(),
+            corral_net::datapath::host_interface_name("ns/p").len()
+        );
+        assert!(corral_net::datapath::validate_host_interface(&a).is_ok());
+        assert!(!a.starts_with("crl"), "never taken for a pod's");
+    }
+
+    #[test]
+    fn reserving_prefers_the_pods_own_range_then_a_spare_then_a_new_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ranges = IdRanges::open(&dir.path().join("ranges.json")).expect("open");
+        let pool = SandboxPool::new(2);
+        let base = ranges.allocate(&range_key("spare-1")).expect("spare range");
+        pool.book().finish_making(Some(Spare {
+            name: "spare-1".into(),
+            host_base: base,
+            veth: None,
+        }));
+        // A pod holding a range keeps it; the spare stays ready.
+        let own = ranges.allocate("pod-own").expect("own");
+        assert_eq!(pool.reserve_range(&ranges, "pod-own"), Ok(own));
+        assert_eq!(pool.ready(), 1);
+        // A pod without one gets the spare's, reserved for it.
+        assert_eq!(pool.reserve_range(&ranges, "pod-a"), Ok(base));
+        assert_eq!(ranges.get(&range_key("spare-1")), None);
+        assert_eq!(pool.ready(), 0);
+        // Asked again (create-sandbox after prepare-volumes): the same.
+        assert_eq!(pool.reserve_range(&ranges, "pod-a"), Ok(base));
+        assert_eq!(pool.take_reserved("pod-a").map(|s| s.host_base), Some(base));
+        // The pool empty: a new range.
+        let fresh = pool.reserve_range(&ranges, "pod-b").expect("fresh");
+        assert!(fresh != base && fresh != own);
+        assert_eq!(pool.take_reserved("pod-b"), None);
+    }
+}
