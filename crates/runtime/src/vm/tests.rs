@@ -191,10 +191,12 @@ fn an_incoming_migration_waits_on_its_socket() {
     let args = qemu_args(&incoming);
     assert_eq!(after(&args, "-incoming"), ["unix:/run/vm/incoming.sock"]);
     // The machine is the same: only the start differs.
-    let without: Vec<&String> = args
+    let mut without = args.clone();
+    let at = without
         .iter()
-        .filter(|a| !a.starts_with("-incoming") && !a.starts_with("unix:"))
-        .collect();
+        .position(|a| a == "-incoming")
+        .expect("-incoming is there");
+    without.drain(at..at + 2);
     let plain = qemu_args(&config());
-    assert_eq!(without, plain.iter().collect::<Vec<_>>());
+    assert_eq!(without, plain);
 }
