@@ -368,6 +368,10 @@ fn start_vms(config: &AgentConfig, ctx: Arc<AgentContext>) -> Result<vms::VmMana
         volumes_dir: config.data_dir.join("volumes"),
         data_dir: config.data_dir.clone(),
         accel: tokio::sync::OnceCell::new(),
+        migration_address: config
+            .address
+            .as_deref()
+            .and_then(|address| address.parse().ok()),
     };
     Ok(vms::VmManager::new(Arc::new(vm_ctx)))
 }

@@ -345,9 +345,28 @@ impl NodeWork {
         }
     }
 
+    /// The owner of `step` in this instance.
+    pub fn owner_of(&self, step: &str) -> Option<&str> {
+        self.instance
+            .step(step)
+            .map(|step| step.definition.owner.as_str())
+    }
+
+    /// The note `step` finished with, if it is done.
+    pub fn note_of(&self, step: &str) -> Option<&str> {
+        match &self.instance.step(step)?.state {
+            StepState::Done { note, .. } => note.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Steps some node agent executes: the bound node's, a migration
+    /// source's, and those delegated to the node. Which of them this
+    /// agent acts for, the workload says (`Workload::acts_for`).
     fn node_steps(&self) -> impl Iterator<Item = &corral_api::workflow::StepInstance> {
         self.instance.steps.iter().filter(|step| {
             step.definition.owner == NODE_OWNER
+                || step.definition.owner == corral_workflow::MIGRATION_SOURCE_OWNER
                 || step.definition.executor == Some(StepExecutor::Node)
         })
     }

@@ -1,6 +1,6 @@
 //! The rules of a VirtualMachine: its size, what it boots from, its disks
 //! (one source each; clones, data disks, templates), its snapshots and the
-//! times of its one-off actions (restore, power).
+//! times of its one-off actions (restore, power, migration).
 
 use super::Checker;
 use crate::kinds::VirtualMachineSpec;
@@ -81,11 +81,15 @@ pub(super) fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
     for (path, at) in [
         ("spec.restore.at", spec.restore.as_ref().map(|r| &r.at)),
         ("spec.power.at", spec.power.as_ref().map(|p| &p.at)),
+        ("spec.migration.at", spec.migration.as_ref().map(|m| &m.at)),
     ] {
         if let Some(at) = at
             && chrono::DateTime::parse_from_rfc3339(at).is_err()
         {
             checker.fail(path, "expected an RFC 3339 time like 2026-01-02T03:04:05Z");
         }
+    }
+    if let Some(migration) = &spec.migration {
+        checker.dns_label("spec.migration.to", &migration.to);
     }
 }

@@ -26,6 +26,7 @@ pub mod ipam;
 pub mod job;
 pub mod lifecycle;
 pub mod loadbalancer;
+pub mod migration;
 pub mod per_node;
 pub mod pinned;
 pub mod scheduler;

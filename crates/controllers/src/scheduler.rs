@@ -41,6 +41,9 @@ pub const STEP: &str = "scheduler/place";
 /// A deleted pod's `stop` step: its room is freed and it is unbound.
 pub const RELEASE_STEP: &str = "scheduler/release";
 
+/// A VM's `migrate` step: it is bound to the node its migration names.
+pub const REBIND_STEP: &str = "scheduler/rebind";
+
 /// Workloads answered at once: placements are decided one at a time on the
 /// shared reservations, the writes that record them go out together (and
 /// share the store's commits).
@@ -60,6 +63,9 @@ pub struct Workload {
     /// The instance whose `scheduler/release` is ready (a pod being
     /// deleted).
     releasing: Option<String>,
+    /// The instance whose `scheduler/rebind` is ready (a VM migrating),
+    /// what to place, and the node `spec.migration` names.
+    rebinding: Option<(String, Result<Request, String>, crate::migration::Ask)>,
     /// `status.node`.
     node: Option<String>,
     /// What a departure depends on (pods only; none while it is deleted).
@@ -101,6 +107,8 @@ fn project_workload(object: &Object) -> Workload {
         placing,
         retrying,
         releasing: ready_instance(object, RELEASE_STEP),
+        rebinding: ready_instance(object, REBIND_STEP)
+            .map(|id| (id, request.clone(), crate::migration::Ask::of(object))),
         node,
         leaving,
     }
@@ -343,6 +351,7 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
 fn wants_attention(workload: &Workload) -> bool {
     workload.placing.is_some()
         || workload.releasing.is_some()
+        || workload.rebinding.is_some()
         || workload.leaving.as_ref().is_some_and(|leaving| {
             leaving.refused.is_some()
                 || (workload.node.is_some()
@@ -368,6 +377,14 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
     }
     if let Some(workflow) = &workload.releasing {
         release(shared, key, workflow, workload.node.as_deref()).await?;
+        return Ok(Action::Done);
+    }
+    if let Some((workflow, request, ask)) = &workload.rebinding {
+        let migration = crate::migration::Migration {
+            from: workload.node.as_deref(),
+            ask,
+        };
+        rebind(shared, key, workflow, request, migration).await?;
         return Ok(Action::Done);
     }
     match (&workload.node, &workload.leaving) {
@@ -441,6 +458,45 @@ async fn release(
     step.finish(&shared.client, Ok(note), status).await?;
     shared.with_scheduler(|scheduler| scheduler.release(key));
     Ok(())
+}
+
+/// Binds a migrating VM to its target when the target has room for it
+/// (its disks go with it), in the request that completes
+/// `scheduler/rebind`; `status.migration` names both ends.
+async fn rebind(
+    shared: &Shared,
+    key: &ObjectKey,
+    workflow: &str,
+    request: &Result<Request, String>,
+    migration: crate::migration::Migration<'_>,
+) -> Result<(), ClientError> {
+    let step = ReadyStep {
+        key,
+        step: REBIND_STEP,
+        workflow,
+    };
+    let decided = match request {
+        Ok(request) => shared
+            .with_scheduler(|scheduler| crate::migration::decide(scheduler, request, &migration)),
+        Err(error) => Err(format!("cannot read the VM: {error}")),
+    };
+    match decided {
+        Ok(moved) => {
+            let status = crate::migration::status(&moved);
+            let note = format!(
+                "bound to {}; the guest still runs on {} until the switch-over",
+                moved.to, moved.from
+            );
+            step.finish(&shared.client, Ok(note), status).await?;
+            shared.with_scheduler(|scheduler| scheduler.relocate(moved.reservation));
+            Ok(())
+        }
+        Err(reason) => {
+            tracing::info!(workload = %key, %reason, "migration refused");
+            step.finish(&shared.client, Err(reason), BTreeMap::new())
+                .await
+        }
+    }
 }
 
 /// Places a workload whose placement failed before its backoff ends, if a

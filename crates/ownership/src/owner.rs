@@ -229,9 +229,12 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
             ]);
             if kind == Kind::VirtualMachine {
                 // QEMU's run state and the snapshots in the VM's disk.
+                // The last live migration (source and target), written with
+                // the binding it changes.
                 rows.extend([
                     row("status.runState", Owner::BoundNode),
                     row("status.snapshots", Owner::BoundNode),
+                    row("status.migration", controller(SCHEDULER)),
                 ]);
             }
             rows

@@ -203,6 +203,16 @@ impl Scheduler {
         self.unbind(workload).is_some()
     }
 
+    /// Moves a workload's reservation to `workload.node` together with its
+    /// `local` volumes (a VM's disks, which a live migration copies there).
+    pub fn relocate(&mut self, workload: BoundWorkload) {
+        self.unbind(&workload.workload);
+        for volume in &workload.local_volumes {
+            self.volumes.insert(volume.clone(), workload.node.clone());
+        }
+        self.bind(workload);
+    }
+
     /// Counts a workload already bound to its node (seen bound in the
     /// cluster) against that node, replacing its earlier reservation.
     pub fn reserve(&mut self, workload: BoundWorkload) {

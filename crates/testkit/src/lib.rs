@@ -26,6 +26,6 @@ pub use image::{
 pub use registry::{RegistryServer, TestCa, htpasswd_line, push_oci_layout};
 pub use token_proxy::TokenAuthProxy;
 pub use vm::{
-    CACHE_ENV, KERNEL_METAPACKAGE, VM_MARKER, VM_POWEROFF_MARKER, VM_READY_MARKER, VmAssets,
-    build_initramfs, cache_dir, prepare as prepare_vm_assets, vm_assets,
+    CACHE_ENV, KERNEL_METAPACKAGE, VM_COUNT_PREFIX, VM_MARKER, VM_POWEROFF_MARKER, VM_READY_MARKER,
+    VmAssets, build_initramfs, cache_dir, prepare as prepare_vm_assets, vm_assets,
 };

@@ -16,7 +16,11 @@
 //!    power button: on a press it prints [`VM_POWEROFF_MARKER`], unmounts
 //!    the disk and powers off (without it, the button does nothing, like
 //!    a guest with no ACPI daemon);
-//! 6. prints [`VM_READY_MARKER`] and keeps a shell on the console.
+//! 6. if the kernel argument `corral.count=1` is given, prints
+//!    [`VM_COUNT_PREFIX`] and a counter once a second in the background
+//!    (the counter goes on across a live migration, and starts over on a
+//!    reboot);
+//! 7. prints [`VM_READY_MARKER`] and keeps a shell on the console.
 //!
 //! The kernel is cached under [`cache_dir`] (reused across runs; `scripts/setup`
 //! pre-fetches it), the initramfs is rebuilt next to it when missing.
@@ -33,6 +37,10 @@ pub const VM_MARKER: &str = "CORRAL-VM-BOOTED";
 pub const VM_READY_MARKER: &str = "CORRAL-VM-READY";
 /// What it prints when the ACPI power button makes it power off.
 pub const VM_POWEROFF_MARKER: &str = "CORRAL-VM-POWEROFF";
+/// With `corral.count=1` the guest prints this and the seconds since it
+/// started counting, once a second (`CORRAL-VM-COUNT: 41`): a guest that
+/// was not rebooted keeps counting up.
+pub const VM_COUNT_PREFIX: &str = "CORRAL-VM-COUNT: ";
 /// The Debian package whose dependency names the kernel package.
 pub const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
 /// The environment variable overriding [`cache_dir`].
@@ -236,6 +244,12 @@ fi
     ( dd of=/dev/null bs=24 count=1 <&3 2>/dev/null
       echo {VM_POWEROFF_MARKER}; sync; umount /mnt 2>/dev/null; poweroff -f ) &
   fi
+fi
+"#
+    ));
+    script.push_str(&format!(
+        r#"if [ "$(arg corral.count)" = 1 ]; then
+  ( n=0; while true; do echo "{VM_COUNT_PREFIX}$n"; n=$((n+1)); sleep 1; done ) &
 fi
 "#
     ));

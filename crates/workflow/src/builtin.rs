@@ -18,10 +18,10 @@ use crate::node_step::{JoinStep, NodeStep, PodStep};
 
 #[path = "builtin_vm.rs"]
 mod vm;
-use vm::{vm_start, vm_stop, vm_update};
+use vm::{vm_migrate, vm_start, vm_stop, vm_update};
 
 /// Every (kind, workflow) pair with a built-in definition.
-pub const BUILTIN_WORKFLOWS: [(Kind, &str); 10] = [
+pub const BUILTIN_WORKFLOWS: [(Kind, &str); 11] = [
     (Kind::Pod, "start"),
     (Kind::Pod, "update"),
     (Kind::Pod, "move"),
@@ -32,6 +32,7 @@ pub const BUILTIN_WORKFLOWS: [(Kind, &str); 10] = [
     (Kind::VirtualMachine, "start"),
     (Kind::VirtualMachine, "update"),
     (Kind::VirtualMachine, "stop"),
+    (Kind::VirtualMachine, "migrate"),
 ];
 
 /// The built-in definition of `kind`'s `workflow`, without registered steps.
@@ -54,6 +55,7 @@ pub fn builtin(kind: Kind, workflow: &str) -> Option<WorkflowDefinition> {
         (Kind::VirtualMachine, "start") => ("running", vm_start()),
         (Kind::VirtualMachine, "update") => ("running", vm_update()),
         (Kind::VirtualMachine, "stop") => ("deleted", vm_stop()),
+        (Kind::VirtualMachine, "migrate") => ("running", vm_migrate()),
         _ => return None,
     };
     Some(WorkflowDefinition {
@@ -469,6 +471,12 @@ struct StepBuilder(StepDefinition);
 impl StepBuilder {
     fn requires(mut self, names: &[&str]) -> Self {
         self.0.requires = strings(names);
+        self
+    }
+
+    /// Another owner than the name's prefix says.
+    fn owned_by(mut self, owner: &str) -> Self {
+        self.0.owner = owner.to_string();
         self
     }
 

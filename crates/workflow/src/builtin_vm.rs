@@ -1,11 +1,13 @@
 //! The built-in workflows of a VirtualMachine: `start`, `update` (an edit
 //! restarts QEMU in place, or applies a snapshot, restore, power action or
-//! disk growth to the running one) and `stop` (its deletion).
+//! disk growth to the running one), `stop` (its deletion) and `migrate`
+//! (a live migration to another node).
 
 use corral_api::workflow::StepDefinition;
 
 use super::{UNSCHEDULABLE_RETRIES, node_step, step, target};
 use crate::node_step::VmStep;
+use crate::owner::MIGRATION_SOURCE_OWNER;
 
 pub(super) fn vm_start() -> Vec<StepDefinition> {
     vec![
@@ -178,5 +180,93 @@ pub(super) fn vm_stop() -> Vec<StepDefinition> {
             "every finalizer is done; the object is removed",
             &["released"],
         ),
+    ]
+}
+
+/// A live migration (`spec.migration` asked for one): the VM is bound to
+/// the target first (its room reserved there), the target prepares a QEMU
+/// waiting for the guest, the source sends the disks and then the memory
+/// while the guest runs, the target resumes it, and the source cleans up.
+/// The source's steps are owned by `migration-source`: the agent of
+/// `status.migration.from`, no longer the VM's node.
+pub(super) fn vm_migrate() -> Vec<StepDefinition> {
+    let source = |step: VmStep, description: &str| {
+        node_step(step, description).owned_by(MIGRATION_SOURCE_OWNER)
+    };
+    vec![
+        step(
+            "scheduler/rebind",
+            "reserve room on the target node and bind the VM to it (status.migration names the source)",
+        )
+        .wanted_by("bound")
+        .timeout_secs(60)
+        .build(),
+        target("bound", "the VM is bound to the target node", &[]),
+        node_step(
+            VmStep::CreateTap,
+            "create the VM's tap device on the target and route its address",
+        )
+        .requires(&["bound"])
+        .wanted_by("prepared")
+        .timeout_secs(60)
+        .attempts(3)
+        .build(),
+        node_step(
+            VmStep::FetchKernel,
+            "make the kernel and initramfs present on the target",
+        )
+        .requires(&["bound"])
+        .wanted_by("prepared")
+        .timeout_secs(600)
+        .attempts(3)
+        .build(),
+        node_step(
+            VmStep::PrepareIncoming,
+            "create empty disks and start QEMU waiting for the guest (-incoming)",
+        )
+        .requires(&[VmStep::CreateTap.as_str(), VmStep::FetchKernel.as_str()])
+        .wanted_by("prepared")
+        .timeout_secs(120)
+        .build(),
+        target(
+            "prepared",
+            "the target's QEMU waits for the guest",
+            &[],
+        ),
+        source(
+            VmStep::CopyDisk,
+            "start the migration from the source and copy the disks while the guest runs",
+        )
+        .requires(&["prepared"])
+        .wanted_by("migrated")
+        .timeout_secs(1_800)
+        .build(),
+        source(
+            VmStep::MigrateRam,
+            "send the guest's memory; pause it only for the last dirty pages",
+        )
+        .requires(&[VmStep::CopyDisk.as_str()])
+        .wanted_by("migrated")
+        .timeout_secs(1_800)
+        .build(),
+        target("migrated", "the source's QEMU has sent the whole guest", &[]),
+        node_step(
+            VmStep::SwitchOver,
+            "the guest runs on the target (its QEMU takes over)",
+        )
+        .requires(&["migrated"])
+        .wanted_by("running")
+        .timeout_secs(120)
+        .build(),
+        source(
+            VmStep::CleanupSource,
+            "quit the source's QEMU, remove its tap and files",
+        )
+        .requires(&[VmStep::SwitchOver.as_str()])
+        .wanted_by("running")
+        .timeout_secs(120)
+        .attempts(3)
+        .build(),
+        target("running", "the VM runs on its new node", &[]),
     ]
 }

@@ -39,7 +39,8 @@ pub use duration::format_duration;
 pub use engine::{backoff, cancel, instantiate, next_deadline, record, tick};
 pub use node_step::{JoinStep, NodeStep, PodStep, UnknownNodeStep, VmStep};
 pub use owner::{
-    NODE_OWNER, WriteError, check_write, may_act, may_move, mover_description, owner_description,
+    MIGRATION_SOURCE_OWNER, NODE_OWNER, WriteError, acting_node_field, check_write, may_act,
+    may_move, mover_description, owner_description,
 };
 pub use registration::{
     RegisteredController, check_controller, definition_for, step_from_registration,

@@ -119,7 +119,8 @@ node_steps! {
 
 node_steps! {
     /// The node's steps in a VirtualMachine's workflows (`start`,
-    /// `update`, `stop`).
+    /// `update`, `stop`, `migrate`; the migration's source steps are owned
+    /// by [`crate::MIGRATION_SOURCE_OWNER`]).
     VmStep ("VM") {
         /// start: the VM's namespace, tap device and veth to the node.
         CreateTap => "node/create-tap",
@@ -139,6 +140,16 @@ node_steps! {
         ReleaseDisk => "node/release-disk",
         /// stop: the tap device removed.
         RemoveTap => "node/remove-tap",
+        /// migrate (target): disks made, QEMU waiting for the guest.
+        PrepareIncoming => "node/prepare-incoming",
+        /// migrate (source): the disks sent to the target.
+        CopyDisk => "node/copy-disk",
+        /// migrate (source): the memory sent; the guest paused here.
+        MigrateRam => "node/migrate-ram",
+        /// migrate (target): the guest runs on the target.
+        SwitchOver => "node/switch-over",
+        /// migrate (source): the source's QEMU, tap and files gone.
+        CleanupSource => "node/cleanup-source",
     }
 }
 
@@ -191,7 +202,11 @@ mod tests {
         let mut used = BTreeSet::new();
         for (kind, workflow) in BUILTIN_WORKFLOWS {
             let definition = builtin(kind, workflow).expect("listed workflow exists");
-            for step in definition.steps.iter().filter(|s| s.owner == "node") {
+            for step in definition
+                .steps
+                .iter()
+                .filter(|s| s.owner == "node" || s.owner == crate::MIGRATION_SOURCE_OWNER)
+            {
                 let known = match kind {
                     Kind::Pod => step.name.parse::<PodStep>().is_ok(),
                     Kind::VirtualMachine => step.name.parse::<VmStep>().is_ok(),

@@ -21,10 +21,23 @@ use crate::definition::ENGINE_OWNER;
 /// The owner name that stands for "the agent of the object's node".
 pub const NODE_OWNER: &str = "node";
 
+/// The owner of a VM migration's steps on the node the VM leaves: the
+/// agent of the node `status.migration.from` names. The caller passes
+/// that node as the `bound_node` of such a step (the server does:
+/// [`acting_node_field`]); the rule is then the node rule.
+pub const MIGRATION_SOURCE_OWNER: &str = "migration-source";
+
+/// The status field whose node acts for a step of `owner`: `from` of
+/// `status.migration` for [`MIGRATION_SOURCE_OWNER`], `None` (the bound
+/// node, `status.node`) for every other owner.
+pub fn acting_node_field(owner: &str) -> Option<(&'static str, &'static str)> {
+    (owner == MIGRATION_SOURCE_OWNER).then_some(("migration", "from"))
+}
+
 /// Whether `actor` may claim, complete, fail or log for a step of `owner`.
 /// `bound_node` is the node the object is bound to (for a `Node`, itself).
 pub fn may_act(owner: &str, actor: &Identity, bound_node: Option<&str>) -> bool {
-    if owner == NODE_OWNER {
+    if owner == NODE_OWNER || owner == MIGRATION_SOURCE_OWNER {
         actor.role == Role::Node && bound_node == Some(actor.name.as_str())
     } else {
         actor.role == Role::Controller && actor.name == owner
@@ -53,7 +66,10 @@ pub fn mover_description(definition: &StepDefinition, bound_node: Option<&str>) 
 /// Describes the identity a step's owner stands for, for error messages.
 pub fn owner_description(owner: &str, bound_node: Option<&str>) -> String {
     match (owner, bound_node) {
-        (NODE_OWNER, Some(node)) => format!("the agent of node {node}"),
+        (NODE_OWNER | MIGRATION_SOURCE_OWNER, Some(node)) => format!("the agent of node {node}"),
+        (MIGRATION_SOURCE_OWNER, None) => {
+            "the agent of the node a migration leaves (status.migration.from is not set)".into()
+        }
         (NODE_OWNER, None) => "the agent of the object's node (the object is not bound yet)".into(),
         (owner, _) => format!("controller {owner}"),
     }

@@ -150,6 +150,13 @@ pub trait Workload: Send + 'static {
     /// revision, with the workload to itself.
     async fn run_step(&mut self, step: &str, work: &NodeWork) -> StepRun;
 
+    /// Whether this agent executes the steps of `owner` for the object:
+    /// its node's (and what controllers delegate to the node), but not a
+    /// migration source's, unless the workload is that source.
+    fn acts_for(&self, owner: &str) -> bool {
+        owner != corral_workflow::MIGRATION_SOURCE_OWNER
+    }
+
     /// Looks after what runs (exits, restarts, probes); returns whether
     /// anything changed that a running step may be waiting for.
     async fn supervise(&mut self) -> bool {
@@ -405,7 +412,14 @@ impl<W: Workload> Executor<W> {
         batch: &mut StepBatch,
         reporting: &[Attempt],
     ) {
+        let ours = |step: &str| {
+            work.owner_of(step)
+                .is_some_and(|owner| self.workload.acts_for(owner))
+        };
         for running in work.running() {
+            if !ours(&running.name) {
+                continue;
+            }
             let attempt = work.attempt(&running.name, running.attempt);
             if started.contains(&running.name)
                 || self.finished.contains(&attempt)
@@ -422,7 +436,10 @@ impl<W: Workload> Executor<W> {
         let mut inline_claimed = queue.iter().any(|(s, _)| !self.workload.is_detached(s));
         // What the reports about to be sent make ready is claimed with them.
         for step in work.ready_after(&batch.completed()) {
-            if started.contains(&step) || self.claimed.contains(&work.next_attempt(&step)) {
+            if !ours(&step)
+                || started.contains(&step)
+                || self.claimed.contains(&work.next_attempt(&step))
+            {
                 continue;
             }
             let detached = self.workload.is_detached(&step);

@@ -19,6 +19,7 @@
 pub mod boot;
 pub mod clone;
 pub mod io;
+pub mod migration;
 pub mod operations;
 mod removal;
 pub mod state;
@@ -67,6 +68,9 @@ pub struct VmContext {
     pub data_dir: PathBuf,
     /// Set once the KVM probe has answered, before any VM starts.
     pub accel: tokio::sync::OnceCell<Accel>,
+    /// The node's address: a VM migrating here is received on it
+    /// ([`migration`]); `None` receives none.
+    pub migration_address: Option<std::net::IpAddr>,
 }
 
 impl VmContext {
@@ -177,7 +181,16 @@ impl VmManager {
     async fn route(&mut self, vm: Object) {
         let key = vm.key();
         if !self.bound_here(&vm) {
-            self.remove(&key).await;
+            // A VM migrating away stays with its worker, which sends the
+            // guest and cleans up ([`migration`]); once that worker is gone
+            // (done, or the agent restarted after it) there is nothing here.
+            let leaving = migration::migrated_from(&vm) == Some(self.ctx.agent.node.as_str());
+            match self.workers.get(&key) {
+                Some((uid, sender)) if leaving && *uid == vm.metadata.uid => {
+                    let _ = sender.send(VmMessage::Desired(Box::new(vm))).await;
+                }
+                _ => self.remove(&key).await,
+            }
             return;
         }
         // No VM starts before the accelerator is known.

@@ -130,7 +130,7 @@ pub fn plan(
 }
 
 impl VmWorkload {
-    fn qmp_socket(&self) -> PathBuf {
+    pub(super) fn qmp_socket(&self) -> PathBuf {
         self.ctx.vm_dir(&self.uid()).join("qmp.sock")
     }
 

@@ -39,6 +39,10 @@ pub struct VmRecord {
     /// The VM's own network namespace, once created.
     #[serde(default)]
     pub netns: Option<PathBuf>,
+    /// The guest was live-migrated to another node: QEMU here is not
+    /// started again.
+    #[serde(default)]
+    pub migrated_away: bool,
 }
 
 impl VmRecord {
@@ -53,6 +57,7 @@ impl VmRecord {
             restarts: 0,
             last_exit: None,
             netns: None,
+            migrated_away: false,
         }
     }
 }

@@ -58,6 +58,12 @@ pub struct VmWorkload {
     /// `node/remove-tap` of the VM's stop workflow is done: its removal
     /// only forgets it.
     pub(super) released: bool,
+    /// A live migration's byte relay between QEMU's unix socket and the
+    /// other node ([`super::migration`]), while it runs.
+    pub(super) relay: Option<tokio::task::JoinHandle<()>>,
+    /// QEMU waits for (or is receiving) a migrating guest: it is not
+    /// supervised until the switch-over.
+    pub(super) incoming: bool,
 }
 
 pub(super) fn typed_spec(object: &Object) -> Option<VirtualMachineSpec> {
@@ -89,6 +95,8 @@ impl VmWorkload {
             run_state_at: None,
             snapshots: None,
             released: false,
+            relay: None,
+            incoming: false,
         }
     }
 
@@ -256,7 +264,7 @@ impl VmWorkload {
     }
 
     /// QEMU's configuration for the desired revision.
-    async fn config(&self) -> Result<VmConfig, String> {
+    pub(super) async fn config(&self) -> Result<VmConfig, String> {
         let spec = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
         let runner = self.ctx.agent.runner.clone();
         let (kernel, initrd) = (spec.boot.kernel.clone(), spec.boot.initrd.clone());
@@ -302,6 +310,7 @@ impl VmWorkload {
             console_socket: dir.join("console.sock"),
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),
+            incoming: None,
         })
     }
 
@@ -344,10 +353,25 @@ impl VmWorkload {
         }
         let config = self.config().await?;
         self.stop().await?;
+        let accel = config.accel;
+        let (pid, offset) = self.spawn_qemu(config).await?;
+        self.record.pid = Some(pid);
+        self.record.started_at = Some(Utc::now());
+        self.record.console_offset = offset;
+        self.record.booted = false;
+        self.record.vm = self.desired.clone();
+        self.record.admitted_revision = self.desired.metadata.revision;
+        self.save();
+        tracing::info!(vm = %self.key(), pid, %accel, revision = self.record.admitted_revision, "QEMU started");
+        Ok(format!("qemu pid {pid} under {accel}"))
+    }
+
+    /// Starts QEMU with `config`; its pid and the console log's length
+    /// before it (where its output begins).
+    pub(super) async fn spawn_qemu(&mut self, config: VmConfig) -> Result<(u32, u64), String> {
         let output = self.ctx.vm_dir(&self.uid()).join("qemu.log");
         let netns = self.record.netns.clone();
         let offset = std::fs::metadata(&config.console_log).map_or(0, |m| m.len());
-        let accel = config.accel;
         let pid = tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(output.parent().unwrap_or(&output))
                 .map_err(|e| e.to_string())?;
@@ -361,15 +385,7 @@ impl VmWorkload {
         })
         .await
         .map_err(|e| e.to_string())??;
-        self.record.pid = Some(pid);
-        self.record.started_at = Some(Utc::now());
-        self.record.console_offset = offset;
-        self.record.booted = false;
-        self.record.vm = self.desired.clone();
-        self.record.admitted_revision = self.desired.metadata.revision;
-        self.save();
-        tracing::info!(vm = %self.key(), pid, %accel, revision = self.record.admitted_revision, "QEMU started");
-        Ok(format!("qemu pid {pid} under {accel}"))
+        Ok((pid, offset))
     }
 
     /// Whether the guest printed its marker since QEMU last started.
@@ -416,6 +432,11 @@ impl VmWorkload {
     /// Notices an exited QEMU and starts it again after a short delay;
     /// returns whether anything changed.
     async fn supervise_qemu(&mut self) -> bool {
+        // A guest arriving by migration is the switch-over's to watch; one
+        // that left is not this node's any more.
+        if self.incoming || self.record.migrated_away {
+            return false;
+        }
         // The disk's snapshot table, read once (then after each change).
         if self.snapshots.is_none() && self.record.admitted_revision > 0 {
             self.refresh_snapshots().await;
@@ -528,7 +549,7 @@ impl Workload for VmWorkload {
         }
     }
 
-    async fn run_step(&mut self, step: &str, _work: &NodeWork) -> StepRun {
+    async fn run_step(&mut self, step: &str, work: &NodeWork) -> StepRun {
         let Ok(typed) = step.parse::<VmStep>() else {
             return StepOutcome::Failed(format!("this node does not know step {step}")).into();
         };
@@ -550,7 +571,16 @@ impl Workload for VmWorkload {
             VmStep::StopVm => self.stop().await.map(Some).into(),
             VmStep::ReleaseDisk => self.release_disk().await.into(),
             VmStep::RemoveTap => self.remove_network().await.into(),
+            VmStep::PrepareIncoming => self.prepare_incoming().await.map(Some).into(),
+            VmStep::CopyDisk => self.copy_disk(work).await.map(Some).into(),
+            VmStep::MigrateRam => self.migrate_ram().await.map(Some).into(),
+            VmStep::SwitchOver => self.switch_over().await.map(Some).into(),
+            VmStep::CleanupSource => self.cleanup_source().await.map(Some).into(),
         }
+    }
+
+    fn acts_for(&self, owner: &str) -> bool {
+        self.acts_as(owner)
     }
 
     async fn supervise(&mut self) -> bool {
@@ -562,6 +592,10 @@ impl Workload for VmWorkload {
     }
 
     fn status(&self) -> Option<Map<String, Value>> {
+        // Only the VM's node reports it (not the node a migration leaves).
+        if !self.bound_here() {
+            return None;
+        }
         let value = self.status_value();
         Some(crate::executor::owned_fields(&value, &STATUS_FIELDS))
     }

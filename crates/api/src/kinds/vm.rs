@@ -43,6 +43,11 @@ pub struct VirtualMachineSpec {
     /// once, when a revision brings a newer `at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<VmPower>,
+    /// The last live migration asked for (`corral vm migrate`): a revision
+    /// that brings a newer `at` runs the VM's `migrate` workflow, which
+    /// moves the running guest to node `to`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<VmMigration>,
 }
 
 impl VirtualMachineSpec {
@@ -61,6 +66,7 @@ impl VirtualMachineSpec {
             snapshots: Vec::new(),
             restore: None,
             power: None,
+            migration: None,
             disk: self.disk.clone().map(|disk| VmDisk { size: None, ..disk }),
             ..self.clone()
         }
@@ -111,6 +117,16 @@ pub struct VmSnapshot {
 pub struct VmRestore {
     pub snapshot: String,
     /// When it was asked for (RFC 3339); a restore is done once per value.
+    pub at: String,
+}
+
+/// A request to move the running VM to another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmMigration {
+    /// The node the VM goes to.
+    pub to: String,
+    /// When it was asked for (RFC 3339); a migration is done once per value.
     pub at: String,
 }
 

@@ -1,9 +1,12 @@
 //! `corral vm …`: operations on a VirtualMachine beyond its manifest —
-//! snapshots (take, list, delete), restore, restart and reset. Each is a
+//! snapshots (take, list, delete), restore, restart, reset and live
+//! migration to another node. Each is a
 //! new revision of the VM written by whoever ran the command (so `corral
 //! history vm/NAME` shows who took, restored or deleted what, and when),
 //! which the VM's node applies in place through the `update` workflow
-//! (see docs/design/0029-vm-operations.md). By default the command follows
+//! (see docs/design/0029-vm-operations.md) — a migration through the
+//! `migrate` workflow (docs/design/0034-live-migration.md). By default the
+//! command follows
 //! that workflow until it is done.
 
 use std::io::IsTerminal;
@@ -13,7 +16,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use chrono::{SecondsFormat, Utc};
 use clap::{Args, Subcommand};
-use corral_api::kinds::{PowerAction, VirtualMachineSpec, VmPower, VmRestore, VmSnapshot};
+use corral_api::kinds::{
+    PowerAction, VirtualMachineSpec, VmMigration, VmPower, VmRestore, VmSnapshot,
+};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::Client;
 use serde_json::Value;
@@ -82,6 +87,19 @@ enum VmCommand {
     Reset {
         #[command(flatten)]
         operation: Operation,
+    },
+    /// Move the running guest to another node without stopping it (QEMU
+    /// live migration: its disks, then its memory, over the node network);
+    /// the VM's `migrate` workflow shows each phase.
+    #[command(after_help = "Examples:
+  corral vm migrate vm/builder --to node-2
+  corral why vm/builder                            which phase a migration is in")]
+    Migrate {
+        #[command(flatten)]
+        operation: Operation,
+        /// The node the VM goes to.
+        #[arg(long, value_name = "NODE")]
+        to: String,
     },
 }
 
@@ -210,6 +228,17 @@ pub async fn run(config: Option<PathBuf>, args: VmArgs) -> anyhow::Result<()> {
         }
         VmCommand::Restart { operation } => power(&client, &operation, PowerAction::Restart).await,
         VmCommand::Reset { operation } => power(&client, &operation, PowerAction::Reset).await,
+        VmCommand::Migrate { operation, to } => {
+            let message = format!("vm migrate to {to}");
+            change(&client, &operation, &message, |spec| {
+                spec.migration = Some(VmMigration {
+                    to: to.clone(),
+                    at: now(),
+                });
+                Ok(())
+            })
+            .await
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! The QEMU driver: a pure command-line builder ([`qemu_args`]), the KVM
 //! probe ([`kvm`]), the process and disk side effects ([`process`]), a
 //! typed QMP client ([`qmp`]), the clean stop through the ACPI power
-//! button ([`power`]) and qcow2 snapshots ([`snapshot`]).
+//! button ([`power`]), qcow2 snapshots ([`snapshot`]) and live migration
+//! ([`migration`]).
 //!
 //! A VM is one `qemu-system-x86_64` process started inside the VM's own
 //! network namespace (its tap device lives there), with its serial console
@@ -11,6 +12,7 @@
 //! under TCG) or from their disk.
 
 pub mod kvm;
+pub mod migration;
 pub mod power;
 pub mod process;
 pub mod qmp;
@@ -65,6 +67,10 @@ pub struct VmConfig {
     pub console_log: PathBuf,
     /// The QMP control socket.
     pub qmp_socket: PathBuf,
+    /// Start waiting for a live migration on this unix socket
+    /// (`-incoming unix:PATH`) instead of booting: the guest resumes where
+    /// the source left it ([`migration`]).
+    pub incoming: Option<PathBuf>,
 }
 
 /// The `-drive id` of the VM's disk (QMP's `block_resize` names it).
@@ -140,6 +146,9 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
             "-device",
             &format!("virtio-blk-pci,drive={id},serial={}", qemu_escape(name)),
         ]);
+    }
+    if let Some(incoming) = &config.incoming {
+        push(&["-incoming", &format!("unix:{}", incoming.display())]);
     }
     if let Some(tap) = &config.tap {
         push(&[

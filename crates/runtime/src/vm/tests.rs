@@ -18,6 +18,7 @@ fn config() -> VmConfig {
         console_socket: PathBuf::from("/run/vm/console.sock"),
         console_log: PathBuf::from("/run/vm/console.log"),
         qmp_socket: PathBuf::from("/run/vm/qmp.sock"),
+        incoming: None,
     }
 }
 
@@ -180,4 +181,22 @@ fn data_disks_follow_the_first_in_order_with_their_names_as_serials() {
         devices.contains(&"virtio-blk-pci,drive=disk2,serial=logs"),
         "{devices:?}"
     );
+}
+
+#[test]
+fn an_incoming_migration_waits_on_its_socket() {
+    assert!(after(&qemu_args(&config()), "-incoming").is_empty());
+    let mut incoming = config();
+    incoming.incoming = Some(PathBuf::from("/run/vm/incoming.sock"));
+    let args = qemu_args(&incoming);
+    assert_eq!(after(&args, "-incoming"), ["unix:/run/vm/incoming.sock"]);
+    // The machine is the same: only the start differs.
+    let mut without = args.clone();
+    let at = without
+        .iter()
+        .position(|a| a == "-incoming")
+        .expect("-incoming is there");
+    without.drain(at..at + 2);
+    let plain = qemu_args(&config());
+    assert_eq!(without, plain);
 }

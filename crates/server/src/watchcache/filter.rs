@@ -13,7 +13,8 @@ use super::{CachedEvent, CachedObject};
 pub struct Scope {
     pub namespace: Option<String>,
     pub name: Option<String>,
-    /// Only objects whose `status.node` is this node.
+    /// Only objects whose `status.node` is this node (or, for a VM, the
+    /// node it migrated from).
     pub node: Option<String>,
     pub selector: LabelSelector,
 }
@@ -24,12 +25,15 @@ impl Scope {
         &self,
         namespace: &str,
         name: &str,
-        node: Option<&str>,
+        nodes: [Option<&str>; 2],
         labels: &BTreeMap<String, String>,
     ) -> bool {
         self.namespace.as_deref().is_none_or(|ns| ns == namespace)
             && self.name.as_deref().is_none_or(|n| n == name)
-            && self.node.as_deref().is_none_or(|n| Some(n) == node)
+            && self
+                .node
+                .as_deref()
+                .is_none_or(|n| nodes.contains(&Some(n)))
             && self.selector.matches(labels)
     }
 
@@ -37,7 +41,7 @@ impl Scope {
         self.admits(
             &object.namespace,
             &object.name,
-            object.node.as_deref(),
+            [object.node.as_deref(), object.migrated_from.as_deref()],
             &object.labels,
         )
     }
@@ -51,7 +55,7 @@ impl Scope {
             self.admits(
                 &event.object.namespace,
                 &event.object.name,
-                previous.node.as_deref(),
+                [previous.node.as_deref(), previous.migrated_from.as_deref()],
                 &previous.labels,
             )
         });
@@ -80,10 +84,26 @@ mod tests {
             name: "web".into(),
             resource_version: 1,
             node: node.map(str::to_string),
+            migrated_from: None,
             labels: BTreeMap::from([("app".to_string(), app.to_string())]),
             owner_uid: None,
             json: Bytes::new(),
         })
+    }
+
+    impl CachedObject {
+        fn clone_facts(&self) -> CachedObject {
+            CachedObject {
+                namespace: self.namespace.clone(),
+                name: self.name.clone(),
+                resource_version: self.resource_version,
+                node: self.node.clone(),
+                migrated_from: self.migrated_from.clone(),
+                labels: self.labels.clone(),
+                owner_uid: self.owner_uid.clone(),
+                json: self.json.clone(),
+            }
+        }
     }
 
     fn event(
@@ -96,6 +116,7 @@ mod tests {
             object: object(now.0, now.1),
             previous: before.map(|(node, app)| PreviousFacts {
                 node: node.map(str::to_string),
+                migrated_from: None,
                 labels: BTreeMap::from([("app".to_string(), app.to_string())]),
             }),
         }
@@ -127,6 +148,29 @@ mod tests {
         assert_eq!(scope.view(&deleted), Some(EventType::Deleted));
         let created = event(EventType::Added, None, (Some("n2"), "a"));
         assert_eq!(scope.view(&created), None);
+    }
+
+    #[test]
+    fn a_vm_migrating_away_stays_in_its_old_node_scope() {
+        let scope = Scope {
+            node: Some("n1".into()),
+            ..Scope::default()
+        };
+        let mut now = event(
+            EventType::Modified,
+            Some((Some("n1"), "a")),
+            (Some("n2"), "a"),
+        );
+        let mut migrated = (*now.object).clone_facts();
+        migrated.migrated_from = Some("n1".into());
+        now.object = Arc::new(migrated);
+        // Rebound to n2 with status.migration.from = n1: n1 still hears it.
+        assert_eq!(scope.view(&now), Some(EventType::Modified));
+        let target = Scope {
+            node: Some("n2".into()),
+            ..Scope::default()
+        };
+        assert_eq!(target.view(&now), Some(EventType::Added));
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub struct CachedObject {
     pub resource_version: u64,
     /// `status.node` of pods and VirtualMachines.
     pub node: Option<String>,
+    /// A VM's `status.migration.from`: the node it left stays in scope for
+    /// its agent, which cleans up after the move.
+    pub migrated_from: Option<String>,
     pub labels: BTreeMap<String, String>,
     /// The uid `metadata.owner` names, for the dependents index.
     pub owner_uid: Option<String>,
@@ -78,6 +81,12 @@ impl CachedObject {
             node: object
                 .status
                 .get("node")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
+            migrated_from: object
+                .status
+                .get("migration")
+                .and_then(|migration| migration.get("from"))
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string),
             labels: object.metadata.labels.clone(),
@@ -101,6 +110,7 @@ impl CachedObject {
 #[derive(Debug, Clone)]
 pub struct PreviousFacts {
     pub node: Option<String>,
+    pub migrated_from: Option<String>,
     pub labels: BTreeMap<String, String>,
 }
 
@@ -324,6 +334,7 @@ impl WatchCache {
             object: cached,
             previous: current.map(|previous| PreviousFacts {
                 node: previous.node.clone(),
+                migrated_from: previous.migrated_from.clone(),
                 labels: previous.labels.clone(),
             }),
         });

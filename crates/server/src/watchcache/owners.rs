@@ -78,6 +78,7 @@ mod tests {
             name: name.into(),
             resource_version: 1,
             node: None,
+            migrated_from: None,
             labels: Default::default(),
             owner_uid: owner.map(str::to_string),
             json: Bytes::new(),

@@ -9,7 +9,9 @@
 //!   instance — written in the same store write as the object, so the object
 //!   is never without it. A pod the scheduler unbinds (`status.node`
 //!   cleared: its node went silent or was lost) gets a `move` instance and a
-//!   history record of the move (the same spec, a new revision). They also refuse a `Controller` whose registered
+//!   history record of the move (the same spec, a new revision). A VM
+//!   whose only change is a newer `spec.migration` gets a `migrate`
+//!   instance instead of an `update` ([`migration`]). They also refuse a `Controller` whose registered
 //!   steps would break a workflow (unknown reference, duplicate, cycle).
 //! - [`drive`] is the background loop that ticks each object at its
 //!   nearest deadline; [`tick_all`] ticks everything once (tests).
@@ -30,6 +32,7 @@
 
 pub mod definitions;
 mod driver;
+mod migration;
 mod recover;
 mod retry;
 pub mod rollback;
@@ -133,6 +136,10 @@ pub async fn update(
         begin(server, &mut next, "move", current.metadata.revision + 1).await?
     } else if next.spec == current.spec {
         Vec::new()
+    } else if migration::asked(current, &next) {
+        // `corral vm migrate`: the running guest moves to another node.
+        let revision = current.metadata.revision + 1;
+        begin(server, &mut next, "migrate", revision).await?
     } else {
         let revision = current.metadata.revision + 1;
         begin(server, &mut next, "update", revision).await?

@@ -8,7 +8,7 @@ use corral_api::workflow::{
     LogLevel, StepActionKind, StepActionRequest, StepLogEntry, StoredWorkflows, WorkflowInstance,
     WorkflowOutcome,
 };
-use corral_api::{Identity, ObjectKey};
+use corral_api::{Identity, Object, ObjectKey};
 use corral_store::{StepLogFilter, StoreError};
 use corral_workflow::TransitionError;
 use serde_json::{Map, Value};
@@ -119,6 +119,15 @@ impl StepAction {
             | StepAction::Log { workflow, .. } => workflow.as_deref(),
         }
     }
+
+    fn step(&self) -> &str {
+        match self {
+            StepAction::Claim { step, .. }
+            | StepAction::Complete { step, .. }
+            | StepAction::Fail { step, .. }
+            | StepAction::Log { step, .. } => step,
+        }
+    }
 }
 
 /// Applies `action` by `caller` to the object at `key` and returns the
@@ -202,7 +211,8 @@ pub async fn act_batch(
             // INVARIANT: inserted just above if it was missing.
             let instance = touched.get_mut(&index).expect("a touched instance");
             moved = Some(index);
-            match apply(instance, action, caller, bound.as_deref(), now)? {
+            let acting = acting_node(instance, action.step(), &next).or_else(|| bound.clone());
+            match apply(instance, action, caller, acting.as_deref(), now)? {
                 Applied::Moved(entries) => {
                     logs.extend(entries);
                     changed = true;
@@ -239,6 +249,20 @@ pub async fn act_batch(
     Err(ApiError::Conflict(format!(
         "{key} kept changing under this step action; try again"
     )))
+}
+
+/// The node whose agent acts for `step` when its owner is not the bound
+/// node's: `status.migration.from` for a migration's source steps
+/// ([`corral_workflow::acting_node_field`]). `None`: the bound node.
+fn acting_node(instance: &WorkflowInstance, step: &str, object: &Object) -> Option<String> {
+    let owner = &instance.step(step)?.definition.owner;
+    let (field, sub) = corral_workflow::acting_node_field(owner)?;
+    object
+        .status
+        .get(field)
+        .and_then(|value| value.get(sub))
+        .and_then(Value::as_str)
+        .map(str::to_string)
 }
 
 /// What one action did to an instance.
