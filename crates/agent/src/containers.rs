@@ -15,6 +15,7 @@ use corral_runtime::bundle::{
 use corral_runtime::image::{Image, ImageError, ImageStore, PullOptions, Registry, RegistryError};
 use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status, reap};
 
+use crate::mount_points::prepare_mount_point;
 use crate::plan::config_hash;
 use crate::sandbox::{self, PodSandbox};
 use crate::state::ContainerRecord;
@@ -220,24 +221,7 @@ impl ContainerRunner {
             prepare_mount_point(&mounted.rootfs, &mount.destination, mount.source.is_dir())
                 .map_err(config_error)?;
         }
-        // The scratch tmpfs mounts too, with their mode on the mount point
-        // (runc gives a tmpfs the mode of the directory it covers; the
-        // chmod is the container's own copy, the image is untouched). One
-        // the image has as a symbolic link (`/var/tmp -> /tmp`) is left to
-        // what the link points to.
-        config.tmpfs.retain(|tmpfs| {
-            prepare_mount_point(&mounted.rootfs, &tmpfs.destination, true)
-                .and_then(|()| {
-                    use std::os::unix::fs::PermissionsExt;
-                    let path = mounted
-                        .rootfs
-                        .join(tmpfs.destination.trim_start_matches('/'));
-                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(tmpfs.mode))
-                        .map_err(|error| format!("mount point {}: {error}", tmpfs.destination))
-                })
-                .inspect_err(|error| tracing::debug!(%error, "scratch tmpfs left out"))
-                .is_ok()
-        });
+        crate::mount_points::prepare_scratch(&mounted.rootfs, &mut config.tmpfs);
         if let Some(memory) = container.resources.memory {
             let bytes = i64::try_from(memory.bytes).unwrap_or(i64::MAX);
             config.memory_limit_bytes = Some(bytes);
@@ -462,38 +446,6 @@ fn wait_for_exit(pid: u32, deadline: Instant) -> bool {
     }
 }
 
-/// Creates `destination` (a directory, or an empty file) inside `rootfs`
-/// if it is missing. Refuses to follow a symbolic link on the way: the
-/// image controls its tree, and this runs as the host's root.
-fn prepare_mount_point(rootfs: &Path, destination: &str, directory: bool) -> Result<(), String> {
-    let refuse = |what: &str| format!("mount point {destination}: {what}");
-    let mut path = rootfs.to_path_buf();
-    let parts: Vec<&str> = destination.split('/').filter(|p| !p.is_empty()).collect();
-    for (index, part) in parts.iter().enumerate() {
-        if *part == ".." || *part == "." {
-            return Err(refuse("must not contain . or .."));
-        }
-        path.push(part);
-        let last = index + 1 == parts.len();
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(refuse("the image has a symbolic link on the way"));
-            }
-            Ok(_) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                let created = if last && !directory {
-                    std::fs::File::create(&path).map(|_| ())
-                } else {
-                    std::fs::create_dir(&path)
-                };
-                created.map_err(|e| refuse(&format!("cannot create it: {e}")))?;
-            }
-            Err(error) => return Err(refuse(&error.to_string())),
-        }
-    }
-    Ok(())
-}
-
 /// `c<uid prefix>-<container>-<generation>`: unique per start, readable in
 /// `runc list`.
 pub fn runtime_id(uid: &str, container: &str, generation: u64) -> String {
@@ -503,42 +455,6 @@ pub fn runtime_id(uid: &str, container: &str, generation: u64) -> String {
         .take(12)
         .collect();
     format!("c{short}-{container}-{generation}")
-}
-
-/// Whether the end of a container's log says a write failed on a
-/// read-only file system (EROFS, as libc and most runtimes word it).
-pub fn wrote_to_read_only_fs(log: &Path) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    const TAIL: u64 = 16 << 10;
-    let Ok(mut file) = std::fs::File::open(log) else {
-        return false;
-    };
-    let length = file.metadata().map(|meta| meta.len()).unwrap_or(0);
-    if file
-        .seek(SeekFrom::Start(length.saturating_sub(TAIL)))
-        .is_err()
-    {
-        return false;
-    }
-    let mut tail = Vec::new();
-    if file.take(TAIL).read_to_end(&mut tail).is_err() {
-        return false;
-    }
-    String::from_utf8_lossy(&tail).contains("Read-only file system")
-}
-
-/// The exit cause of a container that failed writing to a read-only file
-/// system: what happened, and how to give the program somewhere to write.
-pub fn read_only_hint(code: Option<i32>) -> String {
-    let exited = code.map_or_else(
-        || "exited".to_string(),
-        |code| format!("exited with code {code}"),
-    );
-    format!(
-        "{exited} after a write to a read-only file system (its log says so): a container's root \
-         filesystem is read-only; give the path it writes a volume (an emptyDir in spec.volumes \
-         with a volumeMount) or write under /tmp, /var/tmp or /run"
-    )
 }
 
 /// Whether the kernel's OOM killer killed a process of the container's
@@ -582,7 +498,7 @@ pub fn remove_pod_cgroups(uid: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::{oom_kill_count, prepare_mount_point, wait_for_exit};
+    use super::{oom_kill_count, wait_for_exit};
 
     #[test]
     fn oom_kills_are_read_from_either_cgroup_version() {
@@ -621,19 +537,5 @@ mod tests {
         assert!(began.elapsed() < Duration::from_secs(1));
         let _ = long.kill();
         let _ = long.wait();
-    }
-
-    #[test]
-    fn missing_mount_points_are_made_and_symlinks_refused() {
-        let rootfs = tempfile::tempdir().expect("temp dir");
-        prepare_mount_point(rootfs.path(), "/etc/resolv.conf", false).expect("file");
-        assert!(rootfs.path().join("etc/resolv.conf").is_file());
-        prepare_mount_point(rootfs.path(), "/data/inner", true).expect("dir");
-        assert!(rootfs.path().join("data/inner").is_dir());
-        prepare_mount_point(rootfs.path(), "/etc/resolv.conf", false).expect("again");
-        std::os::unix::fs::symlink("/", rootfs.path().join("escape")).expect("symlink");
-        let error = prepare_mount_point(rootfs.path(), "/escape/x", false).expect_err("refused");
-        assert!(error.contains("symbolic link"), "{error}");
-        assert!(prepare_mount_point(rootfs.path(), "/a/../b", true).is_err());
     }
 }

@@ -26,6 +26,7 @@ pub mod images;
 pub mod join;
 pub mod logs;
 pub mod manager;
+pub mod mount_points;
 pub mod network;
 pub mod node;
 pub mod node_identity;

@@ -54,7 +54,7 @@ impl PodWorkload {
                 let read_only_write = exit_code.is_some_and(|code| code != 0)
                     && record.stop_cause.is_none()
                     && !out_of_memory
-                    && crate::containers::wrote_to_read_only_fs(&crate::containers::log_path(
+                    && wrote_to_read_only_fs(&crate::containers::log_path(
                         &self.ctx.runner.pods_dir,
                         &self.uid(),
                         &name,
@@ -76,7 +76,7 @@ impl PodWorkload {
                         Some(ContainerReason::OutOfMemory),
                     )
                 } else if read_only_write {
-                    (Some(crate::containers::read_only_hint(exit_code)), None)
+                    (Some(read_only_hint(exit_code)), None)
                 } else {
                     let reason = stop_cause.as_ref().map(|_| ContainerReason::Unhealthy);
                     (stop_cause, reason)
@@ -269,4 +269,40 @@ impl PodWorkload {
         }
         changed
     }
+}
+
+/// Whether the end of a container's log says a write failed on a
+/// read-only file system (EROFS, as libc and most runtimes word it).
+fn wrote_to_read_only_fs(log: &std::path::Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 16 << 10;
+    let Ok(mut file) = std::fs::File::open(log) else {
+        return false;
+    };
+    let length = file.metadata().map(|meta| meta.len()).unwrap_or(0);
+    if file
+        .seek(SeekFrom::Start(length.saturating_sub(TAIL)))
+        .is_err()
+    {
+        return false;
+    }
+    let mut tail = Vec::new();
+    if file.take(TAIL).read_to_end(&mut tail).is_err() {
+        return false;
+    }
+    String::from_utf8_lossy(&tail).contains("Read-only file system")
+}
+
+/// The exit cause of a container that failed writing to a read-only file
+/// system: what happened, and how to give the program somewhere to write.
+fn read_only_hint(code: Option<i32>) -> String {
+    let exited = code.map_or_else(
+        || "exited".to_string(),
+        |code| format!("exited with code {code}"),
+    );
+    format!(
+        "{exited} after a write to a read-only file system (its log says so): a container's root \
+         filesystem is read-only; give the path it writes a volume (an emptyDir in spec.volumes \
+         with a volumeMount) or write under /tmp, /var/tmp or /run"
+    )
 }
