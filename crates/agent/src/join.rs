@@ -1,8 +1,10 @@
-//! The node's own workflows: the node steps of `join` (register, tunnel,
-//! routes, egress, runtime check) and of `stop` (leave, once the node is
-//! drained) run by the same executor as pods and VMs ([`crate::executor`]),
-//! fed by the informer of `Node` objects, so each step starts as soon as
-//! the change that made it ready arrives.
+//! The node's own `join` workflow: its node steps (register, tunnel,
+//! routes, egress, runtime check) run by the same executor as pods and VMs
+//! ([`crate::executor`]), fed by the informer of `Node` objects, so each
+//! step starts as soon as the change that made it ready arrives. When the
+//! node's `Node` is deleted (drained, design 0030) the node has left the
+//! cluster: its heartbeat stops, so it does not register the node again
+//! until the agent starts again.
 
 use std::sync::Arc;
 
@@ -26,9 +28,6 @@ pub struct JoinWorkload {
     node: Object,
     client: Client,
     network: Option<Arc<PodNetwork>>,
-    /// Cancelled by `node/leave`: stops the heartbeat, so the node does not
-    /// register again.
-    heartbeat: CancellationToken,
 }
 
 /// Where the node's `Node` objects reach the join steps: the heartbeat
@@ -43,8 +42,8 @@ pub fn channel() -> (
 
 /// Runs the join steps of node `name` as its `Node` arrives through
 /// `received` (see [`channel`]; `changes` is its sending end, given to the
-/// `nodes` informer) until the agent stops. `node/leave` cancels
-/// `heartbeat`.
+/// `nodes` informer) until the agent stops. The deletion of the node's
+/// `Node` cancels `heartbeat`.
 pub async fn follow(
     name: String,
     nodes: Informer,
@@ -67,13 +66,16 @@ pub async fn follow(
                     let _ = existing.send(node.clone());
                 }
             },
-            move |change| {
-                if let Change::Applied { key, object, .. } = change
-                    && **key == own
-                {
+            move |change| match change {
+                Change::Applied { key, object, .. } if **key == own => {
                     // A closed channel means the agent stopped.
                     let _ = changes.send((*object).clone());
                 }
+                Change::Deleted { key, .. } if **key == own && !heartbeat.is_cancelled() => {
+                    tracing::info!(node = %key.name, "the node was deleted: left the cluster; its heartbeat stops until the agent starts again");
+                    heartbeat.cancel();
+                }
+                _ => {}
             },
         );
     }
@@ -85,7 +87,6 @@ pub async fn follow(
         node: first,
         client,
         network,
-        heartbeat,
     };
     tokio::spawn(Executor::new(workload, api).run(inbox));
     while let Some(node) = received.recv().await {
@@ -145,14 +146,6 @@ impl Workload for JoinWorkload {
         // heartbeat's first status write, which the informer brings here.
         if typed == JoinStep::Register && self.node.status.get("capacity").is_none() {
             return StepOutcome::NotYet.into();
-        }
-        if typed == JoinStep::Leave {
-            self.heartbeat.cancel();
-            tracing::info!(node = %self.node.metadata.name, "drained and deleted: left the cluster");
-            return StepRun::from(Ok(Some(
-                "the heartbeat stopped; the node registers again only when its agent starts again"
-                    .to_string(),
-            )));
         }
         let outcome = join_step(typed, &self.node, &self.client, self.network.as_deref()).await;
         StepRun::from(outcome.map(Some))
@@ -226,8 +219,6 @@ async fn join_step(
                 .map_err(|error| crate::chain(&error)),
             None => Ok("no pod network on this node (pods have loopback only)".to_string()),
         },
-        // Run by the workload itself: it stops the heartbeat.
-        JoinStep::Leave => Err("node/leave runs on the node's own workload".to_string()),
         JoinStep::CheckRuntime => {
             let output = tokio::task::spawn_blocking(|| {
                 // The agent reaps orphans; hold the lock so our own child

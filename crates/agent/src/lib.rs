@@ -309,7 +309,7 @@ pub async fn run(
     tracing::info!(node = %ctx.node, restored, endpoint = ?endpoint, "agent started");
     if let Some(client) = ctx.client.clone() {
         let (registered, joining) = join::channel();
-        // Stops with the agent, or when the node leaves (`node/leave`).
+        // Stops with the agent, or when the node's Node is deleted.
         let heartbeat = shutdown.child_token();
         tokio::spawn(heartbeat::heartbeat_loop(
             client.clone(),

@@ -20,9 +20,9 @@
 //!
 //! A Node's deletion is a drain: the scheduler places nothing more there
 //! and moves its pods away (`scheduler/drain`, held by pods pinned there
-//! and VMs until people move or delete them), then its agent leaves
-//! (`node/leave`: it stops heartbeating). A Lost or forgotten node is
-//! removed at once, as there is no agent to answer.
+//! and VMs until people move or delete them), then it is removed and its
+//! agent, seeing that, stops heartbeating. A Lost or forgotten node is
+//! removed at once, and so is one that becomes Lost while it drains.
 //!
 //! Kinds without a stop workflow (everything but Pod, VirtualMachine and
 //! Node) are removed at once; objects with dependents delete them through
@@ -283,53 +283,65 @@ pub async fn finish(server: &Server, mut object: Object) -> Result<Outcome, Stor
     Ok(Outcome::Stopping(object))
 }
 
-/// Removes the pods and VMs being deleted on `node`, now Lost or forgotten:
-/// nothing is left to stop them. The removal is the deleter's change, its
-/// message saying why the rest of the stop workflow did not run. Returns
-/// how many were removed.
-pub async fn release_lost_node(server: &Server, node: &str) -> Result<usize, ApiError> {
+/// Removes what is being deleted on `node`, now Lost or forgotten —
+/// its pods and VMs, and the Node itself if it is being deleted: nothing
+/// is left to stop them. Each removal is the deleter's change, its message
+/// saying why the rest of the stop workflow did not run. Returns how many
+/// objects were removed.
+pub async fn release_lost_node(server: &Server, node: &Object) -> Result<usize, ApiError> {
+    let name = node.metadata.name.clone();
     let mut removed = 0;
     for kind in [Kind::Pod, Kind::VirtualMachine] {
         let request = crate::watchcache::ListRequest {
             kind,
             scope: crate::watchcache::Scope {
-                node: Some(node.to_string()),
+                node: Some(name.clone()),
                 ..Default::default()
             },
             limit: None,
             continue_token: None,
         };
         for cached in server.cache.list(&request).await?.items {
-            let Ok(object) = cached.decode() else {
-                continue;
-            };
-            let Some(deletion) = object.metadata.deleting.clone() else {
-                continue;
-            };
-            let mut change = removal(&deletion, server.clock.now());
-            let why = format!("its node {node} is lost: nothing left to stop");
-            change.message = if change.message.is_empty() {
-                why
-            } else {
-                format!("{} ({why})", change.message)
-            };
-            let key = object.key();
-            match server
-                .store
-                .delete(&key, Some(object.metadata.resource_version), &change)
-                .await
+            if let Ok(object) = cached.decode()
+                && remove_lost(server, &object, &name).await?
             {
-                Ok(_) => {
-                    tracing::info!(object = %key, %node, "being deleted on a lost node: removed");
-                    removed += 1;
-                }
-                // Changed meanwhile: its next change brings it back here.
-                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
-                Err(error) => return Err(error.into()),
+                removed += 1;
             }
         }
     }
+    if remove_lost(server, node, &name).await? {
+        removed += 1;
+    }
     Ok(removed)
+}
+
+/// Removes `object` if it is being deleted, since its node `node` is lost;
+/// whether it did.
+async fn remove_lost(server: &Server, object: &Object, node: &str) -> Result<bool, ApiError> {
+    let Some(deletion) = &object.metadata.deleting else {
+        return Ok(false);
+    };
+    let mut change = removal(deletion, server.clock.now());
+    let why = format!("its node {node} is lost: nothing left to stop");
+    change.message = if change.message.is_empty() {
+        why
+    } else {
+        format!("{} ({why})", change.message)
+    };
+    let key = object.key();
+    match server
+        .store
+        .delete(&key, Some(object.metadata.resource_version), &change)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(object = %key, %node, "being deleted on a lost node: removed");
+            Ok(true)
+        }
+        // Changed meanwhile: its next change brings it back here.
+        Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// The history change of the removal: the deleter's, with the steps

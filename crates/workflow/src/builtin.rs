@@ -259,28 +259,23 @@ fn pod_update() -> Vec<StepDefinition> {
 /// Deletion of a node: a drain. The scheduler places nothing more there and
 /// moves every pod that may leave (not pinned to it); pods pinned there and
 /// VMs hold the drain until they are deleted, re-pinned or migrated (the
-/// step's log names them). Then the node's agent leaves: it stops
-/// heartbeating and does not register again until it is started again.
+/// step's log names them). Then the Node is removed, and its agent, seeing
+/// its Node gone, stops heartbeating (it does not register again until it
+/// is started again); a stopped agent does not hold the deletion.
 fn node_stop() -> Vec<StepDefinition> {
     vec![
         step(
             "scheduler/drain",
             "place nothing more on the node, move its pods elsewhere, wait for pinned pods and VMs",
         )
-        .wanted_by("drained")
+        .wanted_by("deleted")
         .timeout_secs(3600)
         .build(),
-        target("drained", "no pod or VM is bound to the node", &[]),
-        node_step(
-            JoinStep::Leave,
-            "stop heartbeating: the node leaves the cluster",
-        )
-        .requires(&["drained"])
-        .wanted_by("deleted")
-        .timeout_secs(60)
-        .attempts(3)
-        .build(),
-        target("deleted", "the node has left and its object can go", &[]),
+        target(
+            "deleted",
+            "no pod or VM is bound to the node: its object can go",
+            &[],
+        ),
     ]
 }
 

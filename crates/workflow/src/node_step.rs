@@ -154,9 +154,8 @@ node_steps! {
 }
 
 node_steps! {
-    /// The node's steps in its own workflows: `join`, and `stop` (its
-    /// deletion) where it leaves the cluster.
-    JoinStep ("Node") {
+    /// The node's steps in its own `join` workflow.
+    JoinStep ("join") {
         /// The node is registered with its capacity.
         Register => "node/register",
         /// Every other node with a WireGuard tunnel is a peer.
@@ -167,9 +166,6 @@ node_steps! {
         ConfigureEgress => "node/configure-egress",
         /// The OCI runtimes answer.
         CheckRuntime => "node/check-runtime",
-        /// The node is drained and deleted: its agent stops heartbeating
-        /// and does not register again until it is started again.
-        Leave => "node/leave",
     }
 }
 

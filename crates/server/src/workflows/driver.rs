@@ -178,9 +178,12 @@ async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &C
         }
     }
     if kind == Kind::Node && node_is_gone(&object) {
-        let name = &object.metadata.name;
-        if let Err(error) = crate::deletion::release_lost_node(server, name).await {
-            tracing::warn!(node = %name, %error, "cannot remove what was being deleted on a lost node");
+        match crate::deletion::release_lost_node(server, &object).await {
+            Ok(_) if object.metadata.deleting.is_some() => return,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(node = %object.metadata.name, %error, "cannot remove what was being deleted on a lost node");
+            }
         }
     }
     let key = object.key();
