@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::unique_name;
 
-/// How long a cluster may take to answer health checks.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a cluster may take to answer health checks: on a loaded
+/// 2-core machine (QEMU guests and a browser in other tests) a single
+/// member once took more than 30 s.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 fn free_loopback_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
