@@ -252,12 +252,9 @@ impl ContainerRunner {
             runtime.delete(&runtime_id, true).map_err(runtime_error)?;
         }
         let prepared = began.elapsed();
-        let started = runtime
-            .create(&runtime_id, &bundle, &ContainerIo::combined(&log))
-            .and_then(|pid| {
-                tracing::debug!(container = %runtime_id, ?prepared, created = ?began.elapsed(), "container created");
-                runtime.start(&runtime_id).map(|()| pid)
-            });
+        // One runtime command (`run --detach`), not `create` then `start`.
+        let started = runtime.run_detached(&runtime_id, &bundle, &ContainerIo::combined(&log));
+        tracing::debug!(container = %runtime_id, ?prepared, started = ?began.elapsed(), "container started");
         let pid = match started {
             Ok(pid) => pid,
             Err(error) => {

@@ -8,7 +8,8 @@ use std::fs;
 use std::time::Duration;
 
 use common::{
-    args, busybox_fixture, container_id, create, read_log, remove_cgroup, wait_exit, wait_until,
+    args, busybox_fixture, container_id, create, read_log, remove_cgroup, run_detached, wait_exit,
+    wait_until,
 };
 use corral_runtime::bundle::{
     ContainerConfig, NetworkNamespace, ProcessOverrides, UserIds, merge_process,
@@ -90,6 +91,41 @@ fn failing_command_reports_its_exit_code() {
     let container = create(&runc, &rootfs, &config);
     runc.start(&id).expect("start");
     assert_eq!(wait_exit(container.pid), ExitStatus::Exited(3));
+}
+
+/// `run --detach` starts the container in one runtime command; one that
+/// exits at once keeps its status although orphan sweeps run all along
+/// (it may be reaped before its pid is tracked).
+#[test]
+fn run_detached_collects_the_status_of_a_container_that_exits_at_once() {
+    let fixture = busybox_fixture();
+    reap::become_subreaper().expect("subreaper");
+    let runc = fixture.runc();
+    let sweeping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sweeper = {
+        let sweeping = sweeping.clone();
+        std::thread::spawn(move || {
+            while sweeping.load(std::sync::atomic::Ordering::Relaxed) {
+                reap::reap_orphans();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let stop = Defer::new(move || sweeping.store(false, std::sync::atomic::Ordering::Relaxed));
+    for round in 0..5 {
+        let id = container_id(&format!("run{round}"));
+        let rootfs = fixture.mount(&id);
+        let config = config_for(&fixture, &id, &rootfs, &["sh", "-c", "echo ran; exit 4"]);
+        let container = run_detached(&runc, &rootfs, &config);
+        assert_eq!(
+            wait_exit(container.pid),
+            ExitStatus::Exited(4),
+            "round {round}"
+        );
+        assert!(read_log(&container.log).contains("ran\n"));
+    }
+    drop(stop);
+    sweeper.join().expect("sweeper");
 }
 
 #[test]

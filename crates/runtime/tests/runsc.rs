@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{args, busybox_fixture, container_id, create, read_log, wait_exit};
+use common::{args, busybox_fixture, container_id, create, read_log, run_detached, wait_exit};
 use corral_runtime::bundle::{ContainerConfig, ProcessOverrides, merge_process};
 use corral_runtime::oci::reap;
 use corral_runtime::oci::{ExecSpec, ExitStatus, OciRuntime, RuncCli, Signal, Status};
@@ -50,8 +50,8 @@ fn gvisor_runs_a_container_and_shows_its_kernel() {
         &rootfs,
         &["sh", "-c", "dmesg; echo exit-now"],
     );
-    let container = create(&runtime, &rootfs, &config);
-    runtime.start(&id).expect("start");
+    // As the agent starts a container: one `runsc run --detach`.
+    let container = run_detached(&runtime, &rootfs, &config);
     let status = wait_exit(container.pid);
     let log = read_log(&container.log);
     assert_eq!(status, ExitStatus::Exited(0), "log: {log}");

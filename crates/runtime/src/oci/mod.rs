@@ -137,6 +137,15 @@ pub trait OciRuntime: Send + Sync {
     /// stdio going to `io`; returns the pid of its init process.
     fn create(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError>;
     fn start(&self, id: &str) -> Result<(), OciError>;
+    /// Creates and starts container `id` (`create` then `start`; a runtime
+    /// may do both in one command) and returns the pid of its init. The
+    /// init may have exited by the time this returns: [`wait`](Self::wait)
+    /// still reports how.
+    fn run_detached(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
+        let pid = self.create(id, bundle, io)?;
+        self.start(id)?;
+        Ok(pid)
+    }
     /// `None` when the runtime has no container `id`.
     fn state(&self, id: &str) -> Result<Option<ContainerState>, OciError>;
     /// Sends `signal` to the container's init. Note that init (pid 1 of

@@ -8,11 +8,14 @@
 //! [`reap_orphans`] reaps zombie children that nobody tracks; to never
 //! steal a status someone else will wait for, container inits, exec
 //! children and runtime commands are tracked from their spawn (under
-//! [`spawn_lock`]) until they are waited for. Other code in a subreaper
+//! [`spawn_lock`]) until they are waited for. A container started by
+//! `run --detach` can exit before its pid is known and tracked: the statuses
+//! a sweep collects are kept (the last [`KEPT_STATUSES`]), and waiting for a
+//! pid that is no longer a child finds its status there. Other code in a subreaper
 //! process that spawns children must hold [`spawn_lock`] from spawn until
 //! it has waited for them, or until it has [`track`]ed them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::fs;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -53,6 +56,28 @@ pub enum ReapError {
 
 static SPAWN_LOCK: Mutex<()> = Mutex::new(());
 static TRACKED: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// How many statuses of swept orphans are kept for a late waiter.
+pub const KEPT_STATUSES: usize = 1024;
+
+/// Statuses orphan sweeps collected, oldest first.
+static SWEPT: Mutex<VecDeque<(u32, ExitStatus)>> = Mutex::new(VecDeque::new());
+
+fn keep_swept(pid: u32, status: ExitStatus) {
+    let mut swept = SWEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    swept.retain(|(kept, _)| *kept != pid);
+    if swept.len() == KEPT_STATUSES {
+        swept.pop_front();
+    }
+    swept.push_back((pid, status));
+}
+
+/// The status a sweep collected for `pid`, taken (asked once).
+fn take_swept(pid: u32) -> Option<ExitStatus> {
+    let mut swept = SWEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    let index = swept.iter().position(|(kept, _)| *kept == pid)?;
+    swept.remove(index).map(|(_, status)| status)
+}
 
 /// Held while spawning and waiting for short-lived children, so
 /// [`reap_orphans`] never reaps them first.
@@ -137,12 +162,12 @@ pub fn reap_orphans_locked() -> Vec<u32> {
     tracked.retain(|pid| fs::metadata(format!("/proc/{pid}")).is_ok());
     let mut reaped = Vec::new();
     for pid in zombie_children() {
-        if !tracked.contains(&pid)
-            && matches!(
-                waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)),
-                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
-            )
-        {
+        if tracked.contains(&pid) {
+            continue;
+        }
+        let status = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
+        if let Some(exit) = status.ok().and_then(|status| convert(pid, status)) {
+            keep_swept(pid, exit);
             reaped.push(pid);
         }
     }
@@ -168,6 +193,7 @@ fn convert(pid: u32, status: WaitStatus) -> Option<ExitStatus> {
 }
 
 /// Blocks until `pid` (a child of this process) exits, then untracks it.
+/// A pid an orphan sweep reaped already answers with the status it kept.
 pub fn wait_for_exit(pid: u32) -> Result<ExitStatus, ReapError> {
     loop {
         match waitpid(Pid::from_raw(pid as i32), None) {
@@ -178,6 +204,10 @@ pub fn wait_for_exit(pid: u32) -> Result<ExitStatus, ReapError> {
                 }
             }
             Err(Errno::EINTR) => {}
+            Err(Errno::ECHILD) if let Some(exit) = take_swept(pid) => {
+                untrack(pid);
+                return Ok(exit);
+            }
             Err(source) => return Err(ReapError::Wait { pid, source }),
         }
     }
@@ -193,6 +223,10 @@ pub fn try_wait(pid: u32) -> Result<Option<ExitStatus>, ReapError> {
                 untrack(pid);
             }
             Ok(exit)
+        }
+        Err(Errno::ECHILD) if let Some(exit) = take_swept(pid) => {
+            untrack(pid);
+            Ok(Some(exit))
         }
         Err(source) => Err(ReapError::Wait { pid, source }),
     }
@@ -215,6 +249,35 @@ mod tests {
             ExitStatus::Exited(7)
         );
         assert_eq!(ExitStatus::Signaled(9).code(), 137);
+    }
+
+    /// An orphan that exits before anyone tracks it (a container started
+    /// with `run --detach`) is reaped by a sweep, which keeps its status.
+    #[test]
+    fn a_swept_orphan_still_reports_its_status() {
+        become_subreaper().expect("subreaper");
+        let output = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'sleep 0.2; exit 5' >/dev/null & echo $!"])
+            .output()
+            .expect("spawn sh");
+        let orphan: u32 = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .expect("pid");
+        let began = std::time::Instant::now();
+        while !zombie_children().contains(&orphan) {
+            assert!(
+                began.elapsed().as_secs() < 10,
+                "orphan {orphan} never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(reap_orphans().contains(&orphan), "swept");
+        assert_eq!(try_wait(orphan).expect("kept"), Some(ExitStatus::Exited(5)));
+        assert!(
+            matches!(wait_for_exit(orphan), Err(ReapError::Wait { .. })),
+            "a kept status is answered once"
+        );
     }
 
     #[test]

@@ -50,15 +50,77 @@ impl RuncCli {
 
     /// Arguments of `create`, writing the runtime's own log beside the bundle.
     pub fn create_args(&self, id: &str, bundle: &Path) -> Vec<String> {
+        self.launch_args(&["create"], id, bundle)
+    }
+
+    /// Arguments of `run --detach`: `create` and `start` in one runtime
+    /// process.
+    pub fn run_detached_args(&self, id: &str, bundle: &Path) -> Vec<String> {
+        self.launch_args(&["run", "--detach"], id, bundle)
+    }
+
+    fn launch_args(&self, subcommand: &[&str], id: &str, bundle: &Path) -> Vec<String> {
         let mut args = self.base_args();
         args.push(format!("--log={}", runtime_log(bundle).display()));
+        args.extend(subcommand.iter().map(|s| s.to_string()));
         args.extend([
-            "create".to_string(),
             format!("--bundle={}", bundle.display()),
             format!("--pid-file={}", pid_file(bundle).display()),
             id.to_string(),
         ]);
         args
+    }
+
+    /// Runs `create` or `run --detach` (`args`) with the container's stdio
+    /// going to `io`, and returns the pid the runtime wrote. The pid is
+    /// tracked from then on; a container that already exited (possible
+    /// after `run --detach`) was reaped by an orphan sweep, which keeps its
+    /// status for [`reap::wait_for_exit`].
+    fn launch(&self, args: &[String], bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
+        let stdout = open_log(&io.stdout)?;
+        let stderr = if io.stderr == io.stdout {
+            stdout.try_clone().map_err(|source| OciError::LogFile {
+                path: io.stderr.clone(),
+                source,
+            })?
+        } else {
+            open_log(&io.stderr)?
+        };
+        let _ = fs::remove_file(pid_file(bundle));
+        // The container inherits these descriptors: never pipe them, or
+        // waiting for the runtime would wait for the container too.
+        let mut command = self.command(args);
+        command.stdout(stdout).stderr(stderr);
+        let status = spawn_tracked(&mut command)
+            .and_then(|mut child| {
+                let pid = child.id();
+                let status = child.wait();
+                reap::untrack(pid);
+                status
+            })
+            .map_err(|source| self.spawn_error(source))?;
+        if !status.success() {
+            return Err(OciError::Command {
+                command: self.describe(args),
+                status,
+                stderr: tail(&runtime_log(bundle), 2048),
+            });
+        }
+        let path = pid_file(bundle);
+        let text = fs::read_to_string(&path).map_err(|source| OciError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let pid: u32 = text.trim().parse().map_err(|_| OciError::Parse {
+            what: "pid file",
+            detail: text.clone(),
+        })?;
+        // Tracked under the lock, so no orphan sweep takes it from now on.
+        {
+            let _guard = reap::spawn_lock();
+            reap::track(pid);
+        }
+        Ok(pid)
     }
 
     /// Arguments of `exec`.
@@ -212,52 +274,12 @@ pub(crate) fn parse_list(stdout: &[u8]) -> Result<Vec<ContainerState>, OciError>
 
 impl OciRuntime for RuncCli {
     fn create(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
-        let stdout = open_log(&io.stdout)?;
-        let stderr = if io.stderr == io.stdout {
-            stdout.try_clone().map_err(|source| OciError::LogFile {
-                path: io.stderr.clone(),
-                source,
-            })?
-        } else {
-            open_log(&io.stderr)?
-        };
-        let _ = fs::remove_file(pid_file(bundle));
-        let args = self.create_args(id, bundle);
-        // The container inherits these descriptors: never pipe them, or
-        // waiting for the runtime would wait for the container too.
-        let mut command = self.command(&args);
-        command.stdout(stdout).stderr(stderr);
-        let status = spawn_tracked(&mut command)
-            .and_then(|mut child| {
-                let pid = child.id();
-                let status = child.wait();
-                reap::untrack(pid);
-                status
-            })
-            .map_err(|source| self.spawn_error(source))?;
-        if !status.success() {
-            return Err(OciError::Command {
-                command: self.describe(&args),
-                status,
-                stderr: tail(&runtime_log(bundle), 2048),
-            });
-        }
-        let path = pid_file(bundle);
-        let text = fs::read_to_string(&path).map_err(|source| OciError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let pid: u32 = text.trim().parse().map_err(|_| OciError::Parse {
-            what: "pid file",
-            detail: text.clone(),
-        })?;
-        // Tracked under the lock, so no orphan sweep takes it from now on.
-        // (Until now it could not be a zombie: it waits for `start`.)
-        {
-            let _guard = reap::spawn_lock();
-            reap::track(pid);
-        }
-        Ok(pid)
+        // Its init waits for `start`: it cannot exit before it is tracked.
+        self.launch(&self.create_args(id, bundle), bundle, io)
+    }
+
+    fn run_detached(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
+        self.launch(&self.run_detached_args(id, bundle), bundle, io)
     }
 
     fn start(&self, id: &str) -> Result<(), OciError> {
@@ -357,6 +379,23 @@ mod tests {
                 "--network=host",
                 "--log=/b/c1/runtime.log",
                 "create",
+                "--bundle=/b/c1",
+                "--pid-file=/b/c1/init.pid",
+                "c1",
+            ]
+        );
+    }
+
+    #[test]
+    fn run_detached_args_name_the_bundle_and_pid_file() {
+        assert_eq!(
+            cli().run_detached_args("c1", Path::new("/b/c1")),
+            vec![
+                "--root=/var/lib/corral/runsc",
+                "--network=host",
+                "--log=/b/c1/runtime.log",
+                "run",
+                "--detach",
                 "--bundle=/b/c1",
                 "--pid-file=/b/c1/init.pid",
                 "c1",

@@ -86,12 +86,36 @@ pub fn create<'a>(
     rootfs: &Rootfs,
     config: &ContainerConfig,
 ) -> Container<'a> {
+    launch(runtime, rootfs, config, false)
+}
+
+/// Writes a bundle for `config` beside the rootfs and creates and starts
+/// the container in one runtime command (`run --detach`).
+#[allow(dead_code)]
+pub fn run_detached<'a>(
+    runtime: &'a dyn OciRuntime,
+    rootfs: &Rootfs,
+    config: &ContainerConfig,
+) -> Container<'a> {
+    launch(runtime, rootfs, config, true)
+}
+
+fn launch<'a>(
+    runtime: &'a dyn OciRuntime,
+    rootfs: &Rootfs,
+    config: &ContainerConfig,
+    detached: bool,
+) -> Container<'a> {
     let bundle = rootfs.container_dir.join("bundle");
     write_bundle(&bundle, config).expect("write bundle");
     let log = rootfs.container_dir.join("container.log");
-    let pid = runtime
-        .create(&config.id, &bundle, &ContainerIo::combined(&log))
-        .unwrap_or_else(|e| panic!("create {}: {e}", config.id));
+    let io = ContainerIo::combined(&log);
+    let pid = if detached {
+        runtime.run_detached(&config.id, &bundle, &io)
+    } else {
+        runtime.create(&config.id, &bundle, &io)
+    }
+    .unwrap_or_else(|e| panic!("launch {}: {e}", config.id));
     Container {
         runtime,
         id: config.id.clone(),
