@@ -1,7 +1,9 @@
 //! `corral-bench pod-start`: how long a pod takes from the API request to
 //! all its containers running, observed through a watch, next to the same
-//! busybox `sleep 3600` started by bare `runc run -d` (the floor) and by
-//! `podman run -d` (a peer), and corral's gVisor pods next to bare `runsc
+//! busybox `sleep 3600` started by bare `runc run -d` (the floor), by `runc
+//! run -d` of a bundle with corral's default sandbox (seccomp allowlist, no
+//! capabilities, unprivileged user, own user namespace: the runtime's price
+//! of the sandbox) and by `podman run -d` (a peer), and corral's gVisor pods next to bare `runsc
 //! run -detach` (their floor). N containers one after another, then M at once,
 //! for each system in turn (removing the N before the M), each after one
 //! untimed warm-up start (reported apart). Then corral's
@@ -34,6 +36,7 @@ const CORRAL: &str = "corral: apply → running (watch)";
 const GVISOR: &str = "corral, runtime: gvisor";
 const FLOOR: &str = "floor: runc run -d";
 const RUNSC_FLOOR: &str = "floor: runsc run -d";
+const SANDBOXED_FLOOR: &str = "floor: runc run -d, corral's sandbox";
 const PODMAN: &str = "peer: podman run -d";
 const UPDATE: &str = "corral: in-place update (env)";
 const RECREATE: &str = "corral: delete + create";
@@ -175,6 +178,22 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     floor.remove_all().await?;
     drop(floor);
 
+    // runc with corral's default sandbox in the bundle
+    let floor = RuncFloor::sandboxed().await?;
+    println!("{SANDBOXED_FLOOR}: {n} one after another, then {m} at once …");
+    warm_up.push(format!(
+        "runc with corral's sandbox {}",
+        report::millis(floor.run(format!("{prefix}-sandboxed-warm-up")).await?)
+    ));
+    let summary =
+        one_after_another(n, |i| floor.run(format!("{prefix}-sandboxed-seq-{i}"))).await?;
+    starts.push(row(SANDBOXED_FLOOR, 1, summary));
+    floor.remove_all().await?;
+    let summary = at_once(m, |i| floor.run(format!("{prefix}-sandboxed-con-{i}"))).await?;
+    starts.push(row(SANDBOXED_FLOOR, m, summary));
+    floor.remove_all().await?;
+    drop(floor);
+
     // runsc: the floor of the gVisor row (one at a time, as that row)
     let runsc_note = match RuncFloor::runsc().await {
         Ok(floor) => {
@@ -231,7 +250,14 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     println!();
     print!(
         "{}",
-        report::latency_table(&starts, &[(FLOOR, "runc"), (PODMAN, "podman")])
+        report::latency_table(
+            &starts,
+            &[
+                (FLOOR, "runc"),
+                (SANDBOXED_FLOOR, "sandboxed runc"),
+                (PODMAN, "podman")
+            ]
+        )
     );
     println!();
     // gVisor against its own floor (and runc's, from the table above).

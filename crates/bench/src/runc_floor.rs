@@ -7,7 +7,15 @@
 //! terminal; the rootfs is one shared directory holding the image's files
 //! (`/bin/busybox` and its applet links). Dropping it deletes every
 //! container, its cgroups and the temp dir.
+//!
+//! The sandboxed runc floor is the same bundle with what corral's default
+//! sandbox adds that costs runc time: the agent's seccomp allowlist
+//! (compiled by runc for every container), no capabilities, no new
+//! privileges, an unprivileged user, and a user namespace of its own. It
+//! shows how much of a pod start is the runtime's price of the sandbox
+//! rather than corral's.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -35,6 +43,10 @@ pub struct RuncFloor {
     cgroup_parent: String,
 }
 
+/// The host ids the sandboxed floor's user namespace maps root to (far
+/// above the agent's pod ranges).
+const FLOOR_HOST_IDS: u32 = 1 << 31;
+
 impl RuncFloor {
     /// The runc floor: builds the rootfs and the `runc spec` template.
     pub async fn new() -> anyhow::Result<Self> {
@@ -56,10 +68,33 @@ impl RuncFloor {
         Self::with_runtime("runsc", flags).await
     }
 
+    /// The runc floor with corral's default sandbox in its bundle.
+    pub async fn sandboxed() -> anyhow::Result<Self> {
+        let mut floor = Self::with_runtime("runc", Vec::new()).await?;
+        floor.template["process"]["user"] = json!({"uid": 65534, "gid": 65534});
+        floor.template["process"]["noNewPrivileges"] = json!(true);
+        floor.template["process"]["capabilities"] = json!({
+            "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []
+        });
+        let profile = corral_runtime::bundle::default_profile()
+            .context("cannot build corral's seccomp profile")?;
+        floor.template["linux"]["seccomp"] = serde_json::to_value(profile)?;
+        let mapping = json!([{"containerID": 0, "hostID": FLOOR_HOST_IDS, "size": 65536}]);
+        floor.template["linux"]["uidMappings"] = mapping.clone();
+        floor.template["linux"]["gidMappings"] = mapping;
+        if let Some(namespaces) = floor.template["linux"]["namespaces"].as_array_mut() {
+            namespaces.push(json!({"type": "user"}));
+        }
+        Ok(floor)
+    }
+
     async fn with_runtime(binary: &'static str, global_args: Vec<String>) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("corral-bench-runc-")
             .tempdir()?;
+        // A user namespace's root (the sandboxed floor) must reach the
+        // rootfs: a temp dir is 0700.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         build_rootfs(&dir.path().join("rootfs"))?;
         let template_dir = dir.path().join("template");
         std::fs::create_dir_all(&template_dir)?;
