@@ -11,6 +11,7 @@
 //! - a larger `disk.size` and `dataDisks[].size` grow both disks of the
 //!   running guest (it sees the new sizes); a smaller one is refused by the
 //!   API, naming the field, and changes nothing (no revision, same sizes);
+//!   a rollback to a revision from before they grew keeps their sizes;
 //! - `corral vm reset` reboots the guest in the same QEMU;
 //! - `corral delete` presses the ACPI power button: a guest that handles it
 //!   powers off (its console shows its shutdown line) long before its
@@ -278,6 +279,44 @@ fn snapshots_restore_reset_and_a_clean_stop() {
     }
     let vm = cluster.get_json(&acpi_target);
     assert_eq!(vm["metadata"]["revision"], revision, "{vm}");
+    let seen = type_line(&cluster, &acpi_target, sizes);
+    assert!(seen.contains("SECTORS-196608-98304"), "{seen}");
+
+    // A rollback to the revision that took s1 (before the disks grew)
+    // takes s1 again but keeps the disks' sizes, and says so.
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", &acpi_target, "-o", "json"])).unwrap();
+    let took_s1 = history
+        .iter()
+        .find(|record| record["message"] == "vm snapshot s1")
+        .and_then(|record| record["revision"].as_u64())
+        .unwrap_or_else(|| panic!("no 'vm snapshot s1' revision: {history:?}"));
+    cluster.ok(&["rollback", &acpi_target, "--to", &took_s1.to_string()]);
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", &acpi_target, "-o", "json"])).unwrap();
+    let message = history.last().unwrap()["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        message,
+        format!(
+            "rollback to revision {took_s1} (kept spec.disk.size, spec.dataDisks[0].size: a disk only grows)"
+        )
+    );
+    let vm = common::wait_for(
+        "the rollback to be applied",
+        Duration::from_secs(120),
+        || {
+            let vm = cluster.get_json(&acpi_target);
+            (vm["status"]["observedRevision"] == vm["metadata"]["revision"]
+                && vm["status"]["snapshots"]
+                    .as_array()
+                    .is_some_and(|s| s.len() == 1))
+            .then_some(vm)
+        },
+    );
+    assert_eq!(vm["spec"]["disk"]["size"], "96Mi", "{vm}");
+    assert_eq!(vm["spec"]["dataDisks"][0]["size"], "48Mi", "{vm}");
     let seen = type_line(&cluster, &acpi_target, sizes);
     assert!(seen.contains("SECTORS-196608-98304"), "{seen}");
 

@@ -122,6 +122,12 @@ pub async fn rollback(
     }
     crate::secrets::check_restorable(&server, &key, &spec).await?;
     let (spec, kept) = keep_grown_disks(key.kind, &current.spec, spec);
+    if spec == current.spec {
+        return Err(ApiError::Conflict(format!(
+            "{key} revision {} differs from revision {} only in disk sizes, which a rollback keeps (a disk only grows): nothing to roll back",
+            current.metadata.revision, request.to
+        )));
+    }
     let mut message = match request.message.filter(|m| !m.is_empty()) {
         Some(message) => format!("rollback to revision {}: {message}", request.to),
         None => format!("rollback to revision {}", request.to),
