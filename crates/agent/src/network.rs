@@ -1,5 +1,5 @@
 //! The node's pod network (design idea 6), driven from the agent: a veth
-//! per pod (and per VM, bridged to its tap) with the address IPAM chose,
+//! per pod (and per VM link, bridged to its tap) with the address IPAM chose,
 //! IPv4 egress from a node-local range, forwarding, and routes to every
 //! other node's /64, reconciled from `Node` objects: plain (via the node's
 //! address), or through the node's WireGuard tunnel ([`crate::tunnel`])
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use corral_api::Object;
 use corral_api::kinds::NodeStatus;
 use corral_net::datapath::{
-    self, DatapathError, NetworkOps, NextHop, NodeRoute, PodEgress, PodInterface, RoutePlan,
+    self, DatapathError, NetworkOps, NextHop, NodeRoute, PodEgress, PodInterface, RoutePlan, VmLink,
 };
 use corral_net::dns::DnsTable;
 use corral_net::egress::{self, EgressConfig, EgressError};
@@ -110,7 +110,13 @@ pub struct PodNetwork {
     /// at a time anyway (the RTNL lock), and in turn the first pods of a
     /// burst are wired first instead of all of them last.
     wiring: tokio::sync::Mutex<()>,
+    /// Egress addresses handed out lately, held back from others until
+    /// the record of whoever got one shows it (pods and VMs choose apart).
+    handed_out: std::sync::Mutex<std::collections::HashMap<Ipv4Addr, std::time::Instant>>,
 }
+
+/// How long a handed-out egress address is held back without a record.
+const HANDED_OUT_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl std::fmt::Debug for PodNetwork {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,6 +144,7 @@ impl PodNetwork {
             stop: tokio_util::sync::CancellationToken::new(),
             sysctls: true,
             wiring: tokio::sync::Mutex::new(()),
+            handed_out: Default::default(),
         })
     }
 
@@ -152,6 +159,7 @@ impl PodNetwork {
             sysctls: false,
             tunnel: None,
             wiring: tokio::sync::Mutex::new(()),
+            handed_out: Default::default(),
         }
     }
 
@@ -183,8 +191,9 @@ impl PodNetwork {
         &self.config
     }
 
-    /// A free egress address, given those the node's pods already hold;
-    /// `None` when the node gives pods no IPv4.
+    /// A free egress address, given those the node's pods and VMs already
+    /// hold (and those handed out in the last minute, which their records
+    /// may not show yet); `None` when the node gives pods no IPv4.
     pub fn allocate_egress(
         &self,
         taken: &BTreeSet<Ipv4Addr>,
@@ -192,11 +201,20 @@ impl PodNetwork {
         if self.config.egress_uplink.is_none() {
             return Ok(None);
         }
-        self.config
+        let mut handed_out = self
+            .handed_out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        handed_out.retain(|_, at| at.elapsed() < HANDED_OUT_FOR);
+        let mut taken = taken.clone();
+        taken.extend(handed_out.keys().copied());
+        let address = self
+            .config
             .egress_range
-            .allocate(taken)
-            .map(Some)
-            .map_err(NetworkError::EgressRange)
+            .allocate(&taken)
+            .map_err(NetworkError::EgressRange)?;
+        handed_out.insert(address, std::time::Instant::now());
+        Ok(Some(address))
     }
 
     /// Wires the pod: veth into its namespace, its addresses and routes.
@@ -229,32 +247,41 @@ impl PodNetwork {
         })
     }
 
-    /// Wires a VM's namespace: the node side as for a pod; inside, the
-    /// veth and the VM's tap device `tap` are bridged, so the guest holds
-    /// `ipv6` itself. VMs get no IPv4 egress. Safe to repeat.
+    /// Wires one link of a VM's namespace: the node side as for a pod
+    /// (with IPv4 egress when `ipv4` is given); inside, the veth end and
+    /// the VM's tap device are bridged (`link`), so the guest holds `ipv6`
+    /// (and `ipv4`) itself. Each link has its own `owner` (its own host
+    /// veth). Safe to repeat.
     pub async fn wire_vm(
         &self,
         owner: &str,
         netns: &Path,
         ipv6: Ipv6Addr,
-        tap: &str,
+        ipv4: Option<Ipv4Addr>,
+        link: &VmLink,
     ) -> Result<String, NetworkError> {
         let vm = PodInterface {
             owner: owner.to_string(),
             host_interface: datapath::host_interface_name(owner),
             netns: netns.to_path_buf(),
             ipv6,
-            egress: None,
+            egress: ipv4.map(|address| PodEgress {
+                address,
+                gateway: self.config.egress_range.gateway(),
+            }),
         };
         {
             let _wiring = self.wiring.lock().await;
-            self.ops.ensure_vm_interface(&vm, tap).await?;
+            self.ops.ensure_vm_interface(&vm, link).await?;
             self.after_wiring(&vm.host_interface).await?;
         }
+        let addresses = match ipv4 {
+            Some(v4) => format!("{ipv6} and {v4}"),
+            None => ipv6.to_string(),
+        };
         Ok(format!(
-            "{ipv6} on {}, bridged to {tap} in {}",
-            vm.host_interface,
-            datapath::VM_BRIDGE
+            "{addresses} on {}, bridged to {} in {}",
+            vm.host_interface, link.port, link.bridge
         ))
     }
 
@@ -581,29 +608,48 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn vms_are_bridged_to_their_tap_without_egress() {
+    async fn vms_are_bridged_to_their_taps_with_egress_on_the_first() {
         let fake = Arc::new(FakeNetworkOps::new());
         let network = PodNetwork::with_ops(fake.clone(), config(Some("eth0")));
+        let v4 = network.allocate_egress(&BTreeSet::new()).unwrap();
         let note = network
             .wire_vm(
                 "vm/default/builder",
                 Path::new("/run/vm"),
                 "fd00::9".parse().unwrap(),
-                "tap0",
+                v4,
+                &VmLink::nth(0, "tap0"),
             )
             .await
             .unwrap();
         assert!(note.contains("fd00::9") && note.contains("tap0"), "{note}");
+        let note = network
+            .wire_vm(
+                "vm/default/builder#backend",
+                Path::new("/run/vm"),
+                "fd00::a".parse().unwrap(),
+                None,
+                &VmLink::nth(1, "tap1"),
+            )
+            .await
+            .unwrap();
+        assert!(note.contains("tap1 in br1"), "{note}");
         let state = fake.snapshot();
-        let vm = state.pods.values().next().unwrap();
-        assert_eq!(vm.egress, None);
-        assert_eq!(vm.owner, "vm/default/builder");
         let host = datapath::host_interface_name("vm/default/builder");
+        let second = datapath::host_interface_name("vm/default/builder#backend");
+        let vm = &state.pods[&host];
+        assert_eq!(vm.egress.map(|e| e.address), v4);
+        assert_eq!(vm.owner, "vm/default/builder");
+        assert_eq!(state.pods[&second].egress, None);
         assert_eq!(
             state.calls,
-            vec![format!("ensure_vm_interface {host} tap0")]
+            vec![
+                format!("ensure_vm_interface {host} eth0 tap0"),
+                format!("ensure_vm_interface {second} eth1 tap1"),
+            ]
         );
         assert_ne!(host, datapath::host_interface_name("default/builder"));
+        assert_ne!(host, second);
     }
 
     #[test]

@@ -219,6 +219,25 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
     }
 }
 
+/// The rules of a change to an object, beyond those of the new object
+/// itself (checked by [`validate_object`]): today, that a VM's disk only
+/// grows. A stored spec that no longer decodes imposes nothing.
+pub fn validate_update(old: &Object, new: &Object) -> Result<(), Vec<FieldError>> {
+    let mut checker = Checker::default();
+    if old.kind == Kind::VirtualMachine && new.kind == Kind::VirtualMachine {
+        let old = serde_json::from_value::<VirtualMachineSpec>(old.spec.clone());
+        let new = serde_json::from_value::<VirtualMachineSpec>(new.spec.clone());
+        if let (Ok(old), Ok(new)) = (old, new) {
+            vm::check_vm_update(&mut checker, &old, &new);
+        }
+    }
+    if checker.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(checker.errors)
+    }
+}
+
 /// The spec in canonical form: decoded into the kind's typed spec and
 /// encoded again, so defaults are explicit and equal specs are equal bytes.
 /// Call it on a validated object; an undecodable spec is returned unchanged.
@@ -587,6 +606,7 @@ mod workloads;
 #[path = "validate_vm.rs"]
 mod vm;
 use vm::check_vm;
+pub use vm::keep_grown_disks;
 
 #[cfg(test)]
 #[path = "validate_tests.rs"]

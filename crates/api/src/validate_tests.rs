@@ -351,3 +351,87 @@ fn a_vm_machine_ignores_what_is_applied_in_place() {
         crate::kinds::DEFAULT_STOP_GRACE_SECONDS
     );
 }
+
+#[test]
+fn a_vm_disk_only_grows_and_a_rollback_keeps_its_size() {
+    let vm = |disk: Value, data: Value| {
+        Object::new(
+            Kind::VirtualMachine,
+            Some("default"),
+            "vm",
+            json!({"cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"},
+                   "disk": disk, "dataDisks": data}),
+        )
+    };
+    let before = vm(
+        json!({"volume": "d", "size": "2Gi"}),
+        json!([{"name": "a", "size": "64Mi"}, {"name": "b"}]),
+    );
+    // Growing, or adding a disk, is fine; so is another source.
+    let grown = vm(
+        json!({"volume": "d", "size": "3Gi"}),
+        json!([{"name": "a", "size": "96Mi"}, {"name": "b", "size": "2Gi"}, {"name": "c", "size": "1Mi"}]),
+    );
+    assert_eq!(crate::validate_update(&before, &grown), Ok(()));
+    let other = vm(
+        json!({"volume": "e", "size": "1Gi"}),
+        json!([{"name": "z"}]),
+    );
+    assert_eq!(crate::validate_update(&before, &other), Ok(()));
+    // Smaller is refused, naming each field; an absent size is 1Gi.
+    let shrunk = vm(
+        json!({"volume": "d"}),
+        json!([{"name": "b", "size": "512Mi"}, {"name": "a", "size": "64Mi"}]),
+    );
+    let errors = crate::validate_update(&before, &shrunk).unwrap_err();
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        text,
+        [
+            "spec.disk.size: 1Gi is smaller than 2Gi, the disk's size now: a disk only grows (keep at least 2Gi)",
+            "spec.dataDisks[0].size: 512Mi is smaller than 1Gi, the disk's size now: a disk only grows (keep at least 1Gi)",
+        ]
+    );
+    // A rollback to `shrunk` keeps the sizes the disks have.
+    let current: crate::kinds::VirtualMachineSpec =
+        serde_json::from_value(before.spec.clone()).unwrap();
+    let mut rolled: crate::kinds::VirtualMachineSpec =
+        serde_json::from_value(shrunk.spec.clone()).unwrap();
+    let raised = crate::keep_grown_disks(&current, &mut rolled);
+    assert_eq!(raised, ["spec.disk.size", "spec.dataDisks[0].size"]);
+    let mut after = shrunk.clone();
+    after.spec = serde_json::to_value(&rolled).unwrap();
+    assert_eq!(crate::validate_update(&before, &after), Ok(()));
+    assert_eq!(rolled.data_disks[1].size_bytes(), 64 << 20);
+}
+
+#[test]
+fn vm_interfaces_are_named_once_and_fixed_at_creation() {
+    let vm = |interfaces: Value| {
+        Object::new(
+            Kind::VirtualMachine,
+            Some("default"),
+            "vm",
+            json!({"cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"},
+                   "interfaces": interfaces}),
+        )
+    };
+    let two = vm(json!([{"name": "backend"}, {"name": "storage"}]));
+    assert_eq!(messages(&two), Vec::<String>::new());
+    let wrong = messages(&vm(json!([{"name": "a"}, {"name": "a"}, {"name": "B_"}]))).join("\n");
+    assert!(
+        wrong.contains("spec.interfaces[1].name: names an interface listed before"),
+        "{wrong}"
+    );
+    assert!(wrong.contains("spec.interfaces[2].name"), "{wrong}");
+    let many: Vec<Value> = (0..8).map(|i| json!({"name": format!("n{i}")})).collect();
+    assert!(
+        messages(&vm(Value::Array(many)))
+            .join("\n")
+            .contains("spec.interfaces: at most 7")
+    );
+    let one = vm(json!([{"name": "backend"}]));
+    let errors = crate::validate_update(&one, &two).unwrap_err();
+    assert_eq!(errors[0].path, "spec.interfaces", "{errors:?}");
+    assert_eq!(crate::validate_update(&two, &two), Ok(()));
+}

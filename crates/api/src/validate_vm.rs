@@ -1,9 +1,11 @@
 //! The rules of a VirtualMachine: its size, what it boots from, its disks
 //! (one source each; clones, data disks, templates), its snapshots and the
-//! times of its one-off actions (restore, power, migration).
+//! times of its one-off actions (restore, power, migration); and what a
+//! change may not do (shrink a disk).
 
 use super::Checker;
 use crate::kinds::VirtualMachineSpec;
+use crate::quantity::Memory;
 
 pub(super) fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
     if spec.cpus == 0 {
@@ -49,6 +51,23 @@ pub(super) fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
             checker.dns_label(&format!("spec.dataDisks[{index}].volume"), volume);
         }
     }
+    let mut interface_names = std::collections::BTreeSet::new();
+    for (index, interface) in spec.interfaces.iter().enumerate() {
+        let path = format!("spec.interfaces[{index}].name");
+        checker.dns_label(&path, &interface.name);
+        if !interface_names.insert(interface.name.as_str()) {
+            checker.fail(path, "names an interface listed before");
+        }
+    }
+    if spec.interfaces.len() > crate::kinds::MAX_VM_INTERFACES {
+        checker.fail(
+            "spec.interfaces",
+            format!(
+                "at most {} further interfaces",
+                crate::kinds::MAX_VM_INTERFACES
+            ),
+        );
+    }
     if !spec.data_disks.is_empty() && spec.disk.is_none() {
         checker.fail("spec.dataDisks", "needs spec.disk, the first disk");
     }
@@ -92,4 +111,88 @@ pub(super) fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
     if let Some(migration) = &spec.migration {
         checker.dns_label("spec.migration.to", &migration.to);
     }
+}
+
+/// The rules of a change from `old` to `new`: the network interfaces are
+/// the ones the VM was created with, and a disk only grows. The same
+/// disk (`disk` with the same source; a data disk with the same name and
+/// volume) may not get a smaller size than it has, since the node would
+/// have to cut off the guest's data; the refusal names the field and the
+/// size to keep. A disk given another source is another disk.
+pub(super) fn check_vm_update(
+    checker: &mut Checker,
+    old: &VirtualMachineSpec,
+    new: &VirtualMachineSpec,
+) {
+    if old.interfaces != new.interfaces {
+        checker.fail(
+            "spec.interfaces",
+            "cannot change once the VM exists (each interface is a link and an address the VM was started with): create a new VM, or a clone, with the interfaces it needs",
+        );
+    }
+    let mut shrunk = |path: String, old_bytes: u64, new_bytes: u64| {
+        if new_bytes < old_bytes {
+            checker.fail(
+                path,
+                format!(
+                    "{} is smaller than {}, the disk's size now: a disk only grows (keep at least {})",
+                    Memory { bytes: new_bytes },
+                    Memory { bytes: old_bytes },
+                    Memory { bytes: old_bytes },
+                ),
+            );
+        }
+    };
+    if let (Some(old_disk), Some(new_disk)) = (&old.disk, &new.disk)
+        && old_disk.same_disk(new_disk)
+    {
+        shrunk(
+            "spec.disk.size".into(),
+            old_disk.size_bytes(),
+            new_disk.size_bytes(),
+        );
+    }
+    for (index, disk) in new.data_disks.iter().enumerate() {
+        if let Some(before) = old
+            .data_disks
+            .iter()
+            .find(|d| d.name == disk.name && d.volume == disk.volume)
+        {
+            shrunk(
+                format!("spec.dataDisks[{index}].size"),
+                before.size_bytes(),
+                disk.size_bytes(),
+            );
+        }
+    }
+}
+
+/// `new` with every disk it shares with `current` at least as large as
+/// there (a rollback to a revision from before a disk grew keeps the
+/// disk's size); returns the fields raised.
+pub fn keep_grown_disks(current: &VirtualMachineSpec, new: &mut VirtualMachineSpec) -> Vec<String> {
+    let mut raised = Vec::new();
+    if let (Some(now), Some(disk)) = (&current.disk, &mut new.disk)
+        && now.same_disk(disk)
+        && disk.size_bytes() < now.size_bytes()
+    {
+        disk.size = Some(Memory {
+            bytes: now.size_bytes(),
+        });
+        raised.push("spec.disk.size".to_string());
+    }
+    for (index, disk) in new.data_disks.iter_mut().enumerate() {
+        if let Some(now) = current
+            .data_disks
+            .iter()
+            .find(|d| d.name == disk.name && d.volume == disk.volume)
+            && disk.size_bytes() < now.size_bytes()
+        {
+            disk.size = Some(Memory {
+                bytes: now.size_bytes(),
+            });
+            raised.push(format!("spec.dataDisks[{index}].size"));
+        }
+    }
+    raised
 }

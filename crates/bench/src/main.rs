@@ -26,6 +26,7 @@ mod report;
 mod runc_floor;
 mod scale;
 mod stats;
+mod vm_start;
 mod volume_start;
 
 use std::process::ExitCode;
@@ -60,6 +61,11 @@ enum Command {
     /// count, pods started per second, idle server CPU, RSS, CPU and
     /// latency per apply, `corral get pods -o json` and the store's size.
     Scale(scale::ScaleArgs),
+    /// A VM in QEMU itself, with the agent's command line and the test
+    /// kit's guest: spawn to boot marker under TCG (and KVM where the
+    /// probe says it works), and live-migration downtime between two QEMUs
+    /// on this machine.
+    VmStart(vm_start::VmStartArgs),
 }
 
 #[tokio::main]
@@ -71,6 +77,7 @@ async fn main() -> ExitCode {
             Command::PodStart(args) => pod_start::run(args).await,
             Command::VolumeStart(args) => volume_start::run(args).await,
             Command::Scale(args) => scale::run(args).await,
+            Command::VmStart(args) => vm_start::run(args).await,
         }
     };
     // On SIGINT/SIGTERM the benchmark future is dropped, which drops the

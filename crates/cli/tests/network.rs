@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::lab::{Lab, httpd_pod};
+use common::lab::{Lab, OutsideHost, accept_one, httpd_pod};
 use common::{CORRAL, wait_for};
 
 #[test]
@@ -202,70 +199,4 @@ fn three_node_lab_routes_pods_across_nodes() {
             || lab.routes(node).contains(&prefix2).then_some(()),
         );
     }
-}
-
-/// A namespace on the lab's bridge that is not a node: the "internet".
-struct OutsideHost {
-    netns: PathBuf,
-    ipv4: String,
-}
-
-impl OutsideHost {
-    fn create(lab: &Lab) -> OutsideHost {
-        let netns = lab.dir.join("netns").join("outside");
-        let hub = lab.dir.join("netns").join("hub");
-        let ipv4 = "192.168.87.200".to_string();
-        corral_net::netns::create(&netns).expect("create outside namespace");
-        let run = |ns: &Path, args: &[&str]| {
-            let status = corral_net::netns::output(Some(ns), Command::new("ip").args(args))
-                .expect("enter namespace")
-                .expect("run ip");
-            assert!(status.status.success(), "ip {args:?}: {status:?}");
-        };
-        run(
-            &hub,
-            &[
-                "link", "add", "out0", "type", "veth", "peer", "name", "out0p",
-            ],
-        );
-        run(&hub, &["link", "set", "out0", "master", "br0", "up"]);
-        // `ip link set … netns PID` needs a process inside the target namespace.
-        let mut holder = corral_net::netns::spawn(Some(&netns), Command::new("sleep").arg("60"))
-            .expect("enter outside namespace")
-            .expect("run sleep");
-        run(
-            &hub,
-            &["link", "set", "out0p", "netns", &holder.id().to_string()],
-        );
-        let _ = holder.kill();
-        let _ = holder.wait();
-        run(
-            &netns,
-            &["addr", "add", &format!("{ipv4}/24"), "dev", "out0p"],
-        );
-        run(&netns, &["link", "set", "out0p", "up"]);
-        OutsideHost { netns, ipv4 }
-    }
-
-    fn listen(&self) -> TcpListener {
-        let to: SocketAddr = format!("{}:9000", self.ipv4).parse().expect("address");
-        corral_net::netns::run_in(&self.netns, move || TcpListener::bind(to))
-            .expect("enter outside namespace")
-            .expect("listen in outside namespace")
-    }
-}
-
-/// Accepts one connection, answers like a web server, returns the peer.
-fn accept_one(listener: &TcpListener) -> SocketAddr {
-    listener
-        .set_nonblocking(true)
-        .expect("nonblocking listener");
-    let (mut stream, peer) = wait_for("a connection from the pod", Duration::from_secs(30), || {
-        listener.accept().ok()
-    });
-    stream.set_nonblocking(false).expect("blocking stream");
-    let mut request = [0u8; 1024];
-    let _ = stream.read(&mut request);
-    let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\noutside\n");
-    peer
 }

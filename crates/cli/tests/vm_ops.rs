@@ -8,7 +8,10 @@
 //!   disks), a file
 //!   written afterwards is gone once `corral vm restore` returns the guest
 //!   to it, the list names who took it, and each is a revision in history;
-//! - a larger `disk.size` grows the disk of the running guest;
+//! - a larger `disk.size` and `dataDisks[].size` grow both disks of the
+//!   running guest (it sees the new sizes); a smaller one is refused by the
+//!   API, naming the field, and changes nothing (no revision, same sizes);
+//!   a rollback to a revision from before they grew keeps their sizes;
 //! - `corral vm reset` reboots the guest in the same QEMU;
 //! - `corral delete` presses the ACPI power button: a guest that handles it
 //!   powers off (its console shows its shutdown line) long before its
@@ -217,7 +220,8 @@ fn snapshots_restore_reset_and_a_clean_stop() {
     let list = cluster.ok(&["vm", "snapshot", "list", &acpi_target]);
     assert_eq!(list.lines().count(), 1, "{list}");
 
-    // Grow the disk from 64 MiB to 96 MiB: the running guest sees it.
+    // Grow the disk from 64 MiB to 96 MiB and the data disk from 32 MiB
+    // to 48 MiB in one edit: the running guest sees both.
     let path = cluster.manifest(
         "acpi-grown.yaml",
         &manifest_with(
@@ -225,7 +229,7 @@ fn snapshots_restore_reset_and_a_clean_stop() {
             &format!("{{volume: {acpi_disk}, size: 96Mi}}"),
             120,
             "corral.acpi=1",
-            data_disks,
+            "  dataDisks: [{name: scratch, size: 48Mi}]\n",
         ),
     );
     cluster.ok(&["apply", "-f", &path, "--wait"]);
@@ -234,15 +238,87 @@ fn snapshots_restore_reset_and_a_clean_stop() {
         why.contains("disk grown to 100663296 bytes while the guest runs"),
         "{why}"
     );
-    // 96 MiB in 512-byte sectors.
-    let seen = type_line(
-        &cluster,
-        &acpi_target,
-        "echo SECTORS-$(cat /sys/block/vda/size)",
+    assert!(
+        why.contains("disk disk1 grown to 50331648 bytes while the guest runs"),
+        "{why}"
     );
-    assert!(seen.contains("SECTORS-196608"), "{seen}");
+    // 96 MiB and 48 MiB in 512-byte sectors.
+    let sizes = "echo SECTORS-$(cat /sys/block/vda/size)-$(cat /sys/block/vdb/size)";
+    let seen = type_line(&cluster, &acpi_target, sizes);
+    assert!(seen.contains("SECTORS-196608-98304"), "{seen}");
     let vm = cluster.get_json(&acpi_target);
     assert_eq!(vm["metadata"]["uid"].as_str(), Some(acpi_uid.as_str()));
+    assert!(
+        vm["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("restarts 0"),
+        "{vm}"
+    );
+
+    // Shrinking either disk is refused before anything is written: the
+    // error names the field, the revision stays, the guest sees the same.
+    let revision = vm["metadata"]["revision"].clone();
+    let path = cluster.manifest(
+        "acpi-shrunk.yaml",
+        &manifest_with(
+            &acpi,
+            &format!("{{volume: {acpi_disk}, size: 64Mi}}"),
+            120,
+            "corral.acpi=1",
+            "  dataDisks: [{name: scratch, size: 16Mi}]\n",
+        ),
+    );
+    let refused = cluster.fails(&["apply", "-f", &path]);
+    for expected in [
+        "spec.disk.size: 64Mi is smaller than 96Mi",
+        "spec.dataDisks[0].size: 16Mi is smaller than 48Mi",
+        "a disk only grows",
+    ] {
+        assert!(refused.contains(expected), "{expected:?} not in {refused}");
+    }
+    let vm = cluster.get_json(&acpi_target);
+    assert_eq!(vm["metadata"]["revision"], revision, "{vm}");
+    let seen = type_line(&cluster, &acpi_target, sizes);
+    assert!(seen.contains("SECTORS-196608-98304"), "{seen}");
+
+    // A rollback to the revision that took s1 (before the disks grew)
+    // takes s1 again but keeps the disks' sizes, and says so.
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", &acpi_target, "-o", "json"])).unwrap();
+    let took_s1 = history
+        .iter()
+        .find(|record| record["message"] == "vm snapshot s1")
+        .and_then(|record| record["revision"].as_u64())
+        .unwrap_or_else(|| panic!("no 'vm snapshot s1' revision: {history:?}"));
+    cluster.ok(&["rollback", &acpi_target, "--to", &took_s1.to_string()]);
+    let history: Vec<Value> =
+        serde_json::from_str(&cluster.ok(&["history", &acpi_target, "-o", "json"])).unwrap();
+    let message = history.last().unwrap()["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        message,
+        format!(
+            "rollback to revision {took_s1} (kept spec.disk.size, spec.dataDisks[0].size: a disk only grows)"
+        )
+    );
+    let vm = common::wait_for(
+        "the rollback to be applied",
+        Duration::from_secs(120),
+        || {
+            let vm = cluster.get_json(&acpi_target);
+            (vm["status"]["observedRevision"] == vm["metadata"]["revision"]
+                && vm["status"]["snapshots"]
+                    .as_array()
+                    .is_some_and(|s| s.len() == 1))
+            .then_some(vm)
+        },
+    );
+    assert_eq!(vm["spec"]["disk"]["size"], "96Mi", "{vm}");
+    assert_eq!(vm["spec"]["dataDisks"][0]["size"], "48Mi", "{vm}");
+    let seen = type_line(&cluster, &acpi_target, sizes);
+    assert!(seen.contains("SECTORS-196608-98304"), "{seen}");
 
     // Reset: the same QEMU, the guest boots again.
     let vm = wait_running(&cluster, &plain_target);

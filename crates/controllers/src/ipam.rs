@@ -1,7 +1,10 @@
 //! The IPAM controller: a /64 of the cluster prefix for every joining node
 //! (`status.prefix`), and one random address of its node's /64 for every
 //! pod and VM (`status.address`), unique on that node and kept across
-//! in-place updates because the object, and so its status, stays.
+//! in-place updates because the object, and so its status, stays. A VM's
+//! further network interfaces (`spec.interfaces`) get one more address
+//! each, in the same /64 and the same request (`status.interfaces`, by
+//! interface name).
 //!
 //! It follows nodes, pods and VMs through informers that keep only the
 //! addresses (pods filed by node), and answers a ready step with one
@@ -45,6 +48,10 @@ pub struct Addressing {
     prefix: Option<Ipv6Net>,
     /// A pod's or VM's `status.address`.
     address: Option<Ipv6Addr>,
+    /// A VM's further interfaces (`spec.interfaces`), by name.
+    interfaces_wanted: Vec<String>,
+    /// Their addresses (`status.interfaces`).
+    interfaces: BTreeMap<String, Ipv6Addr>,
     /// The instance whose IPAM step is ready.
     ready: Option<String>,
     /// The instance whose `ipam/release-address` is ready.
@@ -69,6 +76,26 @@ fn project(object: &Object) -> Addressing {
         node: status_text(object, "node"),
         prefix: status_text(object, "prefix").and_then(|p| p.parse().ok()),
         address: status_text(object, "address").and_then(|a| a.parse().ok()),
+        interfaces_wanted: object
+            .spec
+            .get("interfaces")
+            .and_then(serde_json::Value::as_array)
+            .map(|list| {
+                list.iter()
+                    .filter_map(|i| i.get("name")?.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        interfaces: object
+            .status
+            .get("interfaces")
+            .and_then(serde_json::Value::as_object)
+            .map(|map| {
+                map.iter()
+                    .filter_map(|(name, a)| Some((name.clone(), a.as_str()?.parse().ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default(),
         ready: ready_instance(object, step),
         releasing: ready_instance(object, RELEASE_STEP),
     }
@@ -103,14 +130,25 @@ impl Pending {
         if let Some(prefix) = addressing.prefix {
             self.prefixes.remove(&prefix);
         }
-        if let (Some(node), Some(address)) = (&addressing.node, addressing.address)
+        if let Some(node) = &addressing.node
             && let Some(held) = self.addresses.get_mut(node)
         {
-            held.remove(&address);
+            for address in addressing.all_addresses() {
+                held.remove(&address);
+            }
             if held.is_empty() {
                 self.addresses.remove(node);
             }
         }
+    }
+}
+
+impl Addressing {
+    /// Every address it holds: `status.address` and its interfaces'.
+    fn all_addresses(&self) -> impl Iterator<Item = Ipv6Addr> + '_ {
+        self.address
+            .into_iter()
+            .chain(self.interfaces.values().copied())
     }
 }
 
@@ -216,11 +254,15 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
             step: RELEASE_STEP,
             workflow,
         };
-        let note = match addressing.address {
-            Some(address) => format!("{address} is free again"),
-            None => "it had no address".to_string(),
+        let held: Vec<String> = addressing.all_addresses().map(|a| a.to_string()).collect();
+        let note = match held.is_empty() {
+            false => format!("{} free again", held.join(", ")),
+            true => "it had no address".to_string(),
         };
-        let status = BTreeMap::from([("address".to_string(), serde_json::Value::Null)]);
+        let mut status = BTreeMap::from([("address".to_string(), serde_json::Value::Null)]);
+        if !addressing.interfaces.is_empty() {
+            status.insert("interfaces".to_string(), serde_json::Value::Null);
+        }
         step.finish(&shared.client, Ok(note), status).await?;
         return Ok(Action::Done);
     }
@@ -288,18 +330,25 @@ fn node_prefix(shared: &Shared, node: &Addressing) -> Decided {
     }
 }
 
-/// The workload's address: the one it has if it is in its node's /64 (an
-/// in-place update keeps it), else a free one there.
+/// The workload's address, and a VM's further interfaces' addresses: the
+/// ones it has if they are in its node's /64 (an in-place update keeps
+/// them), else free ones there.
 fn workload_address(shared: &Shared, workload: &Addressing) -> Decided {
     let node = workload.node.as_deref().unwrap_or("?");
     let node_prefix = shared
         .nodes
         .get(&ObjectKey::new(Kind::Node, None, node))
         .and_then(|facts| facts.prefix);
+    let fits = |address: &Ipv6Addr| node_prefix.is_none_or(|prefix| prefix.contains(address));
+    let kept_interfaces = workload
+        .interfaces_wanted
+        .iter()
+        .all(|name| workload.interfaces.get(name).is_some_and(fits));
     if let Some(address) = workload.address
-        && node_prefix.is_none_or(|prefix| prefix.contains(&address))
+        && fits(&address)
+        && kept_interfaces
     {
-        return (Ok(address.to_string()), BTreeMap::new());
+        return (Ok(describe(address, workload)), BTreeMap::new());
     }
     let Some(subnet) = node_prefix else {
         let error =
@@ -311,21 +360,60 @@ fn workload_address(shared: &Shared, workload: &Addressing) -> Decided {
         .by_index(BY_NODE, node)
         .into_iter()
         .chain(shared.vms.by_index(BY_NODE, node))
-        .filter_map(|(_, workload)| workload.address)
+        .flat_map(|(_, workload)| workload.all_addresses().collect::<Vec<_>>())
         .collect();
     let mut pending = shared.pending();
     taken.extend(pending.addresses(node));
-    match allocate_pod_address(subnet, &taken, &mut rand::rng()) {
-        Ok(address) => {
-            pending
-                .addresses
-                .entry(node.to_string())
-                .or_default()
-                .insert(address, Instant::now());
-            let address = address.to_string();
-            let status = BTreeMap::from([("address".to_string(), address.clone().into())]);
-            (Ok(address), status)
+    let mut chosen = Vec::new();
+    let mut choose = |kept: Option<Ipv6Addr>, taken: &mut BTreeSet<Ipv6Addr>| {
+        if let Some(address) = kept.filter(|a| subnet.contains(a)) {
+            return Ok(address);
+        }
+        let address = allocate_pod_address(subnet, taken, &mut rand::rng())?;
+        taken.insert(address);
+        chosen.push(address);
+        Ok::<_, corral_ipam::IpamError>(address)
+    };
+    let decided = choose(workload.address, &mut taken).and_then(|address| {
+        let interfaces = workload
+            .interfaces_wanted
+            .iter()
+            .map(|name| {
+                let kept = workload.interfaces.get(name).copied();
+                choose(kept, &mut taken).map(|a| (name.clone(), a))
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()?;
+        Ok((address, interfaces))
+    });
+    match decided {
+        Ok((address, interfaces)) => {
+            let held = pending.addresses.entry(node.to_string()).or_default();
+            for address in chosen {
+                held.insert(address, Instant::now());
+            }
+            let mut status = BTreeMap::from([("address".to_string(), address.to_string().into())]);
+            if !interfaces.is_empty() {
+                let map: serde_json::Map<String, serde_json::Value> = interfaces
+                    .iter()
+                    .map(|(name, a)| (name.clone(), a.to_string().into()))
+                    .collect();
+                status.insert("interfaces".to_string(), map.into());
+            }
+            let described = Addressing {
+                interfaces,
+                ..workload.clone()
+            };
+            (Ok(describe(address, &described)), status)
         }
         Err(error) => (Err(error.to_string()), BTreeMap::new()),
     }
+}
+
+/// The step's note: the address, and each further interface's.
+fn describe(address: Ipv6Addr, workload: &Addressing) -> String {
+    let mut note = address.to_string();
+    for (name, address) in &workload.interfaces {
+        note.push_str(&format!(", {name} {address}"));
+    }
+    note
 }

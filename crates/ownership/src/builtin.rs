@@ -61,6 +61,7 @@ pub fn builtin_controllers() -> Vec<Registration> {
                 &[
                     "Pod:status.address",
                     "VirtualMachine:status.address",
+                    "VirtualMachine:status.interfaces",
                     "Node:status.prefix",
                 ],
                 &[
@@ -68,6 +69,7 @@ pub fn builtin_controllers() -> Vec<Registration> {
                     "Pod:status.workflow",
                     "VirtualMachine:status.node",
                     "VirtualMachine:status.workflow",
+                    "VirtualMachine:spec.interfaces",
                     "Node:status.workflow",
                 ],
             ),

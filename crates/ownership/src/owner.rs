@@ -231,10 +231,12 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
                 // QEMU's run state and the snapshots in the VM's disk.
                 // The last live migration (source and target), written with
                 // the binding it changes.
+                // The further interfaces' addresses, beside `address`.
                 rows.extend([
                     row("status.runState", Owner::BoundNode),
                     row("status.snapshots", Owner::BoundNode),
                     row("status.migration", controller(SCHEDULER)),
+                    row("status.interfaces", controller(IPAM)),
                 ]);
             }
             rows

@@ -100,6 +100,7 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
         data_disks: Vec::new(),
         tap: Some("tap0".into()),
         mac: vm::mac_for(&name),
+        extra_nics: Vec::new(),
         console_socket: dir.path().join("console.sock"),
         console_log: dir.path().join("console.log"),
         qmp_socket: dir.path().join("qmp.sock"),

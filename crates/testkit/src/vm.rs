@@ -11,7 +11,11 @@
 //! 4. if the kernel argument `corral.addr=ADDR/LEN` is given (the agent
 //!    passes the VM's address as a /128), puts it on `eth0` with a default
 //!    route via `fe80::1` (the node's end of the VM's link), and serves
-//!    `CORRAL-VM-HTTP` over HTTP on port 8080 (IPv6 and IPv4);
+//!    `CORRAL-VM-HTTP` over HTTP on port 8080 (IPv6 and IPv4); each
+//!    `corral.addrN=ADDR/LEN` (a further NIC's address) goes on `ethN`
+//!    (`CORRAL-VM-ADDRESS-N: ADDR/LEN`), and `corral.ipv4=ADDR/32` with
+//!    `corral.gw4=GATEWAY` on `eth0` with a default route via the gateway
+//!    (`CORRAL-VM-IPV4: ADDR/32`);
 //! 5. if the kernel argument `corral.acpi=1` is given, handles the ACPI
 //!    power button: on a press it prints [`VM_POWEROFF_MARKER`], unmounts
 //!    the disk and powers off (without it, the button does nothing, like
@@ -220,6 +224,23 @@ if [ -n "$addr" ]; then
   echo CORRAL-VM-HTTP > /www/index.html
   httpd -p 8080 -h /www
   echo "CORRAL-VM-ADDRESS: $addr"
+fi
+for n in 1 2 3 4 5 6 7; do
+  a=$(arg corral.addr$n)
+  [ -n "$a" ] || continue
+  echo 0 > /proc/sys/net/ipv6/conf/eth$n/accept_dad
+  ip link set eth$n up
+  ip -6 addr add "$a" dev eth$n
+  echo "CORRAL-VM-ADDRESS-$n: $a"
+done
+v4=$(arg corral.ipv4)
+gw4=$(arg corral.gw4)
+if [ -n "$v4" ] && [ -n "$gw4" ]; then
+  ip link set eth0 up
+  ip addr add "$v4" dev eth0
+  ip route add "$gw4" dev eth0
+  ip route add default via "$gw4" dev eth0
+  echo "CORRAL-VM-IPV4: $v4"
 fi
 "#,
     );

@@ -160,6 +160,8 @@ impl PodWorkload {
                 .into_iter()
                 .filter(|record| record.pod.key() != self.key())
                 .filter_map(|record| record.egress_ipv4)
+                // VMs take theirs from the same range.
+                .chain(crate::vms::state::vm_egress_addresses(&self.ctx.data_dir))
                 .collect();
             self.record.egress_ipv4 = network
                 .allocate_egress(&taken)

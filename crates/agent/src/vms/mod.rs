@@ -14,12 +14,15 @@
 //!
 //! The namespace's end of the VM's veth to the node is bridged to the tap
 //! (`crate::network::PodNetwork::wire_vm`), so the guest is on the pod link
-//! with its one address. [`io`] serves the console to the agent's endpoint.
+//! with its address (and IPv4 egress, like a pod); each further interface
+//! is one more such link with its own address ([`nics`]). [`io`] serves the
+//! console to the agent's endpoint.
 
 pub mod boot;
 pub mod clone;
 pub mod io;
 pub mod migration;
+pub mod nics;
 pub mod operations;
 mod removal;
 pub mod state;

@@ -10,8 +10,10 @@
 //! - **A restore** (a newer `spec.restore.at`) returns the running guest to
 //!   a snapshot with memory (`loadvm`: it resumes where it was), or stops
 //!   QEMU, applies a disk-only snapshot and boots again.
-//! - **Disk size**: a larger `disk.size` grows the disk (`block_resize`
-//!   while QEMU runs, `qemu-img resize` otherwise); a smaller one fails.
+//! - **Disk sizes**: a larger `disk.size` or `dataDisks[i].size` grows
+//!   that disk (`block_resize` on its drive while QEMU runs, `qemu-img
+//!   resize` otherwise); a smaller one fails (the API server refuses it
+//!   before it gets here, [`corral_api::validate_update`]).
 //! - **Power**: `reset` presses the reset button (`system_reset`), `restart`
 //!   stops cleanly and starts again.
 //!
@@ -24,7 +26,7 @@ use std::time::Duration;
 use corral_api::kinds::{PowerAction, VirtualMachineSpec};
 use corral_runtime::vm::qmp::{Monitor, QmpClient, RunState};
 use corral_runtime::vm::snapshot::{self, Offline, SnapshotInfo};
-use corral_runtime::vm::{DISK_ID, process};
+use corral_runtime::vm::{DISK_ID, data_disk_id, process};
 use serde_json::{Value, json};
 
 use super::workload::{VmWorkload, typed_spec};
@@ -55,8 +57,8 @@ pub enum InPlace {
     Restore(SnapshotInfo),
     /// Take a snapshot newly listed.
     Take(String),
-    /// Grow the disk to this many bytes.
-    Grow(u64),
+    /// Grow a disk.
+    Grow(Resize),
     Reset,
     Restart,
 }
@@ -69,14 +71,61 @@ fn disk_size(spec: &VirtualMachineSpec) -> Option<u64> {
         .map(|size| size.bytes)
 }
 
+/// A disk whose size a revision changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resize {
+    /// QEMU's `-drive id` for it.
+    pub drive: String,
+    /// The spec's field, for messages.
+    pub field: String,
+    /// Where it is in `VirtualMachineSpec::data_disks` (`None`: `disk`).
+    pub data_disk: Option<usize>,
+    /// The size the desired revision asks for.
+    pub bytes: u64,
+}
+
+/// The disks whose size changes from `admitted` to `desired`: `disk` when
+/// its `size` changed (only a changed spec size is looked at, so a `local`
+/// volume made larger by an earlier VM is never touched), and each data
+/// disk kept (same name and volume) whose size changed.
+pub fn resizes(admitted: &VirtualMachineSpec, desired: &VirtualMachineSpec) -> Vec<Resize> {
+    let mut found = Vec::new();
+    if let Some(bytes) = disk_size(desired)
+        && disk_size(admitted) != Some(bytes)
+    {
+        found.push(Resize {
+            drive: DISK_ID.to_string(),
+            field: "spec.disk.size".to_string(),
+            data_disk: None,
+            bytes,
+        });
+    }
+    for (index, disk) in desired.data_disks.iter().enumerate() {
+        let before = admitted
+            .data_disks
+            .iter()
+            .find(|d| d.name == disk.name && d.volume == disk.volume);
+        if before.is_some_and(|before| before.size_bytes() != disk.size_bytes()) {
+            found.push(Resize {
+                drive: data_disk_id(index),
+                field: format!("spec.dataDisks[{index}].size"),
+                data_disk: Some(index),
+                bytes: disk.size_bytes(),
+            });
+        }
+    }
+    found
+}
+
 /// What a revision from `admitted` to `desired` does in place, in order,
-/// given the disk's snapshot table and size: deletions, the restore, new
-/// snapshots, growing the disk, the power action.
+/// given the disk's snapshot table and the size each resized disk has
+/// now: deletions, the restore, new snapshots, growing disks, the power
+/// action.
 pub fn plan(
     admitted: &VirtualMachineSpec,
     desired: &VirtualMachineSpec,
     existing: &[SnapshotInfo],
-    disk_bytes: Option<u64>,
+    disk_bytes: &[(Resize, u64)],
 ) -> Result<Vec<InPlace>, String> {
     let listed = |name: &str| desired.snapshots.iter().any(|s| s.name == name);
     let mut steps: Vec<InPlace> = existing
@@ -104,16 +153,15 @@ pub fn plan(
             .filter(|wanted| !existing.iter().any(|s| s.name == wanted.name))
             .map(|wanted| InPlace::Take(wanted.name.clone())),
     );
-    if let (Some(wanted), Some(actual)) = (disk_size(desired), disk_bytes)
-        && disk_size(admitted) != Some(wanted)
-    {
-        if wanted < actual {
+    for (resize, actual) in disk_bytes {
+        if resize.bytes < *actual {
             return Err(format!(
-                "spec.disk.size asks for {wanted} bytes but the disk has {actual}: a disk only grows"
+                "{} asks for {} bytes but the disk has {actual}: a disk only grows",
+                resize.field, resize.bytes
             ));
         }
-        if wanted > actual {
-            steps.push(InPlace::Grow(wanted));
+        if resize.bytes > *actual {
+            steps.push(InPlace::Grow(resize.clone()));
         }
     }
     let power = desired
@@ -192,8 +240,8 @@ impl VmWorkload {
         desired: &VirtualMachineSpec,
     ) -> Result<Vec<String>, String> {
         let snapshots = !admitted.snapshots.is_empty() || !desired.snapshots.is_empty();
-        let resized = disk_size(admitted) != disk_size(desired) && disk_size(desired).is_some();
-        let disk = if snapshots || resized {
+        let resized = resizes(admitted, desired);
+        let disk = if snapshots || !resized.is_empty() {
             Some(self.disk_path(desired).await?)
         } else {
             None
@@ -202,20 +250,27 @@ impl VmWorkload {
             (Some(disk), true) => self.snapshot_table(disk).await?,
             _ => Vec::new(),
         };
-        let disk_bytes = match (&disk, resized) {
-            (Some(disk), true) => {
-                let disk = disk.clone();
-                Some(
-                    tokio::task::spawn_blocking(move || process::disk_size(&disk))
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| crate::chain(&e))?,
-                )
-            }
-            _ => None,
-        };
+        let data_disks = self.data_disks(desired);
+        let mut paths = std::collections::BTreeMap::new();
+        let mut disk_bytes = Vec::new();
+        for resize in resized {
+            let path = match resize.data_disk {
+                None => disk.clone().ok_or("the VM has no disk")?,
+                Some(index) => data_disks
+                    .get(index)
+                    .map(|(_, path)| path.clone())
+                    .ok_or_else(|| format!("{} names no disk", resize.field))?,
+            };
+            let probed = path.clone();
+            let actual = tokio::task::spawn_blocking(move || process::disk_size(&probed))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+            paths.insert(resize.drive.clone(), path);
+            disk_bytes.push((resize, actual));
+        }
         let mut notes = Vec::new();
-        for step in plan(admitted, desired, &existing, disk_bytes)? {
+        for step in plan(admitted, desired, &existing, &disk_bytes)? {
             let disk = || disk.as_deref().ok_or("the VM has no disk");
             notes.push(match step {
                 InPlace::Delete(name) => {
@@ -224,7 +279,10 @@ impl VmWorkload {
                 }
                 InPlace::Restore(info) => self.restore_snapshot(disk()?, &info).await?,
                 InPlace::Take(name) => self.take_snapshot(disk()?, &name).await?,
-                InPlace::Grow(bytes) => self.grow(disk()?, bytes).await?,
+                InPlace::Grow(resize) => {
+                    let path = paths.get(&resize.drive).ok_or("the VM has no such disk")?;
+                    self.grow(path, &resize).await?
+                }
                 InPlace::Reset => {
                     self.with_monitor(QUERY_TIMEOUT * 5, |monitor| {
                         monitor.system_reset().map_err(|e| crate::chain(&e))
@@ -296,22 +354,32 @@ impl VmWorkload {
         .map_err(|e| crate::chain(&e))
     }
 
-    async fn grow(&self, disk: &std::path::Path, bytes: u64) -> Result<String, String> {
+    /// Grows one disk: through QEMU while it runs (the guest sees the new
+    /// size at once), else the file. Returns a note naming the disk.
+    async fn grow(&self, disk: &std::path::Path, resize: &Resize) -> Result<String, String> {
+        let bytes = resize.bytes;
+        let what = match resize.data_disk {
+            None => "disk".to_string(),
+            Some(_) => format!("disk {}", resize.drive),
+        };
         if self.record.pid.is_none() {
             let disk = disk.to_path_buf();
             tokio::task::spawn_blocking(move || process::grow_disk(&disk, bytes))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| crate::chain(&e))?;
-            return Ok(format!("disk grown to {bytes} bytes"));
+            return Ok(format!("{what} grown to {bytes} bytes"));
         }
+        let drive = resize.drive.clone();
         self.with_monitor(QUERY_TIMEOUT * 5, move |monitor| {
             monitor
-                .block_resize(DISK_ID, bytes)
+                .block_resize(&drive, bytes)
                 .map_err(|e| crate::chain(&e))
         })
         .await?;
-        Ok(format!("disk grown to {bytes} bytes while the guest runs"))
+        Ok(format!(
+            "{what} grown to {bytes} bytes while the guest runs"
+        ))
     }
 
     async fn take_snapshot(&self, disk: &std::path::Path, name: &str) -> Result<String, String> {
@@ -450,7 +518,7 @@ mod tests {
         }));
         let existing = [taken("a", true), taken("b", true)];
         assert_eq!(
-            plan(&admitted, &desired, &existing, None).unwrap(),
+            plan(&admitted, &desired, &existing, &[]).unwrap(),
             [
                 InPlace::Delete("a".into()),
                 InPlace::Restore(taken("b", true)),
@@ -460,7 +528,20 @@ mod tests {
         );
         // The same revision admitted again does nothing more.
         let existing = [taken("b", true), taken("c", true)];
-        assert_eq!(plan(&desired, &desired, &existing, None).unwrap(), []);
+        assert_eq!(plan(&desired, &desired, &existing, &[]).unwrap(), []);
+    }
+
+    /// The plan given each resized disk's size now.
+    fn plan_sized(
+        admitted: &VirtualMachineSpec,
+        desired: &VirtualMachineSpec,
+        actual: &[u64],
+    ) -> Result<Vec<InPlace>, String> {
+        let sized: Vec<(Resize, u64)> = resizes(admitted, desired)
+            .into_iter()
+            .zip(actual.iter().copied())
+            .collect();
+        plan(admitted, desired, &[], &sized)
     }
 
     #[test]
@@ -468,16 +549,54 @@ mod tests {
         let small = spec(json!({"disk": {"volume": "d", "size": "64Mi"}}));
         let large = spec(json!({"disk": {"volume": "d", "size": "96Mi"}}));
         assert_eq!(small.machine(), large.machine());
+        let grow = |bytes| {
+            InPlace::Grow(Resize {
+                drive: "disk0".into(),
+                field: "spec.disk.size".into(),
+                data_disk: None,
+                bytes,
+            })
+        };
         assert_eq!(
-            plan(&small, &large, &[], Some(64 << 20)).unwrap(),
-            [InPlace::Grow(96 << 20)]
+            plan_sized(&small, &large, &[64 << 20]).unwrap(),
+            [grow(96 << 20)]
         );
         // Already that large (a retry after it grew): nothing to do.
-        assert_eq!(plan(&small, &large, &[], Some(96 << 20)).unwrap(), []);
-        let error = plan(&large, &small, &[], Some(96 << 20)).unwrap_err();
-        assert!(error.contains("a disk only grows"), "{error}");
+        assert_eq!(plan_sized(&small, &large, &[96 << 20]).unwrap(), []);
+        let error = plan_sized(&large, &small, &[96 << 20]).unwrap_err();
+        assert!(
+            error.contains("spec.disk.size asks for 67108864 bytes")
+                && error.contains("a disk only grows"),
+            "{error}"
+        );
         // An unchanged size is not looked at.
-        assert_eq!(plan(&large, &large, &[], Some(1 << 30)).unwrap(), []);
+        assert!(resizes(&large, &large).is_empty());
+    }
+
+    #[test]
+    fn a_data_disk_grows_on_its_own_drive_and_a_new_one_is_not_resized() {
+        let before = spec(json!({"dataDisks": [{"name": "a"}, {"name": "b", "size": "32Mi"}]}));
+        let after = spec(json!({"dataDisks": [
+            {"name": "a"}, {"name": "b", "size": "48Mi"}, {"name": "c", "size": "8Mi"}
+        ]}));
+        // Same disks, other sizes: the same QEMU.
+        let mut same = after.clone();
+        same.data_disks.pop();
+        assert_eq!(before.machine(), same.machine());
+        assert_eq!(
+            plan_sized(&before, &after, &[32 << 20]).unwrap(),
+            [InPlace::Grow(Resize {
+                drive: "disk2".into(),
+                field: "spec.dataDisks[1].size".into(),
+                data_disk: Some(1),
+                bytes: 48 << 20,
+            })]
+        );
+        // The default size written out is no change.
+        let explicit = spec(
+            json!({"dataDisks": [{"name": "a", "size": "1Gi"}, {"name": "b", "size": "32Mi"}]}),
+        );
+        assert!(resizes(&before, &explicit).is_empty());
     }
 
     #[test]
@@ -491,12 +610,12 @@ mod tests {
             "snapshots": [{"name": "s"}],
             "restore": {"snapshot": "s", "at": "2026-12-01T09:00:00Z"}
         }));
-        assert_eq!(plan(&done, &older, &[taken("s", false)], None).unwrap(), []);
+        assert_eq!(plan(&done, &older, &[taken("s", false)], &[]).unwrap(), []);
         let again = spec(json!({
             "snapshots": [{"name": "s"}],
             "restore": {"snapshot": "s", "at": "2026-12-01T11:00:00Z"}
         }));
-        let error = plan(&done, &again, &[], None).unwrap_err();
+        let error = plan(&done, &again, &[], &[]).unwrap_err();
         assert!(
             error.contains("snapshot s is not in the VM's disk"),
             "{error}"

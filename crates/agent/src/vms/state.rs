@@ -43,6 +43,10 @@ pub struct VmRecord {
     /// started again.
     #[serde(default)]
     pub migrated_away: bool,
+    /// The guest's IPv4 egress address from the node-local range, once
+    /// chosen (kept across restarts, so the guest keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_ipv4: Option<std::net::Ipv4Addr>,
 }
 
 impl VmRecord {
@@ -58,8 +62,20 @@ impl VmRecord {
             last_exit: None,
             netns: None,
             migrated_away: false,
+            egress_ipv4: None,
         }
     }
+}
+
+/// The IPv4 egress addresses the VMs recorded under `data_dir` hold
+/// (pods must not take them; unreadable records hold none).
+pub fn vm_egress_addresses(data_dir: &std::path::Path) -> Vec<std::net::Ipv4Addr> {
+    VmState::open(super::state_dir(data_dir))
+        .and_then(|state| state.load_all())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|record| record.egress_ipv4)
+        .collect()
 }
 
 /// The VM records on disk.

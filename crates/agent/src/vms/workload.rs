@@ -131,11 +131,16 @@ impl VmWorkload {
         self.save();
         if let Some(network) = self.ctx.agent.network.clone() {
             let address = self.address().await?;
+            let ipv4 = self.egress_address(&network)?;
+            let link = corral_net::datapath::VmLink::nth(0, TAP);
             let wired = network
-                .wire_vm(&self.network_owner(), &path, address, TAP)
+                .wire_vm(&self.network_owner(), &path, address, ipv4, &link)
                 .await
                 .map_err(|e| crate::chain(&e))?;
             note = format!("{note}; {wired}");
+        }
+        for further in self.wire_further_links(&path).await? {
+            note = format!("{note}; {further}");
         }
         Ok(note)
     }
@@ -295,6 +300,8 @@ impl VmWorkload {
         if let Some(address) = address {
             cmdline.push_str(&format!(" corral.addr={address}/128"));
         }
+        let (extra_nics, further) = self.further_nics(&spec).await?;
+        cmdline.push_str(&further);
         Ok(VmConfig {
             name: qemu_name(&self.uid()),
             cpus: spec.cpus,
@@ -307,6 +314,7 @@ impl VmWorkload {
             data_disks: self.data_disks(&spec),
             tap: self.record.netns.as_ref().map(|_| TAP.to_string()),
             mac: vm::mac_for(&self.uid()),
+            extra_nics,
             console_socket: dir.join("console.sock"),
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),

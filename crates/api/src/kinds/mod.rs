@@ -46,8 +46,9 @@ pub use pod_health::{exit_message, pod_status_word};
 pub use policy::PolicySpec;
 pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSpec, is_data_key};
 pub use vm::{
-    BootSource, DEFAULT_STOP_GRACE_SECONDS, PowerAction, VirtualMachineSpec, VmClone, VmDisk,
-    VmMigration, VmPower, VmRestore, VmSnapshot, is_snapshot_name,
+    BootSource, DEFAULT_DISK_BYTES, DEFAULT_STOP_GRACE_SECONDS, MAX_VM_INTERFACES, PowerAction,
+    VirtualMachineSpec, VmClone, VmDataDisk, VmDisk, VmInterface, VmMigration, VmPower, VmRestore,
+    VmSnapshot, is_snapshot_name,
 };
 
 use crate::meta::Kind;

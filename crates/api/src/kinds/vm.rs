@@ -17,6 +17,12 @@ pub struct VirtualMachineSpec {
     /// More disks after `disk`, in order (`/dev/vdb`, `/dev/vdc`, …).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_disks: Vec<VmDataDisk>,
+    /// Further network interfaces after the first (`eth1`, `eth2`, … in
+    /// the guest, in order): each is another link to the node on the pod
+    /// network with an address of its own from the node's /64
+    /// (`status.interfaces`). Fixed when the VM is created.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<VmInterface>,
     pub boot: BootSource,
     #[serde(default)]
     pub availability: Availability,
@@ -58,8 +64,8 @@ impl VirtualMachineSpec {
     }
 
     /// The spec without what the node applies to a running VM in place
-    /// (snapshots, restores, power actions, the grace period, the disk's
-    /// size): two specs with the same machine run the same QEMU.
+    /// (snapshots, restores, power actions, the grace period, the disks'
+    /// sizes): two specs with the same machine run the same QEMU.
     pub fn machine(&self) -> VirtualMachineSpec {
         VirtualMachineSpec {
             stop_grace_seconds: None,
@@ -68,6 +74,14 @@ impl VirtualMachineSpec {
             power: None,
             migration: None,
             disk: self.disk.clone().map(|disk| VmDisk { size: None, ..disk }),
+            data_disks: self
+                .data_disks
+                .iter()
+                .map(|disk| VmDataDisk {
+                    size: None,
+                    ..disk.clone()
+                })
+                .collect(),
             ..self.clone()
         }
     }
@@ -75,6 +89,9 @@ impl VirtualMachineSpec {
 
 /// The grace period when the spec gives none.
 pub const DEFAULT_STOP_GRACE_SECONDS: u32 = 10;
+
+/// A disk's size when the spec gives none.
+pub const DEFAULT_DISK_BYTES: u64 = 1 << 30;
 
 /// A further disk: a qcow2 in a `local` volume, or in the VM's own
 /// directory (gone with the VM).
@@ -87,8 +104,28 @@ pub struct VmDataDisk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
     /// Its virtual size when the node creates it; 1Gi by default.
+    /// Raising it later grows the disk in place, like `disk.size`; a disk
+    /// never shrinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<Memory>,
+}
+
+impl VmDataDisk {
+    /// Its size in bytes ([`DEFAULT_DISK_BYTES`] when the spec gives none).
+    pub fn size_bytes(&self) -> u64 {
+        self.size.map_or(DEFAULT_DISK_BYTES, |size| size.bytes)
+    }
+}
+
+/// The most further network interfaces a VM may have.
+pub const MAX_VM_INTERFACES: usize = 7;
+
+/// A further network interface on the pod network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmInterface {
+    /// Names it in `status.interfaces` (its address) and on the node.
+    pub name: String,
 }
 
 /// Where a cloned disk comes from.
@@ -180,6 +217,18 @@ pub struct VmDisk {
     /// size at once); a disk never shrinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<Memory>,
+}
+
+impl VmDisk {
+    /// Its size in bytes ([`DEFAULT_DISK_BYTES`] when the spec gives none).
+    pub fn size_bytes(&self) -> u64 {
+        self.size.map_or(DEFAULT_DISK_BYTES, |size| size.bytes)
+    }
+
+    /// Whether `other` is the same disk (the same source), whatever its size.
+    pub fn same_disk(&self, other: &VmDisk) -> bool {
+        (&self.volume, &self.image, &self.clone) == (&other.volume, &other.image, &other.clone)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -2,8 +2,11 @@
 //! CLI run inside its nodes, and taken down on drop even when the test
 //! fails (unless CORRAL_TEST_KEEP_LAB is set, to look at it afterwards).
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use super::CORRAL;
 
@@ -199,4 +202,73 @@ impl Drop for Lab {
             );
         }
     }
+}
+
+/// A namespace on the lab's bridge that is not a node: the "internet"
+/// (removed with the lab's directory).
+pub struct OutsideHost {
+    pub netns: PathBuf,
+    pub ipv4: String,
+}
+
+impl OutsideHost {
+    pub fn create(lab: &Lab) -> OutsideHost {
+        let netns = lab.dir.join("netns").join("outside");
+        let hub = lab.dir.join("netns").join("hub");
+        let ipv4 = "192.168.87.200".to_string();
+        corral_net::netns::create(&netns).expect("create outside namespace");
+        let run = |ns: &Path, args: &[&str]| {
+            let status = corral_net::netns::output(Some(ns), Command::new("ip").args(args))
+                .expect("enter namespace")
+                .expect("run ip");
+            assert!(status.status.success(), "ip {args:?}: {status:?}");
+        };
+        run(
+            &hub,
+            &[
+                "link", "add", "out0", "type", "veth", "peer", "name", "out0p",
+            ],
+        );
+        run(&hub, &["link", "set", "out0", "master", "br0", "up"]);
+        // `ip link set … netns PID` needs a process inside the target namespace.
+        let mut holder = corral_net::netns::spawn(Some(&netns), Command::new("sleep").arg("60"))
+            .expect("enter outside namespace")
+            .expect("run sleep");
+        run(
+            &hub,
+            &["link", "set", "out0p", "netns", &holder.id().to_string()],
+        );
+        let _ = holder.kill();
+        let _ = holder.wait();
+        run(
+            &netns,
+            &["addr", "add", &format!("{ipv4}/24"), "dev", "out0p"],
+        );
+        run(&netns, &["link", "set", "out0p", "up"]);
+        OutsideHost { netns, ipv4 }
+    }
+
+    pub fn listen(&self) -> TcpListener {
+        let to: SocketAddr = format!("{}:9000", self.ipv4).parse().expect("address");
+        corral_net::netns::run_in(&self.netns, move || TcpListener::bind(to))
+            .expect("enter outside namespace")
+            .expect("listen in outside namespace")
+    }
+}
+
+/// Accepts one connection, answers like a web server, returns the peer.
+pub fn accept_one(listener: &TcpListener) -> SocketAddr {
+    listener
+        .set_nonblocking(true)
+        .expect("nonblocking listener");
+    let (mut stream, peer) = super::wait_for(
+        "a connection from the pod or VM",
+        Duration::from_secs(30),
+        || listener.accept().ok(),
+    );
+    stream.set_nonblocking(false).expect("blocking stream");
+    let mut request = [0u8; 1024];
+    let _ = stream.read(&mut request);
+    let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 8\r\n\r\noutside\n");
+    peer
 }

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use ipnet::Ipv6Net;
 
 use super::{
-    DatapathError, NetworkOps, NodeRoute, PodInterface, PodInterfaceInfo, validate_host_interface,
+    DatapathError, NetworkOps, NodeRoute, PodInterface, PodInterfaceInfo, VmLink,
+    validate_host_interface,
 };
 
 /// What the fake data path holds.
@@ -71,13 +72,14 @@ impl NetworkOps for FakeNetworkOps {
     async fn ensure_vm_interface(
         &self,
         vm: &PodInterface,
-        port: &str,
+        link: &VmLink,
     ) -> Result<(), DatapathError> {
         validate_host_interface(&vm.host_interface)?;
         let mut state = self.lock();
-        state
-            .calls
-            .push(format!("ensure_vm_interface {} {port}", vm.host_interface));
+        state.calls.push(format!(
+            "ensure_vm_interface {} {} {}",
+            vm.host_interface, link.inner, link.port
+        ));
         state.pods.insert(vm.host_interface.clone(), vm.clone());
         Ok(())
     }

@@ -57,7 +57,7 @@ pub const ROUTE_PROTOCOL_POD: u8 = 88;
 pub const HOST_INTERFACE_PREFIX: &str = "crl";
 /// Prefix of the alias on host-side veths; the pod's owner key follows.
 pub const POD_ALIAS_PREFIX: &str = "corral-pod:";
-/// The bridge in a VM's namespace joining its veth and its tap device.
+/// The bridge in a VM's namespace joining its (first) veth and tap device.
 pub const VM_BRIDGE: &str = "br0";
 /// Longest Linux interface name.
 pub const MAX_INTERFACE_NAME: usize = 15;
@@ -134,6 +134,27 @@ pub struct PodInterface {
     pub egress: Option<PodEgress>,
 }
 
+/// One of a VM's links inside its namespace: the veth end `inner` and the
+/// tap device `port` are the ports of `bridge`. The first is
+/// `eth0`/`br0`; a VM's further network interface `n` is `ethN`/`brN`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmLink {
+    pub inner: String,
+    pub bridge: String,
+    pub port: String,
+}
+
+impl VmLink {
+    /// Link `index` of a VM (0 for its first), bridged to tap `port`.
+    pub fn nth(index: usize, port: &str) -> Self {
+        VmLink {
+            inner: format!("eth{index}"),
+            bridge: format!("br{index}"),
+            port: port.to_string(),
+        }
+    }
+}
+
 /// A pod interface found on the node.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PodInterfaceInfo {
@@ -185,9 +206,15 @@ pub trait NetworkOps: Send + Sync {
     /// it and `port` (the VM's tap device, which must exist) become ports
     /// of the bridge [`VM_BRIDGE`] there, so the guest itself holds the
     /// address on the link to the node. The namespace takes no part in
-    /// IPv6 on those links. `vm.egress` must be `None`.
-    async fn ensure_vm_interface(&self, vm: &PodInterface, port: &str)
-    -> Result<(), DatapathError>;
+    /// IPv6 on those links. With `vm.egress` the node side also gets the
+    /// IPv4 gateway and a route to the guest's IPv4 address, as a pod's.
+    /// `link` names the veth end, the bridge and the tap in the namespace
+    /// ([`VmLink::nth`]: a VM may have several such links, each its own).
+    async fn ensure_vm_interface(
+        &self,
+        vm: &PodInterface,
+        link: &VmLink,
+    ) -> Result<(), DatapathError>;
     /// Makes a veth for a pod not known yet (the agent's pool of spare
     /// sandboxes): node end `host_interface`, down, without address or
     /// alias; its peer moved into `netns` as `eth0`.

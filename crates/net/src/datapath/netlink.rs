@@ -17,7 +17,7 @@ use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use super::{
     DatapathError, NetworkOps, NextHop, NodeRoute, POD_ALIAS_PREFIX, POD_GATEWAY_V6, POD_INTERFACE,
-    PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE, ROUTE_PROTOCOL_POD, VM_BRIDGE,
+    PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE, ROUTE_PROTOCOL_POD, VmLink,
     validate_host_interface,
 };
 use crate::netns;
@@ -174,11 +174,12 @@ impl Netlink {
     }
 
     /// Creates the veth pair with the pod end moved into the pod namespace
-    /// and named `eth0`; returns the host end's index.
+    /// and named `inner` (`eth0` for a pod); returns the host end's index.
     async fn create_veth(
         &self,
         pod: &PodInterface,
         pod_handle: &Handle,
+        inner: &str,
     ) -> Result<u32, DatapathError> {
         let host = pod.host_interface.as_str();
         let peer = format!("{host}p");
@@ -210,14 +211,10 @@ impl Netlink {
         let moved = link_index(pod_handle, &peer, Some(&pod.netns)).await?;
         pod_handle
             .link()
-            .set(
-                LinkUnspec::new_with_index(moved)
-                    .name(POD_INTERFACE)
-                    .build(),
-            )
+            .set(LinkUnspec::new_with_index(moved).name(inner).build())
             .execute()
             .await
-            .map_err(netlink_error(format!("rename {peer} to {POD_INTERFACE}")))?;
+            .map_err(netlink_error(format!("rename {peer} to {inner}")))?;
         link_index(&self.handle, host, self.netns()).await
     }
 
@@ -227,9 +224,10 @@ impl Netlink {
         &self,
         pod: &PodInterface,
         pod_handle: &Handle,
+        inner: &str,
     ) -> Result<u32, DatapathError> {
         let host = find_link(&self.handle, &pod.host_interface).await?;
-        let pod_end = find_link(pod_handle, POD_INTERFACE).await?;
+        let pod_end = find_link(pod_handle, inner).await?;
         match (host, pod_end) {
             (Some(host), Some(_)) => Ok(host.header.index),
             (host, _) => {
@@ -238,7 +236,7 @@ impl Netlink {
                     self.delete_link(host.header.index, &pod.host_interface)
                         .await?;
                 }
-                self.create_veth(pod, pod_handle).await
+                self.create_veth(pod, pod_handle, inner).await
             }
         }
     }
@@ -358,42 +356,45 @@ async fn configure_pod_side(pod: &PodInterface, handle: &Handle) -> Result<(), D
     Ok(())
 }
 
-/// A VM's namespace: the bridge [`VM_BRIDGE`] with the veth end and
-/// `port` (the tap) as its ports, all up, none of them with IPv6 of its
-/// own (the namespace must not answer for, or route, the guest's traffic).
+/// A VM's namespace: the bridge `link.bridge` with the veth end and
+/// `link.port` (the tap) as its ports, all up, none of them with IPv6 of
+/// its own (the namespace must not answer for, or route, the guest's
+/// traffic; it has no IPv4 address either, so it only bridges ARP).
 async fn configure_bridge_side(
     vm: &PodInterface,
-    port: &str,
+    link: &VmLink,
     handle: &Handle,
 ) -> Result<(), DatapathError> {
     let ns = Some(vm.netns.as_path());
     let lo = link_index(handle, "lo", ns).await?;
     set_up(handle, lo, "lo").await?;
-    let bridge = match find_link(handle, VM_BRIDGE).await? {
+    let bridge_name = link.bridge.as_str();
+    let bridge = match find_link(handle, bridge_name).await? {
         Some(link) => link.header.index,
         None => {
             handle
                 .link()
                 .add(
-                    LinkBridge::new(VM_BRIDGE)
+                    LinkBridge::new(bridge_name)
                         .mcast_snooping(false)
                         .forward_delay(0)
                         .build(),
                 )
                 .execute()
                 .await
-                .map_err(netlink_error(format!("add bridge {VM_BRIDGE}")))?;
-            link_index(handle, VM_BRIDGE, ns).await?
+                .map_err(netlink_error(format!("add bridge {bridge_name}")))?;
+            link_index(handle, bridge_name, ns).await?
         }
     };
-    for name in [VM_BRIDGE, POD_INTERFACE, port] {
+    let (inner, port) = (link.inner.as_str(), link.port.as_str());
+    for name in [bridge_name, inner, port] {
         write_sysctl(
             ns,
             &format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"),
             "1",
         )?;
     }
-    for name in [POD_INTERFACE, port] {
+    for name in [inner, port] {
         let index = link_index(handle, name, ns).await?;
         handle
             .link()
@@ -405,9 +406,9 @@ async fn configure_bridge_side(
             )
             .execute()
             .await
-            .map_err(netlink_error(format!("add {name} to {VM_BRIDGE}")))?;
+            .map_err(netlink_error(format!("add {name} to {bridge_name}")))?;
     }
-    set_up(handle, bridge, VM_BRIDGE).await
+    set_up(handle, bridge, bridge_name).await
 }
 
 #[async_trait]
@@ -420,7 +421,7 @@ impl NetworkOps for Netlink {
     async fn ensure_pod_interface(&self, pod: &PodInterface) -> Result<(), DatapathError> {
         validate_host_interface(&pod.host_interface)?;
         let pod_handle = connect(Some(&pod.netns)).await?;
-        let index = self.ensure_veth(pod, &pod_handle).await?;
+        let index = self.ensure_veth(pod, &pod_handle, POD_INTERFACE).await?;
         self.configure_host_side(pod, index).await?;
         configure_pod_side(pod, &pod_handle).await
     }
@@ -428,13 +429,13 @@ impl NetworkOps for Netlink {
     async fn ensure_vm_interface(
         &self,
         vm: &PodInterface,
-        port: &str,
+        link: &VmLink,
     ) -> Result<(), DatapathError> {
         validate_host_interface(&vm.host_interface)?;
         let vm_handle = connect(Some(&vm.netns)).await?;
-        let index = self.ensure_veth(vm, &vm_handle).await?;
+        let index = self.ensure_veth(vm, &vm_handle, &link.inner).await?;
         self.configure_host_side(vm, index).await?;
-        configure_bridge_side(vm, port, &vm_handle).await
+        configure_bridge_side(vm, link, &vm_handle).await
     }
 
     async fn create_spare_interface(
@@ -451,7 +452,9 @@ impl NetworkOps for Netlink {
             egress: None,
         };
         let spare_handle = connect(Some(netns)).await?;
-        self.create_veth(&spare, &spare_handle).await.map(drop)
+        self.create_veth(&spare, &spare_handle, POD_INTERFACE)
+            .await
+            .map(drop)
     }
 
     async fn rename_interface(&self, from: &str, to: &str) -> Result<(), DatapathError> {

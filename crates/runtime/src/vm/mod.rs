@@ -61,6 +61,9 @@ pub struct VmConfig {
     pub tap: Option<String>,
     /// The guest NIC's MAC address.
     pub mac: String,
+    /// Further NICs after the first, in order (`net1`, …): each a tap
+    /// device in the same namespace and its MAC address.
+    pub extra_nics: Vec<(String, String)>,
     /// The serial console's unix socket (server side, never waits).
     pub console_socket: PathBuf,
     /// QEMU appends everything the console prints here.
@@ -75,6 +78,11 @@ pub struct VmConfig {
 
 /// The `-drive id` of the VM's disk (QMP's `block_resize` names it).
 pub const DISK_ID: &str = "disk0";
+
+/// The `-drive id` of the data disk at `index` (`disk1`, `disk2`, …).
+pub fn data_disk_id(index: usize) -> String {
+    format!("disk{}", index + 1)
+}
 
 /// One mebibyte.
 const MIB: u64 = 1024 * 1024;
@@ -136,7 +144,7 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         }
     }
     for (index, (name, path)) in config.data_disks.iter().enumerate() {
-        let id = format!("disk{}", index + 1);
+        let id = data_disk_id(index);
         push(&[
             "-drive",
             &format!(
@@ -156,6 +164,15 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
             &format!("tap,id=net0,ifname={tap},script=no,downscript=no"),
             "-device",
             &format!("virtio-net-pci,netdev=net0,mac={}", config.mac),
+        ]);
+    }
+    for (index, (tap, mac)) in config.extra_nics.iter().enumerate() {
+        let id = format!("net{}", index + 1);
+        push(&[
+            "-netdev",
+            &format!("tap,id={id},ifname={tap},script=no,downscript=no"),
+            "-device",
+            &format!("virtio-net-pci,netdev={id},mac={mac}"),
         ]);
     }
     args

@@ -15,6 +15,7 @@ fn config() -> VmConfig {
         data_disks: Vec::new(),
         tap: Some("tap0".into()),
         mac: "52:54:00:00:00:01".into(),
+        extra_nics: Vec::new(),
         console_socket: PathBuf::from("/run/vm/console.sock"),
         console_log: PathBuf::from("/run/vm/console.log"),
         qmp_socket: PathBuf::from("/run/vm/qmp.sock"),
@@ -84,6 +85,36 @@ fn disk_and_tap_are_virtio_devices() {
         [
             "virtio-blk-pci,drive=disk0",
             "virtio-net-pci,netdev=net0,mac=52:54:00:00:00:01"
+        ]
+    );
+}
+
+#[test]
+fn further_nics_follow_the_first_on_their_own_taps() {
+    let mut config = config();
+    config.extra_nics = vec![
+        ("tap1".into(), "52:54:00:00:00:02".into()),
+        ("tap2".into(), "52:54:00:00:00:03".into()),
+    ];
+    let args = qemu_args(&config);
+    assert_eq!(
+        after(&args, "-netdev"),
+        [
+            "tap,id=net0,ifname=tap0,script=no,downscript=no",
+            "tap,id=net1,ifname=tap1,script=no,downscript=no",
+            "tap,id=net2,ifname=tap2,script=no,downscript=no",
+        ]
+    );
+    let nics: Vec<&str> = after(&args, "-device")
+        .into_iter()
+        .filter(|d| d.starts_with("virtio-net-pci"))
+        .collect();
+    assert_eq!(
+        nics,
+        [
+            "virtio-net-pci,netdev=net0,mac=52:54:00:00:00:01",
+            "virtio-net-pci,netdev=net1,mac=52:54:00:00:00:02",
+            "virtio-net-pci,netdev=net2,mac=52:54:00:00:00:03",
         ]
     );
 }

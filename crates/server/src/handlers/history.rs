@@ -121,10 +121,20 @@ pub async fn rollback(
         )));
     }
     crate::secrets::check_restorable(&server, &key, &spec).await?;
-    let message = match request.message.filter(|m| !m.is_empty()) {
+    let (spec, kept) = keep_grown_disks(key.kind, &current.spec, spec);
+    if spec == current.spec {
+        return Err(ApiError::Conflict(format!(
+            "{key} revision {} differs from revision {} only in disk sizes, which a rollback keeps (a disk only grows): nothing to roll back",
+            current.metadata.revision, request.to
+        )));
+    }
+    let mut message = match request.message.filter(|m| !m.is_empty()) {
         Some(message) => format!("rollback to revision {}: {message}", request.to),
         None => format!("rollback to revision {}", request.to),
     };
+    if !kept.is_empty() {
+        message = format!("{message} (kept {}: a disk only grows)", kept.join(", "));
+    }
     let change = change(&server, &caller, Some(&message));
     let mut next = current.clone();
     next.spec = spec;
@@ -132,6 +142,32 @@ pub async fn rollback(
     let updated =
         crate::ownership::update(&server, &caller, &current, next, expected, &change).await?;
     Ok(Json(updated))
+}
+
+/// A VM's rollback target with its disks at least as large as they are
+/// now (a disk only grows); returns the spec and the fields raised.
+fn keep_grown_disks(
+    kind: corral_api::Kind,
+    current: &serde_json::Value,
+    target: serde_json::Value,
+) -> (serde_json::Value, Vec<String>) {
+    use corral_api::kinds::VirtualMachineSpec;
+    if kind != corral_api::Kind::VirtualMachine {
+        return (target, Vec::new());
+    }
+    let now = serde_json::from_value::<VirtualMachineSpec>(current.clone());
+    let then = serde_json::from_value::<VirtualMachineSpec>(target.clone());
+    let (Ok(now), Ok(mut then)) = (now, then) else {
+        return (target, Vec::new());
+    };
+    let kept = corral_api::keep_grown_disks(&now, &mut then);
+    if kept.is_empty() {
+        return (target, Vec::new());
+    }
+    match serde_json::to_value(&then) {
+        Ok(spec) => (spec, kept),
+        Err(_) => (target, Vec::new()),
+    }
 }
 
 /// `GET /v1/history?since=1h&author=a&excludeAuthor=b&class=external&kind=Pod&limit=N`.

@@ -138,6 +138,10 @@ pub async fn update(
         return Ok(ReadView::new(caller, registry).serve(next));
     }
     admit(&registry, caller, Some(current), &next)?;
+    // What a change may not do (a VM's disk only grows), whoever writes it.
+    corral_api::validate_update(current, &next).map_err(|fields| {
+        WriteError::Refused(ApiError::invalid(&current.key().to_string(), fields))
+    })?;
     if next.metadata.owner != current.metadata.owner {
         crate::cascade::check_owner(server, &next)
             .await
