@@ -7,7 +7,10 @@
 //! - target `node/prepare-incoming`: empty disks of the VM's sizes, QEMU
 //!   started with `-incoming unix:DATA/vms/UID/incoming.sock` (waiting,
 //!   the guest not booted), and a one-connection TCP relay on the node's
-//!   address to that socket; the step's note names the endpoint.
+//!   address to that socket; the step's note names the endpoint and a
+//!   one-time key. The relay carries only a connection that opens with
+//!   that key (anyone else who connects is logged and dropped), so no
+//!   other machine can feed the waiting QEMU a guest of its own.
 //! - source `node/copy-disk`: a unix socket relayed to that endpoint,
 //!   QEMU's block migration started into it; done when the disks are
 //!   copied. `node/migrate-ram`: done when QEMU reports the migration
@@ -30,6 +33,7 @@ use corral_runtime::vm::migration::{self, MigrationInfo, Progress};
 use corral_runtime::vm::process;
 use corral_runtime::vm::qmp::{Monitor, QmpClient, QmpError, RunState};
 use corral_workflow::{MIGRATION_SOURCE_OWNER, VmStep};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use super::workload::{VmWorkload, typed_spec};
@@ -45,6 +49,12 @@ const INCOMING_TIMEOUT: Duration = Duration::from_secs(60);
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(1_800);
 /// The words before the target's endpoint in its step note.
 const ENDPOINT_WORDS: &str = "the source sends it to ";
+/// The words before the relay's one-time key in the same note.
+const KEY_WORDS: &str = " with key ";
+/// The key's length in bytes (sent raw; hex in the note).
+const KEY_BYTES: usize = 32;
+/// How long a connection to the target's relay may take to send the key.
+const KEY_TIMEOUT: Duration = Duration::from_secs(10);
 const MIB: u64 = 1024 * 1024;
 
 /// The node a VM migrates (or last migrated) from: `status.migration.from`.
@@ -62,6 +72,26 @@ pub fn endpoint_in(note: &str) -> Option<SocketAddr> {
         .ok()
 }
 
+/// The relay's key a target's `node/prepare-incoming` note names.
+pub fn key_in(note: &str) -> Option<[u8; KEY_BYTES]> {
+    let text = note.rsplit_once(KEY_WORDS)?.1.split_whitespace().next()?;
+    hex::decode(text).ok()?.try_into().ok()
+}
+
+/// A fresh one-time key for the target's relay.
+fn new_key() -> [u8; KEY_BYTES] {
+    rand::random()
+}
+
+/// Whether `presented` is `key`, in time independent of where they differ.
+fn same_key(presented: &[u8; KEY_BYTES], key: &[u8; KEY_BYTES]) -> bool {
+    presented
+        .iter()
+        .zip(key)
+        .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+        == 0
+}
+
 /// Runs `call` on a fresh QMP connection at `socket` (a blocking task).
 async fn qmp<T: Send + 'static>(
     socket: PathBuf,
@@ -76,22 +106,41 @@ async fn qmp<T: Send + 'static>(
     .map_err(|e| crate::chain(&e))
 }
 
-/// The target's relay: one connection from the source, carried to the
-/// waiting QEMU's socket.
-async fn receive(listener: TcpListener, socket: PathBuf) {
-    let accepted = tokio::time::timeout(ACCEPT_TIMEOUT, listener.accept()).await;
-    drop(listener);
-    let (mut tcp, peer) = match accepted {
-        Ok(Ok(accepted)) => accepted,
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "migration relay: accept failed");
-            return;
+/// The first connection to `listener` that opens with `key`, within
+/// [`ACCEPT_TIMEOUT`]; others are logged and dropped.
+async fn accept_keyed(
+    listener: &TcpListener,
+    key: &[u8; KEY_BYTES],
+) -> Option<(TcpStream, SocketAddr)> {
+    let deadline = tokio::time::Instant::now() + ACCEPT_TIMEOUT;
+    loop {
+        let (mut tcp, peer) = match tokio::time::timeout_at(deadline, listener.accept()).await {
+            Ok(Ok(accepted)) => accepted,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "migration relay: accept failed");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!("migration relay: no source came");
+                return None;
+            }
+        };
+        let mut presented = [0u8; KEY_BYTES];
+        let read = tokio::time::timeout(KEY_TIMEOUT, tcp.read_exact(&mut presented)).await;
+        if matches!(read, Ok(Ok(_))) && same_key(&presented, key) {
+            return Some((tcp, peer));
         }
-        Err(_) => {
-            tracing::warn!("migration relay: no source came");
-            return;
-        }
+        tracing::warn!(%peer, "migration relay: refused a connection without the migration's key");
+    }
+}
+
+/// The target's relay: the source's connection (the first to present
+/// `key`), carried to the waiting QEMU's socket.
+async fn receive(listener: TcpListener, key: [u8; KEY_BYTES], socket: PathBuf) {
+    let Some((mut tcp, peer)) = accept_keyed(&listener, &key).await else {
+        return;
     };
+    drop(listener);
     let _ = tcp.set_nodelay(true);
     let mut unix = match UnixStream::connect(&socket).await {
         Ok(unix) => unix,
@@ -106,6 +155,18 @@ async fn receive(listener: TcpListener, socket: PathBuf) {
         }
         Err(error) => tracing::warn!(%peer, %error, "migration stream broke"),
     }
+}
+
+/// Opens the source's connection to the target's relay: the key first.
+async fn connect_keyed(endpoint: SocketAddr, key: &[u8; KEY_BYTES]) -> Result<TcpStream, String> {
+    let mut tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(endpoint))
+        .await
+        .map_err(|_| format!("the target {endpoint} did not answer within {CONNECT_TIMEOUT:?}"))?
+        .map_err(|error| format!("cannot reach the target {endpoint}: {error}"))?;
+    tcp.write_all(key)
+        .await
+        .map_err(|error| format!("cannot send the migration's key to {endpoint}: {error}"))?;
+    Ok(tcp)
 }
 
 /// The source's relay: QEMU's one connection to `listener`, carried to
@@ -208,20 +269,25 @@ impl VmWorkload {
         let endpoint = listener
             .local_addr()
             .map_err(|error| format!("the migration listener has no address: {error}"))?;
-        self.relay = Some(tokio::spawn(receive(listener, socket)));
+        let key = new_key();
+        self.relay = Some(tokio::spawn(receive(listener, key, socket)));
         tracing::info!(vm = %self.key(), pid, %endpoint, "waiting for a live migration");
         Ok(format!(
-            "QEMU pid {pid} waits for the guest ({disks}); {ENDPOINT_WORDS}{endpoint}"
+            "QEMU pid {pid} waits for the guest ({disks}); {ENDPOINT_WORDS}{endpoint}{KEY_WORDS}{}",
+            hex::encode(key)
         ))
     }
 
     /// Source, `node/copy-disk`: starts the migration to the endpoint the
     /// target named and waits until the disks are copied.
     pub(super) async fn copy_disk(&mut self, work: &NodeWork) -> Result<String, String> {
-        let endpoint = work
-            .note_of(VmStep::PrepareIncoming.as_str())
+        let incoming = work.note_of(VmStep::PrepareIncoming.as_str());
+        let endpoint = incoming
             .and_then(endpoint_in)
             .ok_or("the target's node/prepare-incoming names no endpoint to send the guest to")?;
+        let key = incoming
+            .and_then(key_in)
+            .ok_or("the target's node/prepare-incoming names no key for its relay")?;
         if self.record.pid.is_none() {
             return Err("QEMU does not run on this node: there is no guest to send".into());
         }
@@ -234,12 +300,7 @@ impl VmWorkload {
             let _ = std::fs::remove_file(&out);
             let listener = UnixListener::bind(&out)
                 .map_err(|error| format!("cannot listen on {}: {error}", out.display()))?;
-            let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(endpoint))
-                .await
-                .map_err(|_| {
-                    format!("the target {endpoint} did not answer within {CONNECT_TIMEOUT:?}")
-                })?
-                .map_err(|error| format!("cannot reach the target {endpoint}: {error}"))?;
+            let tcp = connect_keyed(endpoint, &key).await?;
             self.stop_relay();
             self.relay = Some(tokio::spawn(send(listener, tcp)));
             qmp(self.qmp_socket(), move |client| {
@@ -398,5 +459,70 @@ mod tests {
         );
         assert_eq!(endpoint_in("QEMU pid 7 waits"), None);
         assert_eq!(endpoint_in(&format!("{ENDPOINT_WORDS}nowhere")), None);
+    }
+
+    #[test]
+    fn the_relay_key_travels_in_the_same_note() {
+        let key = new_key();
+        let note = format!(
+            "QEMU pid 7 waits for the guest (created x); {ENDPOINT_WORDS}[fd00::1]:40123{KEY_WORDS}{}",
+            hex::encode(key)
+        );
+        assert_eq!(
+            endpoint_in(&note),
+            Some("[fd00::1]:40123".parse().expect("an address"))
+        );
+        assert_eq!(key_in(&note), Some(key));
+        assert_ne!(new_key(), key, "a key is drawn for every migration");
+        assert_eq!(key_in(&format!("{ENDPOINT_WORDS}[fd00::1]:1")), None);
+        assert_eq!(key_in(&format!("{KEY_WORDS}abcd")), None, "too short");
+    }
+
+    /// The target's relay carries only a connection that opens with the
+    /// migration's key to QEMU's socket; one without it reaches nothing
+    /// and does not use up the relay.
+    #[tokio::test]
+    async fn the_relay_carries_only_the_keyed_connection() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("incoming.sock");
+        let qemu = UnixListener::bind(&socket).expect("QEMU's socket");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("relay");
+        let endpoint = listener.local_addr().expect("address");
+        let key = new_key();
+        let relay = tokio::spawn(receive(listener, key, socket));
+
+        let mut stranger = TcpStream::connect(endpoint).await.expect("connect");
+        stranger
+            .write_all(&[7u8; KEY_BYTES])
+            .await
+            .expect("wrong key");
+        stranger
+            .write_all(b"a guest of my own")
+            .await
+            .expect("payload");
+        let mut answer = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(10), stranger.read_to_end(&mut answer))
+                .await
+                .expect("the relay drops a connection with the wrong key");
+        assert!(closed.is_err() || answer.is_empty(), "{answer:?}");
+
+        let mut source = connect_keyed(endpoint, &key)
+            .await
+            .expect("the source connects");
+        source.write_all(b"the guest").await.expect("payload");
+        drop(source);
+        let (mut received, _) = tokio::time::timeout(Duration::from_secs(10), qemu.accept())
+            .await
+            .expect("the keyed connection reaches QEMU")
+            .expect("accept");
+        let mut bytes = Vec::new();
+        received.read_to_end(&mut bytes).await.expect("read");
+        assert_eq!(bytes, b"the guest", "only the source's bytes reach QEMU");
+        drop(received);
+        tokio::time::timeout(Duration::from_secs(10), relay)
+            .await
+            .expect("the relay ends with its stream")
+            .expect("relay task");
     }
 }
