@@ -17,11 +17,13 @@
 //! with its one address. [`io`] serves the console to the agent's endpoint.
 
 pub mod boot;
+pub mod cgroup;
 pub mod clone;
 pub mod io;
 pub mod migration;
 pub mod operations;
 mod removal;
+pub mod sandbox;
 pub mod state;
 pub mod workload;
 

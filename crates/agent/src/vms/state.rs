@@ -43,6 +43,13 @@ pub struct VmRecord {
     /// started again.
     #[serde(default)]
     pub migrated_away: bool,
+    /// The host uid and gid QEMU runs as (its id range's first id), once
+    /// allocated.
+    #[serde(default)]
+    pub host_id: Option<u32>,
+    /// How QEMU was confined when it last started (`status.sandbox`).
+    #[serde(default)]
+    pub sandbox: Option<corral_api::kinds::VmSandboxStatus>,
 }
 
 impl VmRecord {
@@ -58,6 +65,8 @@ impl VmRecord {
             last_exit: None,
             netns: None,
             migrated_away: false,
+            host_id: None,
+            sandbox: None,
         }
     }
 }

@@ -47,7 +47,7 @@ pub use policy::PolicySpec;
 pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSpec, is_data_key};
 pub use vm::{
     BootSource, DEFAULT_STOP_GRACE_SECONDS, PowerAction, VirtualMachineSpec, VmClone, VmDisk,
-    VmMigration, VmPower, VmRestore, VmSnapshot, is_snapshot_name,
+    VmMigration, VmPower, VmRestore, VmSandboxStatus, VmSnapshot, is_snapshot_name,
 };
 
 use crate::meta::Kind;

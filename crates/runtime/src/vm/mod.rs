@@ -16,6 +16,7 @@ pub mod migration;
 pub mod power;
 pub mod process;
 pub mod qmp;
+pub mod sandbox;
 pub mod snapshot;
 mod tap;
 
@@ -71,6 +72,10 @@ pub struct VmConfig {
     /// (`-incoming unix:PATH`) instead of booting: the guest resumes where
     /// the source left it ([`migration`]).
     pub incoming: Option<PathBuf>,
+    /// QEMU runs in a [`sandbox::Sandbox`]: its own seccomp filter is on
+    /// (`-sandbox`, [`sandbox::SECCOMP_OPTIONS`]) and the tap is the open
+    /// descriptor [`sandbox::TAP_FD`] rather than opened by name.
+    pub sandboxed: bool,
 }
 
 /// The `-drive id` of the VM's disk (QMP's `block_resize` names it).
@@ -99,6 +104,9 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         &format!("{}M", config.memory_bytes.div_ceil(MIB).max(16)),
     ]);
     push(&["-nodefaults", "-no-user-config", "-display", "none"]);
+    if config.sandboxed {
+        push(&["-sandbox", sandbox::SECCOMP_OPTIONS]);
+    }
     push(&[
         "-chardev",
         &format!(
@@ -151,9 +159,14 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         push(&["-incoming", &format!("unix:{}", incoming.display())]);
     }
     if let Some(tap) = &config.tap {
+        let netdev = if config.sandboxed {
+            format!("tap,id=net0,fd={}", sandbox::TAP_FD)
+        } else {
+            format!("tap,id=net0,ifname={tap},script=no,downscript=no")
+        };
         push(&[
             "-netdev",
-            &format!("tap,id=net0,ifname={tap},script=no,downscript=no"),
+            &netdev,
             "-device",
             &format!("virtio-net-pci,netdev=net0,mac={}", config.mac),
         ]);
