@@ -64,6 +64,20 @@ fn memory_limit(path: &str) -> String {
         .to_string()
 }
 
+/// The most memory the cgroup at `path` held (v2 or v1), for the log.
+fn memory_peak(path: &str) -> String {
+    let root = Path::new("/sys/fs/cgroup");
+    let inside = path.trim_start_matches('/');
+    let file = if root.join("cgroup.controllers").exists() {
+        root.join(inside).join("memory.peak")
+    } else {
+        root.join("memory").join(inside).join("memory.max_usage_in_bytes")
+    };
+    std::fs::read_to_string(file)
+        .map(|text| text.trim().to_string())
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
 #[test]
 fn a_vms_qemu_runs_confined_and_still_boots() {
     require_tool("qemu-system-x86_64");
@@ -212,8 +226,14 @@ fn a_vms_qemu_runs_confined_and_still_boots() {
         "{membership}"
     );
     assert_eq!(memory_limit(&cgroup), ((192u64 + 256) << 20).to_string());
+    eprintln!(
+        "QEMU's cgroup for a 192 MiB TCG guest after boot: peak {} bytes, RSS {}",
+        memory_peak(&cgroup),
+        status_field(pid, "VmRSS")
+    );
     assert_eq!(explained["uid"].as_u64(), host_id.parse().ok());
     let table = cluster.ok(&["explain-security", &target]);
+    eprintln!("corral explain-security {target}:\n{table}");
     for wanted in [
         &format!("{host_id} (its own"),
         "-sandbox on,obsolete=deny",
