@@ -71,7 +71,9 @@ fn memory_peak(path: &str) -> String {
     let file = if root.join("cgroup.controllers").exists() {
         root.join(inside).join("memory.peak")
     } else {
-        root.join("memory").join(inside).join("memory.max_usage_in_bytes")
+        root.join("memory")
+            .join(inside)
+            .join("memory.max_usage_in_bytes")
     };
     std::fs::read_to_string(file)
         .map(|text| text.trim().to_string())
