@@ -4,8 +4,9 @@
 //! holds its directory, disk and boot files but nothing else of the
 //! node's data dir (and nothing it may write outside them), in a cgroup
 //! limited by the VM's spec; the guest still boots to its marker and its
-//! console answers; `explain-security vm/NAME` shows all of it; deleting
-//! the VM removes its cgroup.
+//! console answers; `explain-security vm/NAME` shows all of it; after an
+//! agent crash that took QEMU with it, QEMU comes back under the same uid,
+//! as confined; deleting the VM removes its cgroup.
 
 use std::path::Path;
 use std::process::Command;
@@ -86,7 +87,7 @@ fn a_vms_qemu_runs_confined_and_still_boots() {
     require_tool("qemu-img");
     require_tool("nsenter");
     let assets = vm_assets();
-    let cluster = common::start_node();
+    let mut cluster = common::start_node();
     let data = cluster.data_dir.path().to_path_buf();
     let tar = ImageBuilder::new(BOOT_IMAGE)
         .layer(
@@ -255,6 +256,35 @@ fn a_vms_qemu_runs_confined_and_still_boots() {
     let typed = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{typed}");
     assert!(typed.contains(&format!("{tag}-42")), "{typed}");
+
+    // The agent crashes and QEMU dies with it: the restarted agent starts
+    // QEMU again from local state, under the same uid, as confined.
+    cluster.kill9();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill QEMU");
+    cluster.restart();
+    let again: i32 = common::wait_for("QEMU to run again", Duration::from_secs(180), || {
+        let vm = cluster.get_json(&target);
+        let new_pid: i32 = vm["status"]["message"]
+            .as_str()?
+            .strip_prefix("qemu pid ")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        (vm["status"]["phase"] == "Running" && new_pid != pid).then_some(new_pid)
+    });
+    assert_eq!(
+        status_field(again, "Uid").split_whitespace().next(),
+        Some(host_id.as_str()),
+        "QEMU came back under another uid"
+    );
+    assert_eq!(status_field(again, "Seccomp"), "2");
+    assert_eq!(status_field(again, "CapEff"), "0000000000000000");
+    assert_ne!(namespace(&again.to_string()), namespace("self"));
 
     // Deleting the VM removes its cgroup.
     cluster.ok(&["delete", &target]);
