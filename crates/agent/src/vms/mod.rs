@@ -15,6 +15,10 @@
 //! The namespace's end of the VM's veth to the node is bridged to the tap
 //! (`crate::network::PodNetwork::wire_vm`), so the guest is on the pod link
 //! with its one address. [`io`] serves the console to the agent's endpoint.
+//!
+//! QEMU never runs as root: [`sandbox`] gives each VM its own host uid,
+//! its files, a private mount namespace and QEMU's seccomp filter, and
+//! [`cgroup`] its memory and CPU limits.
 
 pub mod boot;
 pub mod cgroup;

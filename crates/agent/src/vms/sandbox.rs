@@ -169,6 +169,31 @@ impl VmWorkload {
         Ok(sandbox)
     }
 
+    /// Starts QEMU with `config`, confined ([`super::sandbox`]); its pid
+    /// and the console log's length before it (where its output begins).
+    pub(super) async fn spawn_qemu(&mut self, mut config: VmConfig) -> Result<(u32, u64), String> {
+        let sandbox = self.confine(&mut config).await?;
+        self.save();
+        let output = self.ctx.vm_dir(&self.uid()).join("qemu.log");
+        let netns = self.record.netns.clone();
+        let offset = std::fs::metadata(&config.console_log).map_or(0, |m| m.len());
+        let pid = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(output.parent().unwrap_or(&output))
+                .map_err(|e| e.to_string())?;
+            process::start_sandboxed(
+                std::path::Path::new(super::QEMU),
+                &config,
+                netns.as_deref(),
+                &output,
+                &sandbox,
+            )
+            .map_err(|e| crate::chain(&e))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        Ok((pid, offset))
+    }
+
     /// Gives a socket the agent made for QEMU (a migration's) to the VM's
     /// uid, so QEMU may connect to it.
     pub(super) fn hand_to_qemu(&self, path: &Path) -> Result<(), String> {

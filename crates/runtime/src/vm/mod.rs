@@ -1,11 +1,13 @@
 //! The QEMU driver: a pure command-line builder ([`qemu_args`]), the KVM
 //! probe ([`kvm`]), the process and disk side effects ([`process`]), a
 //! typed QMP client ([`qmp`]), the clean stop through the ACPI power
-//! button ([`power`]), qcow2 snapshots ([`snapshot`]) and live migration
-//! ([`migration`]).
+//! button ([`power`]), qcow2 snapshots ([`snapshot`]), live migration
+//! ([`migration`]) and QEMU's confinement ([`sandbox`]).
 //!
 //! A VM is one `qemu-system-x86_64` process started inside the VM's own
-//! network namespace (its tap device lives there), with its serial console
+//! network namespace (its tap device lives there), confined by
+//! [`sandbox`] (its own uid, no capabilities, QEMU's seccomp filter, a
+//! private mount namespace, its cgroups), with its serial console
 //! on a unix socket (for `corral console`) that QEMU also logs to a file
 //! (for `corral logs`). Guests boot from a kernel (`-M pc`, virtio-pci
 //! devices; Debian's cloud kernel hangs calibrating its clock on `microvm`
