@@ -240,15 +240,16 @@ fn a_vm_boots_and_an_edit_restarts_it_in_place_keeping_its_disk() {
         (!std::path::Path::new(&cluster.data_dir.path().join("vms").join(&uid)).exists())
             .then_some(())
     });
-    let links = std::process::Command::new("ip")
-        .args(["-o", "link", "show"])
-        .output()
-        .expect("run ip link");
-    let links = String::from_utf8_lossy(&links.stdout);
-    assert!(
-        !links.contains(&format!("corral-pod:vm/default/{name}")),
-        "the VM's veth outlived it: {links}"
-    );
+    // The veth goes in `node/remove-tap`, which may finish after
+    // `node/release-disk` removed the directory waited for above.
+    let alias = format!("corral-pod:vm/default/{name}");
+    common::wait_for("the VM's veth to go", Duration::from_secs(30), || {
+        let output = std::process::Command::new("ip")
+            .args(["-o", "link", "show"])
+            .output()
+            .expect("run ip link");
+        (!String::from_utf8_lossy(&output.stdout).contains(&alias)).then_some(())
+    });
     assert!(
         cluster
             .data_dir

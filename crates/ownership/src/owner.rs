@@ -235,6 +235,7 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
                 rows.extend([
                     row("status.runState", Owner::BoundNode),
                     row("status.snapshots", Owner::BoundNode),
+                    row("status.sandbox", Owner::BoundNode),
                     row("status.migration", controller(SCHEDULER)),
                     row("status.interfaces", controller(IPAM)),
                 ]);

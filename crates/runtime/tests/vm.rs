@@ -105,6 +105,7 @@ fn a_guest_boots_in_its_namespace_and_keeps_its_disk() {
         console_log: dir.path().join("console.log"),
         qmp_socket: dir.path().join("qmp.sock"),
         incoming: None,
+        sandboxed: false,
     };
     let qemu = Path::new("qemu-system-x86_64");
     let output = dir.path().join("qemu.log");

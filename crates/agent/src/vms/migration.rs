@@ -300,6 +300,8 @@ impl VmWorkload {
             let _ = std::fs::remove_file(&out);
             let listener = UnixListener::bind(&out)
                 .map_err(|error| format!("cannot listen on {}: {error}", out.display()))?;
+            // QEMU, under the VM's own uid, connects to it.
+            self.hand_to_qemu(&out)?;
             let tcp = connect_keyed(endpoint, &key).await?;
             self.stop_relay();
             self.relay = Some(tokio::spawn(send(listener, tcp)));

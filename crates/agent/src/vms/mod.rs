@@ -17,14 +17,20 @@
 //! with its address (and IPv4 egress, like a pod); each further interface
 //! is one more such link with its own address ([`nics`]). [`io`] serves the
 //! console to the agent's endpoint.
+//!
+//! QEMU never runs as root: [`sandbox`] gives each VM its own host uid,
+//! its files, a private mount namespace and QEMU's seccomp filter, and
+//! [`cgroup`] its memory and CPU limits.
 
 pub mod boot;
+pub mod cgroup;
 pub mod clone;
 pub mod io;
 pub mod migration;
 pub mod nics;
 pub mod operations;
 mod removal;
+pub mod sandbox;
 pub mod state;
 pub mod workload;
 

@@ -11,6 +11,7 @@ impl VmWorkload {
     /// outlives the VM.
     pub(super) async fn release_disk(&mut self) -> Result<Option<String>, String> {
         let dir = self.ctx.vm_dir(&self.uid());
+        self.release_sandbox();
         match std::fs::remove_dir_all(&dir) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(format!(
                 "cannot remove the VM's directory {}: {error}",
@@ -53,6 +54,7 @@ impl VmWorkload {
                 tracing::warn!(vm = %self.key(), %error, "cannot remove the VM's files");
             }
         }
+        self.release_sandbox();
         if let Err(error) = self.ctx.state.remove(&self.key()) {
             tracing::error!(vm = %self.key(), error = %crate::chain(&error), "cannot forget the VM");
         }

@@ -47,6 +47,13 @@ pub struct VmRecord {
     /// chosen (kept across restarts, so the guest keeps it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_ipv4: Option<std::net::Ipv4Addr>,
+    /// The host uid and gid QEMU runs as (its id range's first id), once
+    /// allocated.
+    #[serde(default)]
+    pub host_id: Option<u32>,
+    /// How QEMU was confined when it last started (`status.sandbox`).
+    #[serde(default)]
+    pub sandbox: Option<corral_api::kinds::VmSandboxStatus>,
 }
 
 impl VmRecord {
@@ -63,6 +70,8 @@ impl VmRecord {
             netns: None,
             migrated_away: false,
             egress_ipv4: None,
+            host_id: None,
+            sandbox: None,
         }
     }
 }

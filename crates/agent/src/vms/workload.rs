@@ -34,12 +34,13 @@ pub const TAP: &str = "tap0";
 const RESTART_DELAY: Duration = Duration::from_secs(2);
 
 /// The status fields the node owns on a VM.
-const STATUS_FIELDS: [&str; 5] = [
+const STATUS_FIELDS: [&str; 6] = [
     "phase",
     "observedRevision",
     "message",
     "runState",
     "snapshots",
+    "sandbox",
 ];
 
 /// One VM on this node: its local record and the VM as the API last
@@ -319,6 +320,7 @@ impl VmWorkload {
             console_log: dir.join("console.log"),
             qmp_socket: dir.join("qmp.sock"),
             incoming: None,
+            sandboxed: false,
         })
     }
 
@@ -372,28 +374,6 @@ impl VmWorkload {
         self.save();
         tracing::info!(vm = %self.key(), pid, %accel, revision = self.record.admitted_revision, "QEMU started");
         Ok(format!("qemu pid {pid} under {accel}"))
-    }
-
-    /// Starts QEMU with `config`; its pid and the console log's length
-    /// before it (where its output begins).
-    pub(super) async fn spawn_qemu(&mut self, config: VmConfig) -> Result<(u32, u64), String> {
-        let output = self.ctx.vm_dir(&self.uid()).join("qemu.log");
-        let netns = self.record.netns.clone();
-        let offset = std::fs::metadata(&config.console_log).map_or(0, |m| m.len());
-        let pid = tokio::task::spawn_blocking(move || {
-            std::fs::create_dir_all(output.parent().unwrap_or(&output))
-                .map_err(|e| e.to_string())?;
-            process::start(
-                std::path::Path::new(super::QEMU),
-                &config,
-                netns.as_deref(),
-                &output,
-            )
-            .map_err(|e| crate::chain(&e))
-        })
-        .await
-        .map_err(|e| e.to_string())??;
-        Ok((pid, offset))
     }
 
     /// Whether the guest printed its marker since QEMU last started.
@@ -531,6 +511,9 @@ impl VmWorkload {
         });
         if self.record.admitted_revision > 0 {
             status["observedRevision"] = self.record.admitted_revision.into();
+        }
+        if let (Some(_), Some(sandbox)) = (self.record.pid, &self.record.sandbox) {
+            status["sandbox"] = serde_json::to_value(sandbox).unwrap_or(Value::Null);
         }
         status
     }

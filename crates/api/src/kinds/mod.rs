@@ -48,7 +48,7 @@ pub use secret::{ConfigSpec, MAX_DATA_BYTES, RevealedSecret, SecretKey, SecretSp
 pub use vm::{
     BootSource, DEFAULT_DISK_BYTES, DEFAULT_STOP_GRACE_SECONDS, MAX_VM_INTERFACES, PowerAction,
     VirtualMachineSpec, VmClone, VmDataDisk, VmDisk, VmInterface, VmMigration, VmPower, VmRestore,
-    VmSnapshot, is_snapshot_name,
+    VmSandboxStatus, VmSnapshot, is_snapshot_name,
 };
 
 use crate::meta::Kind;

@@ -248,3 +248,27 @@ pub struct BootSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub marker: Option<String>,
 }
+
+/// How its node confines a VM's QEMU (`status.sandbox`, written by the
+/// VM's node while QEMU runs; `corral explain-security vm/NAME` shows it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VmSandboxStatus {
+    /// The host uid QEMU runs as (the VM's own; never 0).
+    pub uid: u32,
+    pub gid: u32,
+    /// QEMU's capabilities (none) and whether it may gain privileges.
+    pub capabilities: String,
+    /// QEMU's own seccomp filter: its `-sandbox` options.
+    pub seccomp: String,
+    /// What QEMU's private mount namespace holds.
+    pub mount_namespace: String,
+    /// The host paths QEMU can write (everything else it sees is read-only).
+    pub writable: Vec<String>,
+    /// The VM's cgroup, in each hierarchy that limits it.
+    pub cgroup: String,
+    /// The memory limit (the guest's RAM plus QEMU's own overhead).
+    pub memory_limit_bytes: u64,
+    /// The CPU limit: a CFS quota of whole CPUs.
+    pub cpu_limit: String,
+}

@@ -478,7 +478,8 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
-/// The pods' cgroups, `/corral/<uid>` in every hierarchy.
+/// The pods' and VMs' cgroups, `/corral/<uid>` and `/corral/vm-<uid>` in
+/// every hierarchy.
 fn remove_pod_cgroups(node_dir: &Path) {
     let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
@@ -498,5 +499,26 @@ fn remove_pod_cgroups(node_dir: &Path) {
             }
             let _ = std::fs::remove_dir(&cgroup);
         }
+    }
+    // The VMs' cgroups, `/corral/vm-<uid>`, once their killed QEMUs are
+    // gone (a moment after the signal).
+    let vms: Vec<String> = std::fs::read_dir(node_dir.join("vms"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|vm| format!("vm-{}", vm.file_name().to_string_lossy()))
+        .collect();
+    for _ in 0..20 {
+        let mut left = false;
+        for vm in &vms {
+            for hierarchy in &hierarchies {
+                let cgroup = hierarchy.join("corral").join(vm);
+                left |= std::fs::remove_dir(&cgroup).is_err() && cgroup.exists();
+            }
+        }
+        if !left {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

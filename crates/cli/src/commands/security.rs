@@ -1,13 +1,15 @@
 //! `explain-security`: the effective sandbox of a pod and where each
-//! relaxation came from, computed by the same rule the server admits with.
+//! relaxation came from, computed by the same rule the server admits with;
+//! for a VM, how its node confines its QEMU (the VM's `status.sandbox`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use corral_api::Kind;
-use corral_api::kinds::{PodSpec, PolicySpec};
+use corral_api::kinds::{PodSpec, PolicySpec, VmSandboxStatus};
 use corral_api::security::{EffectiveSandbox, admit_pod};
+use corral_api::{Object, ObjectKey};
 
 use super::connect;
 use crate::output::{Format, Table, print_structured};
@@ -16,9 +18,10 @@ use crate::target::Target;
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
   corral explain-security pod/web                 every sandbox knob and the Policy that relaxed it
-  corral explain-security web -n team-a -o json   a pod NAME alone works too")]
+  corral explain-security web -n team-a -o json   a pod NAME alone works too
+  corral explain-security vm/builder              the uid, seccomp filter, mounts and cgroup of a VM's QEMU")]
 pub struct ExplainSecurityArgs {
-    /// The pod: pod/NAME or NAME.
+    /// The pod (pod/NAME or NAME) or VM (vm/NAME).
     target: String,
     #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
     namespace: String,
@@ -35,15 +38,23 @@ pub async fn explain_security(
     } else {
         Target::parse("pod", Some(&args.target))?
     };
-    if target.kind != Kind::Pod {
+    if target.kind != Kind::Pod && target.kind != Kind::VirtualMachine {
         bail!(
-            "explain-security explains pods; {} is a {}",
+            "explain-security explains pods and VMs; {} is a {}",
             args.target,
             target.kind
         );
     }
     let client = connect(config)?;
     let key = target.key(Some(&args.namespace))?;
+    if target.kind == Kind::VirtualMachine {
+        let vm = client.get(&key).await?;
+        let sandbox = vm_sandbox(&key, &vm)?;
+        if !print_structured(args.output, &sandbox)? {
+            print!("{}", render_vm(&sandbox));
+        }
+        return Ok(());
+    }
     let pod = client.get(&key).await?;
     let spec: PodSpec = pod
         .typed_spec()
@@ -63,6 +74,54 @@ pub async fn explain_security(
     Ok(())
 }
 
+/// The confinement the VM's node reported for its running QEMU.
+fn vm_sandbox(key: &ObjectKey, vm: &Object) -> anyhow::Result<VmSandboxStatus> {
+    let Some(value) = vm.status.get("sandbox").filter(|v| !v.is_null()) else {
+        bail!(
+            "{key} reports no sandbox: its QEMU is not running (phase {})",
+            vm.status
+                .get("phase")
+                .and_then(|p| p.as_str())
+                .unwrap_or("unknown")
+        );
+    };
+    serde_json::from_value(value.clone())
+        .with_context(|| format!("{key} has a status.sandbox this CLI cannot read"))
+}
+
+/// A VM's QEMU confinement as a table of knobs; the node applies them all
+/// to every VM, so each one's source is the node.
+fn render_vm(sandbox: &VmSandboxStatus) -> String {
+    let mut table = Table::new(&["KNOB", "VALUE", "SOURCE"]);
+    let node = "node (every VM)".to_string();
+    let rows = [
+        ("uid", format!("{} (its own, unprivileged)", sandbox.uid)),
+        ("gid", sandbox.gid.to_string()),
+        ("capabilities", sandbox.capabilities.clone()),
+        ("seccomp", sandbox.seccomp.clone()),
+        ("mount namespace", sandbox.mount_namespace.clone()),
+        ("writable", sandbox.writable.join(", ")),
+        ("cgroup", sandbox.cgroup.clone()),
+    ];
+    for (name, value) in rows {
+        table.row(vec![name.to_string(), value, node.clone()]);
+    }
+    table.row(vec![
+        "memory limit".into(),
+        format!(
+            "{} bytes (guest RAM + QEMU overhead)",
+            sandbox.memory_limit_bytes
+        ),
+        "spec.memory".into(),
+    ]);
+    table.row(vec![
+        "cpu limit".into(),
+        sandbox.cpu_limit.clone(),
+        "spec.cpus".into(),
+    ]);
+    table.render()
+}
+
 /// The sandbox as a table of knobs, then the grants nobody asked for.
 fn render(sandbox: &EffectiveSandbox) -> String {
     let mut table = Table::new(&["KNOB", "VALUE", "SOURCE"]);
@@ -80,6 +139,37 @@ fn render(sandbox: &EffectiveSandbox) -> String {
 mod tests {
     use super::*;
     use corral_api::security::admit;
+
+    #[test]
+    fn a_vm_shows_its_uid_seccomp_mounts_and_limits() {
+        let mut vm = Object::new(
+            Kind::VirtualMachine,
+            Some("default"),
+            "builder",
+            serde_json::json!({}),
+        );
+        let key = vm.key();
+        let missing = vm_sandbox(&key, &vm).unwrap_err().to_string();
+        assert!(missing.contains("reports no sandbox"), "{missing}");
+        vm.status["sandbox"] = serde_json::json!({
+                "uid": 1048576, "gid": 1048576, "capabilities": "none",
+                "seccomp": "QEMU -sandbox on,spawn=deny",
+                "mountNamespace": "private, over a read-only tmpfs root",
+                "writable": ["/d/vms/u"], "cgroup": "/corral/vm-u",
+                "memoryLimitBytes": 1024, "cpuLimit": "1 CPU",
+        });
+        let text = render_vm(&vm_sandbox(&key, &vm).unwrap());
+        for wanted in [
+            "1048576 (its own",
+            "-sandbox on,spawn=deny",
+            "private, over a read-only tmpfs root",
+            "/corral/vm-u",
+            "1024 bytes",
+            "1 CPU",
+        ] {
+            assert!(text.contains(wanted), "{wanted} missing from {text}");
+        }
+    }
 
     #[test]
     fn renders_each_knob_with_its_source() {

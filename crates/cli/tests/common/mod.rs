@@ -265,6 +265,27 @@ pub fn cleanup_node(data_dir: &Path) {
             let _ = std::fs::remove_dir(&dir);
         }
     }
+    // The VMs' cgroups, `/corral/vm-<uid>`, once their killed QEMUs are
+    // gone.
+    let vms: Vec<String> = std::fs::read_dir(data_dir.join("vms"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|vm| format!("vm-{}", vm.file_name().to_string_lossy()))
+        .collect();
+    for _ in 0..20 {
+        let mut left = false;
+        for vm in &vms {
+            for hierarchy in &hierarchies {
+                let dir = hierarchy.join("corral").join(vm);
+                left |= std::fs::remove_dir(&dir).is_err() && dir.exists();
+            }
+        }
+        if !left {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, or panics with

@@ -1,11 +1,13 @@
 //! The QEMU driver: a pure command-line builder ([`qemu_args`]), the KVM
 //! probe ([`kvm`]), the process and disk side effects ([`process`]), a
 //! typed QMP client ([`qmp`]), the clean stop through the ACPI power
-//! button ([`power`]), qcow2 snapshots ([`snapshot`]) and live migration
-//! ([`migration`]).
+//! button ([`power`]), qcow2 snapshots ([`snapshot`]), live migration
+//! ([`migration`]) and QEMU's confinement ([`sandbox`]).
 //!
 //! A VM is one `qemu-system-x86_64` process started inside the VM's own
-//! network namespace (its tap device lives there), with its serial console
+//! network namespace (its tap device lives there), confined by
+//! [`sandbox`] (its own uid, no capabilities, QEMU's seccomp filter, a
+//! private mount namespace, its cgroups), with its serial console
 //! on a unix socket (for `corral console`) that QEMU also logs to a file
 //! (for `corral logs`). Guests boot from a kernel (`-M pc`, virtio-pci
 //! devices; Debian's cloud kernel hangs calibrating its clock on `microvm`
@@ -16,6 +18,7 @@ pub mod migration;
 pub mod power;
 pub mod process;
 pub mod qmp;
+pub mod sandbox;
 pub mod snapshot;
 mod tap;
 
@@ -74,6 +77,11 @@ pub struct VmConfig {
     /// (`-incoming unix:PATH`) instead of booting: the guest resumes where
     /// the source left it ([`migration`]).
     pub incoming: Option<PathBuf>,
+    /// QEMU runs in a [`sandbox::Sandbox`]: its own seccomp filter is on
+    /// (`-sandbox`, [`sandbox::SECCOMP_OPTIONS`]) and the taps are open
+    /// descriptors from [`sandbox::TAP_FD`] on (the first NIC's, then
+    /// `extra_nics`' in order) rather than opened by name.
+    pub sandboxed: bool,
 }
 
 /// The `-drive id` of the VM's disk (QMP's `block_resize` names it).
@@ -107,6 +115,9 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         &format!("{}M", config.memory_bytes.div_ceil(MIB).max(16)),
     ]);
     push(&["-nodefaults", "-no-user-config", "-display", "none"]);
+    if config.sandboxed {
+        push(&["-sandbox", sandbox::SECCOMP_OPTIONS]);
+    }
     push(&[
         "-chardev",
         &format!(
@@ -159,18 +170,30 @@ pub fn qemu_args(config: &VmConfig) -> Vec<String> {
         push(&["-incoming", &format!("unix:{}", incoming.display())]);
     }
     if let Some(tap) = &config.tap {
+        let netdev = if config.sandboxed {
+            format!("tap,id=net0,fd={}", sandbox::TAP_FD)
+        } else {
+            format!("tap,id=net0,ifname={tap},script=no,downscript=no")
+        };
         push(&[
             "-netdev",
-            &format!("tap,id=net0,ifname={tap},script=no,downscript=no"),
+            &netdev,
             "-device",
             &format!("virtio-net-pci,netdev=net0,mac={}", config.mac),
         ]);
     }
+    // Sandboxed, each tap is the next descriptor after the first NIC's.
+    let first_extra_fd = sandbox::TAP_FD + i32::from(config.tap.is_some());
     for (index, (tap, mac)) in config.extra_nics.iter().enumerate() {
         let id = format!("net{}", index + 1);
+        let netdev = if config.sandboxed {
+            format!("tap,id={id},fd={}", first_extra_fd + index as i32)
+        } else {
+            format!("tap,id={id},ifname={tap},script=no,downscript=no")
+        };
         push(&[
             "-netdev",
-            &format!("tap,id={id},ifname={tap},script=no,downscript=no"),
+            &netdev,
             "-device",
             &format!("virtio-net-pci,netdev={id},mac={mac}"),
         ]);

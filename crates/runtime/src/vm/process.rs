@@ -6,8 +6,10 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -16,6 +18,7 @@ use nix::unistd::Pid;
 use crate::oci::{netns, reap};
 use crate::vm::power::{self, Guest, QemuProcess, StopOutcome};
 use crate::vm::qmp::{Monitor, QmpClient};
+use crate::vm::sandbox::{Prepared, Sandbox};
 use crate::vm::{VmConfig, qemu_args, tap};
 
 /// Why a VM's disk, tap or process could not be set up or stopped.
@@ -126,6 +129,32 @@ pub fn start(
     netns: Option<&Path>,
     output: &Path,
 ) -> Result<u32, VmError> {
+    start_in(qemu, config, netns, output, None)
+}
+
+/// [`start`], with QEMU confined to `sandbox` (`config.sandboxed` must
+/// be set: the tap is handed over as a descriptor).
+pub fn start_sandboxed(
+    qemu: &Path,
+    config: &VmConfig,
+    netns: Option<&Path>,
+    output: &Path,
+    sandbox: &Sandbox,
+) -> Result<u32, VmError> {
+    let prepared = sandbox.prepare().map_err(|error| VmError::Io {
+        path: sandbox.root.clone(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, error),
+    })?;
+    start_in(qemu, config, netns, output, Some(Arc::new(prepared)))
+}
+
+fn start_in(
+    qemu: &Path,
+    config: &VmConfig,
+    netns: Option<&Path>,
+    output: &Path,
+    sandbox: Option<Arc<Prepared>>,
+) -> Result<u32, VmError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| VmError::Io { path, source }
@@ -156,9 +185,34 @@ pub fn start(
         program: qemu.display().to_string(),
         source,
     };
-    let child = netns::spawn(netns, &mut command)
-        .map_err(|e| spawn_error(io::Error::other(e)))?
-        .map_err(spawn_error)?;
+    // Sandboxed, QEMU gets its taps as descriptors, in NIC order.
+    let taps: Vec<String> = match sandbox {
+        Some(_) => config
+            .tap
+            .iter()
+            .chain(config.extra_nics.iter().map(|(tap, _)| tap))
+            .cloned()
+            .collect(),
+        None => Vec::new(),
+    };
+    let child = netns::run_in_optional(netns, move || {
+        // Opened inside the VM's namespace, where its taps are.
+        let taps = taps
+            .iter()
+            .map(|name| tap::open_here(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(sandbox) = sandbox {
+            let fds: Vec<i32> = taps.iter().map(|file| file.as_raw_fd()).collect();
+            // SAFETY: `enter` makes only system calls on data prepared
+            // before the fork; it neither allocates nor takes locks.
+            unsafe { command.pre_exec(move || sandbox.enter(&fds)) };
+        }
+        // The parent's copies of the taps close when `taps` drops, after
+        // the child has its own.
+        command.spawn()
+    })
+    .map_err(|e| spawn_error(io::Error::other(e)))?
+    .map_err(spawn_error)?;
     reap::track(child.id());
     Ok(child.id())
 }
@@ -268,4 +322,55 @@ pub fn grow_disk(path: &Path, bytes: u64) -> Result<(), VmError> {
         .arg(path)
         .arg(bytes.to_string()))?;
     Ok(())
+}
+
+/// The files below the qcow2 disk at `path` in its backing chain, nearest
+/// first (`qemu-img info --backing-chain -U`: readable while QEMU holds
+/// the disk); empty for a disk without one.
+pub fn backing_chain(path: &Path) -> Result<Vec<PathBuf>, VmError> {
+    let output = run(Command::new("qemu-img")
+        .args(["info", "--backing-chain", "-U", "--output=json"])
+        .arg(path))?;
+    let chain: Vec<serde_json::Value> =
+        serde_json::from_str(&output).map_err(|source| VmError::Io {
+            path: path.to_path_buf(),
+            source: io::Error::new(io::ErrorKind::InvalidData, source),
+        })?;
+    Ok(backing_files(&chain))
+}
+
+/// The backing files `qemu-img info --backing-chain` names.
+fn backing_files(chain: &[serde_json::Value]) -> Vec<PathBuf> {
+    chain
+        .iter()
+        .filter_map(|image| {
+            image
+                .get("full-backing-filename")
+                .or_else(|| image.get("backing-filename"))
+                .and_then(serde_json::Value::as_str)
+        })
+        .map(PathBuf::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backing_files_follow_the_chain() {
+        let chain: Vec<serde_json::Value> = serde_json::from_str(
+            r#"[{"filename": "/v/clone.qcow2", "full-backing-filename": "/t/disk.qcow2", "backing-filename": "disk.qcow2"},
+                {"filename": "/t/disk.qcow2", "backing-filename": "/img/disk.qcow2"},
+                {"filename": "/img/disk.qcow2"}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            backing_files(&chain),
+            [
+                PathBuf::from("/t/disk.qcow2"),
+                PathBuf::from("/img/disk.qcow2")
+            ]
+        );
+    }
 }

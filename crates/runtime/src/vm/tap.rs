@@ -36,3 +36,19 @@ pub fn create_here(name: &str) -> io::Result<()> {
     drop(tun);
     link::set_up(name)
 }
+
+/// Attaches to the tap device `name` in the calling thread's network
+/// namespace (made by [`create_here`]) and returns the descriptor, for a
+/// sandboxed QEMU that may not open `/dev/net/tun` itself.
+pub fn open_here(name: &str) -> io::Result<File> {
+    let mut request = link::request(name)?;
+    request.ifr_ifru.ifru_flags =
+        (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+    let tun = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    // SAFETY: as in `create_here`: TUNSETIFF only reads `request`.
+    unsafe { tun_set_iff(tun.as_raw_fd(), &request) }?;
+    Ok(tun)
+}

@@ -20,6 +20,7 @@ fn config() -> VmConfig {
         console_log: PathBuf::from("/run/vm/console.log"),
         qmp_socket: PathBuf::from("/run/vm/qmp.sock"),
         incoming: None,
+        sandboxed: false,
     }
 }
 
