@@ -113,7 +113,7 @@ async fn the_certificate_is_renewed_before_it_expires_and_kept() {
     assert!(tls.renewal_due() <= Utc::now(), "due at once without one");
 
     let shutdown = CancellationToken::new();
-    tokio::spawn(tls.clone().keep_renewed(ca.clone(), shutdown.clone()));
+    let renewing = tokio::spawn(tls.clone().keep_renewed(ca.clone(), shutdown.clone()));
     let first = wait_for(|| tls.certificate()).await;
     let renewed = wait_for(|| {
         tls.certificate()
@@ -123,6 +123,9 @@ async fn the_certificate_is_renewed_before_it_expires_and_kept() {
     assert!(renewed.not_after > first.not_after);
     let replaced_at = Utc::now();
     shutdown.cancel();
+    // A renewal under way when it is cancelled still finishes (a loaded
+    // machine reaches the next one): compare what is kept after it.
+    renewing.await.expect("the renewal loop ends");
     assert!(
         replaced_at < first.not_after,
         "renewed at {replaced_at}, after the first expired at {}",
