@@ -85,6 +85,8 @@ pub struct PodWorkload {
     recovery_report_at: Instant,
     /// A failed recovery: when to try again, and the wait that led there.
     recovery_retry: Option<(Instant, Duration)>,
+    /// Where the pod stands with the node's self-fence.
+    fence: supervision::FenceHold,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -107,6 +109,7 @@ impl PodWorkload {
             init: None,
             recovery_report_at: Instant::now(),
             recovery_retry: None,
+            fence: supervision::FenceHold::default(),
         }
     }
 
