@@ -279,7 +279,8 @@ async fn sweep(ctx: &Arc<AgentContext>) {
             continue;
         }
         let key = record.pod.key();
-        ctx.fence.stopped(&format!("{}/{}", key.namespace, key.name));
+        ctx.fence
+            .stopped(&format!("{}/{}", key.namespace, key.name));
         let grace = Duration::from_secs(
             spec.termination_grace_seconds
                 .map_or(STOP_GRACE_SECONDS, u64::from)
@@ -299,7 +300,9 @@ async fn sweep(ctx: &Arc<AgentContext>) {
             let halted =
                 tokio::task::spawn_blocking(move || runner.halt(&spec, &container, grace)).await;
             match halted {
-                Ok(Ok(())) => tracing::warn!(pod = %key, container = %pid, "fenced: container stopped"),
+                Ok(Ok(())) => {
+                    tracing::warn!(pod = %key, container = %pid, "fenced: container stopped")
+                }
                 Ok(Err(error)) => {
                     tracing::error!(pod = %key, error = %crate::chain(&error), "fencing: cannot stop a container");
                 }
@@ -359,7 +362,10 @@ mod tests {
         assert_eq!(lifted.moved, vec!["default/b".to_string()]);
         assert!(lifted.returned_at.is_some());
         assert!(!reopened.is_active());
-        assert!(Fence::open(dir.path()).active().is_none(), "lifted for good");
+        assert!(
+            Fence::open(dir.path()).active().is_none(),
+            "lifted for good"
+        );
     }
 
     #[test]

@@ -247,7 +247,10 @@ mod tests {
             })
         };
         // Past the grace, not yet past the node's fence: it stays.
-        assert_eq!(departure(ha.0, ha.1, "n1", fencing(27), at(26), timing), None);
+        assert_eq!(
+            departure(ha.0, ha.1, "n1", fencing(27), at(26), timing),
+            None
+        );
         // Past both.
         assert_eq!(
             departure(ha.0, ha.1, "n1", fencing(27), at(27), timing),
@@ -256,7 +259,10 @@ mod tests {
         // Past the fence, not the grace.
         assert_eq!(departure(ha.0, ha.1, "n1", fencing(1), at(2), timing), None);
         // Best-effort pods never leave a Silent node.
-        assert_eq!(departure(best.0, best.1, "n1", fencing(1), at(99), timing), None);
+        assert_eq!(
+            departure(best.0, best.1, "n1", fencing(1), at(99), timing),
+            None
+        );
         assert_eq!(
             Departure::SilentPastGrace.message(None, "n1", fencing(27), timing),
             "moved off n1: the node is silent since 2026-01-01T00:00:00Z, past the 3s grace of an availability: ha pod; by 00:00:27Z the node has stopped its copy itself (self-fencing)"

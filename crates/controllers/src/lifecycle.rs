@@ -156,9 +156,7 @@ pub async fn reconcile(
         now,
         timing,
     );
-    if next == status.phase
-        && silent_since == status.silent_since
-        && fenced_by == status.fenced_by
+    if next == status.phase && silent_since == status.silent_since && fenced_by == status.fenced_by
     {
         return Ok(again);
     }

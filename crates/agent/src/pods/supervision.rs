@@ -108,10 +108,7 @@ impl PodWorkload {
                     }
                 }
                 changed = true;
-            } else if record.running
-                && !held
-                && record.restart_after.is_some_and(|at| at <= now)
-            {
+            } else if record.running && !held && record.restart_after.is_some_and(|at| at <= now) {
                 let Some(container) = spec.containers.iter().find(|c| c.name == name).cloned()
                 else {
                     continue;
@@ -181,7 +178,11 @@ impl PodWorkload {
     /// this pod its containers are not started again; when it lifts with
     /// the pod still here, what it stopped starts again at once, with a
     /// note for `why`. Returns whether anything changed.
-    fn follow_fence(&mut self, spec: &corral_api::kinds::PodSpec, now: chrono::DateTime<Utc>) -> bool {
+    fn follow_fence(
+        &mut self,
+        spec: &corral_api::kinds::PodSpec,
+        now: chrono::DateTime<Utc>,
+    ) -> bool {
         if self.ctx.fence.holds(spec) {
             if self.fence.cause.is_none() {
                 self.fence.cause = self.ctx.fence.cause();
@@ -192,7 +193,11 @@ impl PodWorkload {
         let Some(cause) = self.fence.cause.take() else {
             // Once every container runs again, later restarts are ordinary.
             if self.fence.note.is_some()
-                && self.record.containers.values().all(|c| !c.running || c.pid.is_some())
+                && self
+                    .record
+                    .containers
+                    .values()
+                    .all(|c| !c.running || c.pid.is_some())
             {
                 self.fence.note = None;
             }

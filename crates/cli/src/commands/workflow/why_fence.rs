@@ -109,15 +109,33 @@ mod tests {
     #[test]
     fn a_pod_line_says_who_fenced_it_and_where_it_runs() {
         assert_eq!(
-            pod_line("node-1", &fence(&[], &["default/ha"]), "default/ha", Some("node-2")).unwrap(),
+            pod_line(
+                "node-1",
+                &fence(&[], &["default/ha"]),
+                "default/ha",
+                Some("node-2")
+            )
+            .unwrap(),
             "fenced by its node node-1 at 00:00:25 UTC after losing contact for 21s (fencing period 20s); replaced on node-2"
         );
         assert_eq!(
-            pod_line("node-1", &fence(&["default/db"], &[]), "default/db", Some("node-1")).unwrap(),
+            pod_line(
+                "node-1",
+                &fence(&["default/db"], &[]),
+                "default/db",
+                Some("node-1")
+            )
+            .unwrap(),
             "fenced by its node node-1 at 00:00:25 UTC after losing contact for 21s (fencing period 20s); started again there on its return (it had not been moved)"
         );
-        assert_eq!(pod_line("node-1", &fence(&[], &[]), "default/web", Some("node-1")), None);
-        assert_eq!(moved_off("moved off node-1: the node is silent"), Some("node-1"));
+        assert_eq!(
+            pod_line("node-1", &fence(&[], &[]), "default/web", Some("node-1")),
+            None
+        );
+        assert_eq!(
+            moved_off("moved off node-1: the node is silent"),
+            Some("node-1")
+        );
         assert_eq!(moved_off("hello"), None);
     }
 }
