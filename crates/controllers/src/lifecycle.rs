@@ -288,12 +288,12 @@ mod tests {
         let margin = corral_api::fencing::margin;
         // The grant the lease records, not today's setting.
         assert_eq!(
-            fenced_by(Some(&lease(10, Some(5))), at(0), timing),
+            fenced_by(Some(&lease(10, Some(5))), at(-100), timing),
             at(15) + margin(Duration::seconds(5))
         );
         // A lease of an older server: today's setting.
         assert_eq!(
-            fenced_by(Some(&lease(10, None)), at(0), timing),
+            fenced_by(Some(&lease(10, None)), at(-100), timing),
             at(10) + timing.fence_after + margin(timing.fence_after)
         );
         // No lease since the controller started: its start stands in.
@@ -301,6 +301,7 @@ mod tests {
             fenced_by(None, at(50), timing),
             at(50) + timing.fence_after + margin(timing.fence_after)
         );
+        // A controller that started after the renewal gives a full period.
         assert_eq!(
             fenced_by(Some(&lease(10, Some(5))), at(50), timing),
             at(50) + timing.fence_after + margin(timing.fence_after)
