@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,7 +62,7 @@ fn placed(lab: &Lab, name: &str) -> Option<(String, String)> {
 
 /// The runc containers running now under `root` whose id starts with
 /// `prefix` (`c<uid prefix>-`).
-fn running(root: &PathBuf, prefix: &str) -> Vec<String> {
+fn running(root: &Path, prefix: &str) -> Vec<String> {
     let output = Command::new("runc")
         .arg(format!("--root={}", root.display()))
         .args(["list", "--format", "json"])
