@@ -236,6 +236,11 @@ impl PodWorkload {
     /// desired revision changes are stopped (and, unless `stop_only`,
     /// started again with the others it adds).
     async fn apply_containers(&mut self, spec: &PodSpec, stop_only: bool) -> StepOutcome {
+        // The node's self-fence holds its ha pods: nothing starts until it
+        // lifts (the step stays running and is looked at again).
+        if !stop_only && self.ctx.fence.holds(spec) {
+            return StepOutcome::NotYet;
+        }
         // `node/create-sandbox` made and wired it; only a sandbox lost
         // since (a reboot) or never made (a revision without a workflow)
         // is made here.
