@@ -19,6 +19,7 @@ pub mod containers;
 pub mod dns;
 pub mod exec;
 pub mod executor;
+pub mod fencing;
 pub mod heartbeat;
 pub mod idranges;
 pub mod image_upload;
@@ -86,6 +87,8 @@ pub struct AgentContext {
     pub image_revisions: usize,
     /// The node's volume plugins.
     pub plugins: plugins::Plugins,
+    /// The self-fencing clock and the fence in force ([`fencing`]).
+    pub fence: Arc<fencing::Fence>,
 }
 
 impl std::fmt::Debug for AgentContext {
@@ -254,6 +257,7 @@ pub fn context(
         sandbox_pool: Arc::new(sandbox_pool::SandboxPool::new(sandbox_pool::POOL_SIZE)),
         network: None,
         image_revisions: config.image_revisions,
+        fence: Arc::new(fencing::Fence::open(&data.join("agent"))),
         plugins: plugins::Plugins::new(vec![
             data.join("plugins"),
             config
@@ -283,7 +287,10 @@ pub async fn run(
     }
     let ctx = Arc::new(ctx);
     let (fences, fence_requests) = tokio::sync::mpsc::channel(1);
-    let mut manager = manager::Manager::new(ctx.clone()).with_fences(fence_requests);
+    let (lifts, lift_requests) = tokio::sync::mpsc::channel(1);
+    let mut manager = manager::Manager::new(ctx.clone())
+        .with_fences(fence_requests)
+        .with_lifts(lift_requests);
     let restored = manager.restore()?;
     let vm_manager = start_vms(&config, ctx.clone())?;
     let endpoint = match &config.endpoint {
@@ -311,11 +318,17 @@ pub async fn run(
         let (registered, joining) = join::channel();
         // Stops with the agent, or when the node's Node is deleted.
         let heartbeat = shutdown.child_token();
+        // Only a node that talks to a control plane holds a lease to lose.
+        tokio::spawn(fencing::watch(ctx.clone(), shutdown.clone()));
         tokio::spawn(heartbeat::heartbeat_loop(
             client.clone(),
             config.clone(),
             endpoint,
-            fences,
+            heartbeat::Fencing {
+                fences,
+                lifts,
+                clock: ctx.fence.clone(),
+            },
             registered.clone(),
             ctx.network.clone(),
             heartbeat.clone(),

@@ -29,12 +29,18 @@ const FENCE_STOP: Duration = Duration::from_secs(60);
 /// [`Manager::fence`]); answered with how many were stopped.
 pub type FenceRequest = tokio::sync::oneshot::Sender<usize>;
 
+/// A request to end the node's self-fence ([`crate::fencing`]) once it is
+/// back: the pods moved away meanwhile are stopped for good first;
+/// answered with the fence lifted (`None`: none was in force).
+pub type LiftRequest = tokio::sync::oneshot::Sender<Option<corral_api::fencing::SelfFence>>;
+
 #[derive(Debug)]
 pub struct Manager {
     ctx: Arc<AgentContext>,
     /// Each pod's worker and the uid of the pod it runs.
     workers: BTreeMap<ObjectKey, (String, mpsc::Sender<PodMessage>)>,
     fences: Option<mpsc::Receiver<FenceRequest>>,
+    lifts: Option<mpsc::Receiver<LiftRequest>>,
     /// The Secrets and Configs each pod reads (its admitted or desired
     /// spec): a data change goes only to the pods that read it.
     reads: BTreeMap<ObjectKey, BTreeSet<DataRef>>,
@@ -53,6 +59,7 @@ impl Manager {
             ctx,
             workers: BTreeMap::new(),
             fences: None,
+            lifts: None,
             reads: BTreeMap::new(),
         }
     }
@@ -63,11 +70,42 @@ impl Manager {
         self
     }
 
+    /// Answers lift requests (from the heartbeat of a node back from a
+    /// self-fence).
+    pub fn with_lifts(mut self, lifts: mpsc::Receiver<LiftRequest>) -> Self {
+        self.lifts = Some(lifts);
+        self
+    }
+
+    /// Ends the self-fence against `listed` (the pods bound here now):
+    /// the fenced pods no longer bound here are removed, and the fence is
+    /// lifted, so those still bound start again.
+    async fn lift(&mut self, listed: &[Object]) -> Option<corral_api::fencing::SelfFence> {
+        self.fence(listed).await;
+        // Stopped by the fence and no longer run here: moved (or deleted)
+        // meanwhile, removed now or by the return-path fence before.
+        let here: BTreeSet<String> = self
+            .workers
+            .keys()
+            .map(|key| format!("{}/{}", key.namespace, key.name))
+            .collect();
+        let moved: Vec<String> = self
+            .ctx
+            .fence
+            .active()
+            .map(|fence| fence.pods)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|pod| !here.contains(pod))
+            .collect();
+        self.ctx.fence.lift(&moved)
+    }
+
     /// Fencing: stops, and waits until stopped, every pod this node runs
     /// that the API no longer binds here (moved away while the node was
-    /// silent, or deleted). A returning node does this before it reports
-    /// Ready, so an ha pod never runs twice past the grace.
-    async fn fence(&mut self, listed: &[Object]) -> usize {
+    /// silent, or deleted); returns them. A returning node does this before
+    /// it reports Ready, so an ha pod never runs twice past the grace.
+    async fn fence(&mut self, listed: &[Object]) -> Vec<ObjectKey> {
         let stale: Vec<ObjectKey> = self
             .workers
             .iter()
@@ -92,7 +130,7 @@ impl Manager {
                 tracing::info!(pod = %key, "fenced: no longer bound to this node");
             }
         }
-        stale.len()
+        stale
     }
 
     /// Starts a worker for every pod in local state: they keep running (or
@@ -216,10 +254,17 @@ impl Manager {
         // Keys the API named since the agent started; before the first list
         // is in, a restored worker may be for a pod deleted meanwhile.
         let mut seen: Option<BTreeSet<ObjectKey>> = Some(BTreeSet::new());
+        let (mut fences, mut lifts) = (self.fences.take(), self.lifts.take());
         loop {
             let fence = async {
-                match self.fences.as_mut() {
+                match fences.as_mut() {
                     Some(fences) => fences.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let lift = async {
+                match lifts.as_mut() {
+                    Some(lifts) => lifts.recv().await,
                     None => std::future::pending().await,
                 }
             };
@@ -231,10 +276,23 @@ impl Manager {
                     match client.list_scope_all(&scope).await {
                         Ok(list) => {
                             let stopped = self.fence(&list.items).await;
-                            let _ = reply.send(stopped);
+                            let _ = reply.send(stopped.len());
                         }
                         Err(error) => {
                             tracing::debug!(error = %crate::chain(&error), "fencing: cannot list pods");
+                        }
+                    }
+                    continue;
+                }
+                Some(reply) = lift => {
+                    let scope = Scope::on_node(Kind::Pod, &self.ctx.node);
+                    match client.list_scope_all(&scope).await {
+                        Ok(list) => {
+                            let lifted = self.lift(&list.items).await;
+                            let _ = reply.send(lifted);
+                        }
+                        Err(error) => {
+                            tracing::debug!(error = %crate::chain(&error), "lifting the fence: cannot list pods");
                         }
                     }
                     continue;

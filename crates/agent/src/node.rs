@@ -148,3 +148,36 @@ pub async fn heartbeat(
         }
     }
 }
+
+/// Writes the node's last self-fence to `status.lastFence`, with its
+/// summary as the message: the server records the write as a revision of
+/// the node's history.
+pub async fn report_fence(
+    client: &Client,
+    name: &str,
+    fence: &corral_api::fencing::SelfFence,
+) -> Result<(), ClientError> {
+    let key = ObjectKey::new(Kind::Node, None, name);
+    let value = serde_json::to_value(fence).unwrap_or_default();
+    let mut attempt = 1;
+    loop {
+        let mut current = client.get(&key).await?;
+        if current.status.get("lastFence") == Some(&value) {
+            return Ok(());
+        }
+        if !current.status.is_object() {
+            current.status = serde_json::json!({});
+        }
+        current.status["lastFence"] = value.clone();
+        match client
+            .put_status_with_message(&current, Some(&fence.summary()))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(error) if error.status() == Some(409) && attempt < STATUS_WRITE_ATTEMPTS => {
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //! validation.
 
 pub mod cron;
+pub mod fencing;
 pub mod fieldpath;
 pub mod health;
 pub mod history;

@@ -80,6 +80,10 @@ fn config(dir: &Path, name: &str, accel: Accel, assets: &corral_testkit::VmAsset
         console_log: dir.join(format!("{name}.console.log")),
         qmp_socket: dir.join(format!("{name}.qmp.sock")),
         incoming: None,
+        // QEMU's own seccomp filter (`-sandbox`), as the agent runs it; the
+        // rest of the agent's confinement (its uid, mount namespace and
+        // cgroup) is not applied by the benchmark.
+        sandboxed: true,
     }
 }
 

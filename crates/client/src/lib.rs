@@ -90,6 +90,10 @@ pub struct Lease {
     pub node: String,
     pub holder: String,
     pub renewed_at: chrono::DateTime<chrono::Utc>,
+    /// The fencing period granted with this renewal, in seconds (absent
+    /// from older servers).
+    #[serde(default)]
+    pub fence_after_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -1,7 +1,9 @@
 //! Which pods leave a node that stopped answering. Pure.
 //!
 //! - `availability: ha` pods leave a Silent node once it has been silent
-//!   for the grace (`ha_grace`), and a Lost node at once;
+//!   for the grace (`ha_grace`) *and* the node has surely stopped them
+//!   itself (`status.fencedBy`, self-fencing: `corral_api::fencing`), and
+//!   a Lost node at once;
 //! - `best-effort` pods stay bound to a Silent node and leave only a Lost
 //!   one;
 //! - every pod not pinned there leaves a node being deleted (its drain);
@@ -22,6 +24,8 @@ use crate::lifecycle::Timing;
 pub struct NodeState {
     pub phase: NodePhase,
     pub silent_since: Option<DateTime<Utc>>,
+    /// While Silent: when the node has surely stopped its ha pods itself.
+    pub fenced_by: Option<DateTime<Utc>>,
     /// `metadata.deleting`: the node is being drained.
     pub deleting: bool,
 }
@@ -29,7 +33,7 @@ pub struct NodeState {
 /// Why a pod leaves its node, for the log and the move's step note.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Departure {
-    /// An ha pod past the grace on a Silent node.
+    /// An ha pod past the grace on a Silent node that has fenced it.
     SilentPastGrace,
     /// Any unpinned pod on a Lost node.
     NodeLost,
@@ -56,8 +60,17 @@ impl Departure {
                     .and_then(|state| state.silent_since)
                     .map(|since| format!(" since {}", since.format("%Y-%m-%dT%H:%M:%SZ")))
                     .unwrap_or_default();
+                let fenced = state
+                    .and_then(|state| state.fenced_by)
+                    .map(|by| {
+                        format!(
+                            "; by {} the node has stopped its copy itself (self-fencing)",
+                            by.format("%H:%M:%SZ")
+                        )
+                    })
+                    .unwrap_or_default();
                 format!(
-                    "the node is silent{since}, past the {}s grace of an availability: ha pod",
+                    "the node is silent{since}, past the {}s grace of an availability: ha pod{fenced}",
                     timing.ha_grace.num_seconds()
                 )
             }
@@ -93,6 +106,7 @@ pub fn departure(
     let state = state.unwrap_or(NodeState {
         phase: NodePhase::Lost,
         silent_since: None,
+        fenced_by: None,
         deleting: false,
     });
     if state.deleting {
@@ -102,7 +116,9 @@ pub fn departure(
         NodePhase::Lost => Some(Departure::NodeLost),
         NodePhase::Silent if availability == Availability::Ha => {
             let since = state.silent_since?;
-            (now - since >= timing.ha_grace).then_some(Departure::SilentPastGrace)
+            // Never before the node has stopped its copy by itself.
+            let fenced = state.fenced_by.is_none_or(|by| by <= now);
+            (fenced && now - since >= timing.ha_grace).then_some(Departure::SilentPastGrace)
         }
         _ => None,
     }
@@ -153,6 +169,7 @@ mod tests {
         Some(NodeState {
             phase,
             silent_since: Some(at(since)),
+            fenced_by: None,
             deleting: false,
         })
     }
@@ -162,6 +179,7 @@ mod tests {
         let deleting = Some(NodeState {
             phase: NodePhase::Ready,
             silent_since: None,
+            fenced_by: None,
             deleting: true,
         });
         for (spec, want) in [
@@ -211,6 +229,44 @@ mod tests {
                 "case {index}"
             );
         }
+    }
+
+    #[test]
+    fn an_ha_pod_waits_for_its_silent_node_to_have_fenced_it() {
+        let timing = Timing {
+            ha_grace: Duration::seconds(3),
+            ..Timing::default()
+        };
+        let (ha, best) = (spec("ha", None), spec("best-effort", None));
+        let fencing = |by: i64| {
+            Some(NodeState {
+                phase: NodePhase::Silent,
+                silent_since: Some(at(0)),
+                fenced_by: Some(at(by)),
+                deleting: false,
+            })
+        };
+        // Past the grace, not yet past the node's fence: it stays.
+        assert_eq!(
+            departure(ha.0, ha.1, "n1", fencing(27), at(26), timing),
+            None
+        );
+        // Past both.
+        assert_eq!(
+            departure(ha.0, ha.1, "n1", fencing(27), at(27), timing),
+            Some(Departure::SilentPastGrace)
+        );
+        // Past the fence, not the grace.
+        assert_eq!(departure(ha.0, ha.1, "n1", fencing(1), at(2), timing), None);
+        // Best-effort pods never leave a Silent node.
+        assert_eq!(
+            departure(best.0, best.1, "n1", fencing(1), at(99), timing),
+            None
+        );
+        assert_eq!(
+            Departure::SilentPastGrace.message(None, "n1", fencing(27), timing),
+            "moved off n1: the node is silent since 2026-01-01T00:00:00Z, past the 3s grace of an availability: ha pod; by 00:00:27Z the node has stopped its copy itself (self-fencing)"
+        );
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //! silent for [`Timing::lost_after`]. A Lost node that heartbeats again
 //! (and is not forgotten) is Ready again: its pods moved meanwhile, and its
 //! agent stops the copies no longer bound to it.
+//!
+//! While a node is Silent it also owns `status.fencedBy`: when the node has
+//! surely stopped its `availability: ha` pods by itself — its last lease
+//! renewal plus the fencing period that renewal granted plus the margins
+//! of [`corral_api::fencing::replace_after`]. The scheduler moves ha pods
+//! only after it.
 
 use chrono::{DateTime, Duration, Utc};
 use corral_api::kinds::{NodePhase, NodeSpec, NodeStatus};
@@ -25,8 +31,11 @@ pub struct Timing {
     /// Silent for this long: Lost (default 7 days).
     pub lost_after: Duration,
     /// `availability: ha` pods on a node Silent this long are placed
-    /// elsewhere (default 30 s).
+    /// elsewhere (default 30 s), never before its `fencedBy`.
     pub ha_grace: Duration,
+    /// The fencing period each lease renewal grants: a node that cannot
+    /// renew for this long stops its ha pods itself (default 20 s).
+    pub fence_after: Duration,
 }
 
 impl Default for Timing {
@@ -35,6 +44,9 @@ impl Default for Timing {
             silent_after: Duration::seconds(SILENT_AFTER_SECONDS),
             lost_after: Duration::days(7),
             ha_grace: Duration::seconds(30),
+            fence_after: Duration::seconds(
+                i64::try_from(corral_api::fencing::DEFAULT_FENCE_AFTER_SECONDS).unwrap_or(20),
+            ),
         }
     }
 }
@@ -130,9 +142,13 @@ pub async fn reconcile(
 ) -> Result<Action, ClientError> {
     let now = Utc::now();
     let lease = client.lease(&node.metadata.name).await?;
-    let last_seen = lease.map(|lease| lease.renewed_at).max(Some(started));
+    let last_seen = lease
+        .as_ref()
+        .map(|lease| lease.renewed_at)
+        .max(Some(started));
     let status: NodeStatus = node.typed_status().unwrap_or_default();
     let (next, silent_since) = phase(node, last_seen, now, timing);
+    let fenced_by = (next == NodePhase::Silent).then(|| fenced_by(lease.as_ref(), started, timing));
     let again = next_change(
         status.heartbeat.max(last_seen),
         next,
@@ -140,7 +156,8 @@ pub async fn reconcile(
         now,
         timing,
     );
-    if next == status.phase && silent_since == status.silent_since {
+    if next == status.phase && silent_since == status.silent_since && fenced_by == status.fenced_by
+    {
         return Ok(again);
     }
     let mut current = node.clone();
@@ -158,9 +175,39 @@ pub async fn reconcile(
             }
         }
     }
+    match fenced_by {
+        Some(by) => current.status["fencedBy"] = serde_json::to_value(by).unwrap_or_default(),
+        None => {
+            if let Some(map) = current.status.as_object_mut() {
+                map.remove("fencedBy");
+            }
+        }
+    }
     client.put_status(&current).await?;
-    tracing::info!(node = %current.metadata.name, phase = ?next, "node phase");
+    tracing::info!(node = %current.metadata.name, phase = ?next, ?fenced_by, "node phase");
     Ok(again)
+}
+
+/// When a silent node has surely stopped its ha pods itself: its last
+/// renewal plus the period that renewal granted, plus the margins. The
+/// controller's own start, with the period it would grant, stands in for
+/// a renewal too (the later wins): a store that keeps no leases across a
+/// restart (SQLite) has none, and a node gets a full period after the
+/// control plane restarts, as it gets a full silence. Pure.
+pub fn fenced_by(
+    lease: Option<&corral_client::Lease>,
+    started: DateTime<Utc>,
+    timing: Timing,
+) -> DateTime<Utc> {
+    let since_start = corral_api::fencing::replace_after(started, timing.fence_after);
+    let Some(lease) = lease else {
+        return since_start;
+    };
+    let granted = lease
+        .fence_after_seconds
+        .and_then(|s| i64::try_from(s).ok())
+        .map_or(timing.fence_after, Duration::seconds);
+    corral_api::fencing::replace_after(lease.renewed_at, granted).max(since_start)
 }
 
 /// When the node's phase would change next with no word from it: Ready
@@ -226,6 +273,43 @@ mod tests {
         assert_eq!(
             phase(&fresh, None, at(100), timing),
             (NodePhase::Lost, Some(at(0)))
+        );
+    }
+
+    #[test]
+    fn a_silent_node_is_fenced_by_its_last_grant_plus_the_margins() {
+        let timing = Timing::default();
+        let lease = |renewed: i64, grant: Option<u64>| corral_client::Lease {
+            node: "n1".into(),
+            holder: "n1".into(),
+            renewed_at: at(renewed),
+            fence_after_seconds: grant,
+        };
+        let margin = corral_api::fencing::margin;
+        // The grant the lease records, not today's setting.
+        assert_eq!(
+            fenced_by(Some(&lease(10, Some(5))), at(-100), timing),
+            at(15) + margin(Duration::seconds(5))
+        );
+        // A lease of an older server: today's setting.
+        assert_eq!(
+            fenced_by(Some(&lease(10, None)), at(-100), timing),
+            at(10) + timing.fence_after + margin(timing.fence_after)
+        );
+        // No lease since the controller started: its start stands in.
+        assert_eq!(
+            fenced_by(None, at(50), timing),
+            at(50) + timing.fence_after + margin(timing.fence_after)
+        );
+        // A controller that started after the renewal gives a full period.
+        assert_eq!(
+            fenced_by(Some(&lease(10, Some(5))), at(50), timing),
+            at(50) + timing.fence_after + margin(timing.fence_after)
+        );
+        // A grant longer than today's setting still counts in full.
+        assert_eq!(
+            fenced_by(Some(&lease(10, Some(600))), at(50), timing),
+            at(610) + margin(Duration::seconds(600))
         );
     }
 

@@ -131,6 +131,7 @@ fn project_node(object: &Object) -> NodeFacts {
         state: NodeState {
             phase: status.phase,
             silent_since: status.silent_since,
+            fenced_by: status.fenced_by,
             deleting: object.metadata.deleting.is_some(),
         },
         drain: DrainStep::of(object),

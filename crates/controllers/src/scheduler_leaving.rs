@@ -84,7 +84,7 @@ pub(super) async fn drain(shared: &Shared, key: &ObjectKey) -> Result<Action, Cl
 }
 
 /// When an ha pod on a Silent node must be looked at again: when its grace
-/// runs out.
+/// runs out, or when its node has surely fenced it, whichever is later.
 fn grace_left(
     leaving: &Leaving,
     state: Option<NodeState>,
@@ -97,7 +97,8 @@ fn grace_left(
     if leaving.availability != Availability::Ha {
         return Action::Done;
     }
-    let left = (since + timing.ha_grace - now).to_std().unwrap_or_default();
+    let due = (since + timing.ha_grace).max(state.and_then(|s| s.fenced_by).unwrap_or(since));
+    let left = (due - now).to_std().unwrap_or_default();
     Action::RequeueAfter(left.max(Duration::from_millis(100)))
 }
 

@@ -47,6 +47,7 @@ pub fn builtin_controllers() -> Vec<Registration> {
                     "Node:spec",
                     "Node:status.phase",
                     "Node:status.silentSince",
+                    "Node:status.fencedBy",
                     "Node:status.capacity",
                     "Node:status.runtimes",
                     "Node:status.features",
@@ -77,7 +78,11 @@ pub fn builtin_controllers() -> Vec<Registration> {
         (
             NODE_LIFECYCLE,
             spec(
-                &["Node:status.phase", "Node:status.silentSince"],
+                &[
+                    "Node:status.phase",
+                    "Node:status.silentSince",
+                    "Node:status.fencedBy",
+                ],
                 &["Node:status.heartbeat", "Node:status.workflow"],
             ),
         ),

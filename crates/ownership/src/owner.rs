@@ -249,6 +249,7 @@ pub fn default_owners(kind: Kind) -> Vec<DefaultOwner> {
                 row("status.prefix", controller(IPAM)),
                 row("status.phase", controller(NODE_LIFECYCLE)),
                 row("status.silentSince", controller(NODE_LIFECYCLE)),
+                row("status.fencedBy", controller(NODE_LIFECYCLE)),
                 row("status.workflow", controller(WORKFLOW)),
             ]);
             rows

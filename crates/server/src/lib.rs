@@ -75,6 +75,10 @@ pub struct Server {
     pub definitions: workflows::definitions::Definitions,
     /// The keys that seal Secrets' values.
     pub secrets: secrets::Secrets,
+    /// The fencing period every lease renewal grants (seconds; set once at
+    /// start, [`corral_api::fencing::DEFAULT_FENCE_AFTER_SECONDS`] unset):
+    /// a node that cannot renew for that long stops its ha pods itself.
+    pub fence_after_seconds: std::sync::OnceLock<u64>,
 }
 
 impl std::fmt::Debug for Server {
@@ -114,6 +118,7 @@ impl Server {
             cache,
             definitions: workflows::definitions::Definitions::default(),
             secrets: secrets::Secrets::default(),
+            fence_after_seconds: std::sync::OnceLock::new(),
         })
     }
 }

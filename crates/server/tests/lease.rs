@@ -1,6 +1,7 @@
 //! Node leases: a node's heartbeat writes no object, only the node itself
-//! renews its lease, and a node coming back from silence wakes
-//! node-lifecycle with one status write.
+//! renews its lease (each renewal granting the fencing period), a node
+//! coming back from silence wakes node-lifecycle with one status write,
+//! and a node's self-fence report is a revision of its history.
 
 mod common;
 
@@ -34,9 +35,12 @@ async fn a_lease_renewal_is_no_object_write_and_only_the_node_renews_it() {
         common::call(&server, "PUT", "/v1/nodes/node-1/lease", Some(&node), None).await;
     assert_eq!(status, StatusCode::OK, "{lease}");
     assert_eq!(lease["node"], "node-1");
+    // Each renewal grants the fencing period (the default, unset here).
+    assert_eq!(lease["fenceAfterSeconds"], 20, "{lease}");
     let (_, read) =
         common::call(&server, "GET", "/v1/nodes/node-1/lease", Some(&admin), None).await;
     assert_eq!(read["renewedAt"], lease["renewedAt"]);
+    assert_eq!(read["fenceAfterSeconds"], 20, "the lease records the grant");
     let (_, stored) = common::call(&server, "GET", "/v1/nodes/node-1", Some(&admin), None).await;
     assert_eq!(
         stored["metadata"]["resourceVersion"].as_u64(),
@@ -93,4 +97,77 @@ async fn a_returning_node_writes_its_heartbeat_once() {
         stored["status"]["heartbeat"], lease["renewedAt"],
         "the returning node's heartbeat is in its status: {stored}"
     );
+}
+
+#[tokio::test]
+async fn a_self_fence_report_is_a_revision_of_the_nodes_history() {
+    let server = common::new_server();
+    let admin = common::token(&server, "admin", Role::Operator).await;
+    let node = common::token(&server, "node-1", Role::Node).await;
+    let registered = json!({"kind": "Node", "metadata": {"name": "node-1"}, "spec": {}});
+    common::call(
+        &server,
+        "PUT",
+        "/v1/nodes/node-1",
+        Some(&node),
+        Some(registered),
+    )
+    .await;
+    let (_, before) = common::call(
+        &server,
+        "GET",
+        "/v1/nodes/node-1/history",
+        Some(&admin),
+        None,
+    )
+    .await;
+    let fence = json!({
+        "at": "2026-01-01T00:00:25Z", "silentSeconds": 7, "fenceAfterSeconds": 6,
+        "pods": ["default/ha"], "returnedAt": "2026-01-01T00:01:00Z", "moved": ["default/ha"]
+    });
+    let report = json!({"kind": "Node", "metadata": {"name": "node-1"}, "spec": {},
+        "status": {"lastFence": fence}});
+    let (status, body) = common::call(
+        &server,
+        "PUT",
+        "/v1/nodes/node-1/status?message=fenced%20itself",
+        Some(&node),
+        Some(report.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, after) = common::call(
+        &server,
+        "GET",
+        "/v1/nodes/node-1/history",
+        Some(&admin),
+        None,
+    )
+    .await;
+    let (before, after) = (
+        before.as_array().expect("records").len(),
+        after.as_array().expect("records").clone(),
+    );
+    assert_eq!(after.len(), before + 1, "{after:?}");
+    let last = after.last().expect("a record");
+    assert_eq!(last["message"], "fenced itself", "{last}");
+    assert_eq!(last["author"], "node-1", "{last}");
+    // The same report again records nothing more.
+    common::call(
+        &server,
+        "PUT",
+        "/v1/nodes/node-1/status?message=again",
+        Some(&node),
+        Some(report),
+    )
+    .await;
+    let (_, again) = common::call(
+        &server,
+        "GET",
+        "/v1/nodes/node-1/history",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(again.as_array().expect("records").len(), after.len());
 }

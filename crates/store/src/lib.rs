@@ -198,6 +198,11 @@ pub struct LeaseRecord {
     /// Who renewed it (the node's identity).
     pub holder: String,
     pub renewed_at: DateTime<Utc>,
+    /// The fencing period granted with this renewal, in seconds: the node
+    /// stops its ha pods if it cannot renew for that long
+    /// (`corral_api::fencing`). Absent in leases of older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_after_seconds: Option<u64>,
 }
 
 /// Which step log entries of one object to read; `None` means any.

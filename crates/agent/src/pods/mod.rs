@@ -85,6 +85,8 @@ pub struct PodWorkload {
     recovery_report_at: Instant,
     /// A failed recovery: when to try again, and the wait that led there.
     recovery_retry: Option<(Instant, Duration)>,
+    /// Where the pod stands with the node's self-fence.
+    fence: supervision::FenceHold,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -107,6 +109,7 @@ impl PodWorkload {
             init: None,
             recovery_report_at: Instant::now(),
             recovery_retry: None,
+            fence: supervision::FenceHold::default(),
         }
     }
 
@@ -233,6 +236,11 @@ impl PodWorkload {
     /// desired revision changes are stopped (and, unless `stop_only`,
     /// started again with the others it adds).
     async fn apply_containers(&mut self, spec: &PodSpec, stop_only: bool) -> StepOutcome {
+        // The node's self-fence holds its ha pods: nothing starts until it
+        // lifts (the step stays running and is looked at again).
+        if !stop_only && self.ctx.fence.holds(spec) {
+            return StepOutcome::NotYet;
+        }
         // `node/create-sandbox` made and wired it; only a sandbox lost
         // since (a reboot) or never made (a revision without a workflow)
         // is made here.

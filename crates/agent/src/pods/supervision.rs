@@ -21,6 +21,16 @@ pub(super) struct ProbeState {
     pub(super) last_error: Option<String>,
 }
 
+/// A pod under the node's self-fence.
+#[derive(Debug, Default)]
+pub(super) struct FenceHold {
+    /// While the fence holds the pod: the cause its stopped containers
+    /// keep.
+    cause: Option<String>,
+    /// After it lifted: the message of the containers started again.
+    note: Option<String>,
+}
+
 impl PodWorkload {
     /// Notices exited containers and restarts them per the restart policy;
     /// returns whether anything changed.
@@ -29,7 +39,8 @@ impl PodWorkload {
             return false;
         };
         let now = Utc::now();
-        let mut changed = false;
+        let mut changed = self.follow_fence(&spec, now);
+        let held = self.fence.cause.is_some();
         let names: Vec<String> = self.record.containers.keys().cloned().collect();
         for name in names {
             let Some(record) = self.record.containers.get(&name).cloned() else {
@@ -87,8 +98,17 @@ impl PodWorkload {
                     cause,
                     reason,
                 });
+                if held {
+                    // Stopped by the fence: it starts again when the fence
+                    // lifts, whatever its restart policy says.
+                    entry.running = true;
+                    entry.restart_after = None;
+                    if let Some(exit) = entry.last_exit.as_mut() {
+                        exit.cause.clone_from(&self.fence.cause);
+                    }
+                }
                 changed = true;
-            } else if record.running && record.restart_after.is_some_and(|at| at <= now) {
+            } else if record.running && !held && record.restart_after.is_some_and(|at| at <= now) {
                 let Some(container) = spec.containers.iter().find(|c| c.name == name).cloned()
                 else {
                     continue;
@@ -132,6 +152,7 @@ impl PodWorkload {
                     Ok(Ok(mut started)) => {
                         started.restarts = record.restarts + 1;
                         started.last_exit = record.last_exit.clone();
+                        started.data_restart.clone_from(&self.fence.note);
                         *entry = started;
                     }
                     Ok(Err(error)) => {
@@ -151,6 +172,48 @@ impl PodWorkload {
             self.save();
         }
         changed
+    }
+
+    /// Follows the node's self-fence ([`crate::fencing`]): while it holds
+    /// this pod its containers are not started again; when it lifts with
+    /// the pod still here, what it stopped starts again at once, with a
+    /// note for `why`. Returns whether anything changed.
+    fn follow_fence(
+        &mut self,
+        spec: &corral_api::kinds::PodSpec,
+        now: chrono::DateTime<Utc>,
+    ) -> bool {
+        if self.ctx.fence.holds(spec) {
+            if self.fence.cause.is_none() {
+                self.fence.cause = self.ctx.fence.cause();
+                tracing::warn!(pod = %self.key(), "held by the node's self-fence");
+            }
+            return false;
+        }
+        let Some(cause) = self.fence.cause.take() else {
+            // Once every container runs again, later restarts are ordinary.
+            if self.fence.note.is_some()
+                && self
+                    .record
+                    .containers
+                    .values()
+                    .all(|c| !c.running || c.pid.is_some())
+            {
+                self.fence.note = None;
+            }
+            return false;
+        };
+        self.fence.note = Some(format!(
+            "restarted: {cause}; started again on its return (it had not been moved)"
+        ));
+        for entry in self.record.containers.values_mut() {
+            if entry.running && entry.pid.is_none() {
+                entry.restart_after = Some(now);
+                entry.start_error = None;
+            }
+        }
+        tracing::info!(pod = %self.key(), "the node's self-fence lifted: starting the pod again");
+        true
     }
 
     /// Runs the readiness and liveness probes that are due; returns whether

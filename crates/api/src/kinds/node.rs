@@ -44,6 +44,16 @@ pub struct NodeStatus {
     pub heartbeat: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silent_since: Option<DateTime<Utc>>,
+    /// While Silent: when the node has surely stopped its `availability:
+    /// ha` pods itself (its last lease renewal + the fencing period it was
+    /// granted + margins, [`crate::fencing::replace_after`]); they are
+    /// placed elsewhere only after it (node-lifecycle writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_by: Option<DateTime<Utc>>,
+    /// The last time the node fenced itself (cut off from the control
+    /// plane for its fencing period), as it reported on return.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fence: Option<crate::fencing::SelfFence>,
     /// Where the node agent serves container logs and exec
     /// (`http://HOST:PORT`); the API server proxies to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,8 +170,17 @@ impl NodeStatus {
             NodePhase::Ready => None,
             NodePhase::Joining => Some("still joining".to_string()),
             NodePhase::Silent => Some(format!(
-                "silent{} (no heartbeat): what it last reported may be stale",
-                since(self.silent_since)
+                "silent{} (no heartbeat): what it last reported may be stale{}",
+                since(self.silent_since),
+                self.fenced_by
+                    .map(|by| {
+                        let when = if by <= now { "has stopped" } else { "stops" };
+                        format!(
+                            "; it {when} its availability: ha pods itself by {} (self-fencing)",
+                            by.format("%H:%M:%S UTC")
+                        )
+                    })
+                    .unwrap_or_default()
             )),
             NodePhase::Lost => Some("lost: its containers are gone or unreachable".to_string()),
         }

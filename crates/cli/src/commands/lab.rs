@@ -46,7 +46,8 @@ enum LabCommand {
     #[command(after_help = "Examples:
   corral lab up                                   3 nodes, node-0 to node-2, under /run/corral-lab
   corral lab up --nodes 3 --image /tmp/image-oci.tar   with an image imported on every node
-  corral lab up --nodes 2 --wireguard --dir /tmp/lab   pod traffic between nodes through WireGuard")]
+  corral lab up --nodes 2 --wireguard --dir /tmp/lab   pod traffic between nodes through WireGuard
+  corral lab up --server-arg=--fence-after=5 --server-arg=--silent-after=3   short node-loss clocks")]
     Up {
         #[arg(long, default_value_t = 3)]
         nodes: usize,
@@ -59,6 +60,10 @@ enum LabCommand {
         /// crosses WireGuard tunnels.
         #[arg(long)]
         wireguard: bool,
+        /// One more flag for the lab's `corral server` (repeat it), e.g.
+        /// `--server-arg=--fence-after=5`.
+        #[arg(long = "server-arg", value_name = "FLAG", allow_hyphen_values = true)]
+        server_args: Vec<String>,
     },
     /// Remove the lab: every process, container, mount and namespace.
     #[command(after_help = "Examples:
@@ -134,8 +139,9 @@ pub async fn run(args: LabArgs) -> anyhow::Result<()> {
             dir,
             image,
             wireguard,
+            server_args,
         } => {
-            let result = up(nodes, &dir, &image, wireguard).await;
+            let result = up(nodes, &dir, &image, wireguard, &server_args).await;
             if result.is_err() {
                 let _ = down(&dir);
             }
@@ -205,7 +211,13 @@ fn save(dir: &Path, state: &LabState) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-async fn up(count: usize, dir: &Path, images: &[PathBuf], wireguard: bool) -> anyhow::Result<()> {
+async fn up(
+    count: usize,
+    dir: &Path,
+    images: &[PathBuf],
+    wireguard: bool,
+    server_args: &[String],
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=50).contains(&count),
         "--nodes {count}: expected 1 to 50"
@@ -262,7 +274,8 @@ async fn up(count: usize, dir: &Path, images: &[PathBuf], wireguard: bool) -> an
     server
         .args(["server", "--data-dir"])
         .arg(&server_dir)
-        .args(["--listen", &format!("[{}]:{API_PORT}", state.nodes[0].ipv6)]);
+        .args(["--listen", &format!("[{}]:{API_PORT}", state.nodes[0].ipv6)])
+        .args(server_args);
     netns::spawn(Some(&state.nodes[0].netns), &mut server)?
         .context("cannot start the lab's server")?;
     wait_until(

@@ -55,6 +55,13 @@ pub struct ServerArgs {
     /// is placed elsewhere.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     ha_grace: u64,
+    /// The fencing period every node lease grants: a node that cannot
+    /// renew its lease for this long stops its `availability: ha` pods
+    /// itself (its best-effort pods keep running). ha pods are placed
+    /// elsewhere only after this plus a margin (1 %, +5 s to stop them,
+    /// +2 s between servers) has passed since the node's last renewal.
+    #[arg(long, value_name = "SECONDS", default_value_t = corral_api::fencing::DEFAULT_FENCE_AFTER_SECONDS, value_parser = clap::value_parser!(u64).range(1..))]
+    fence_after: u64,
     /// Seconds a node may stay Silent before it is Lost and its
     /// best-effort pods move too (default 7 days).
     #[arg(long, value_name = "SECONDS", default_value_t = 7 * 24 * 3600)]
@@ -88,6 +95,7 @@ impl ServerArgs {
                 silent_after: seconds(self.silent_after),
                 lost_after: seconds(self.lost_after),
                 ha_grace: seconds(self.ha_grace),
+                fence_after: seconds(self.fence_after),
             },
             history_keep: self.history_keep,
             datastore: self.datastore.config(),

@@ -168,6 +168,10 @@ impl ControlPlane {
         }
         let prefix = files::cluster_prefix(&data_dir, config.cluster_prefix.as_deref())?;
         let _ = server.agent_tls.set(tls.agent.clone());
+        let fence_after = config.timing.fence_after.num_seconds();
+        let _ = server
+            .fence_after_seconds
+            .set(u64::try_from(fence_after).unwrap_or(0).max(1));
         files::remove_agent_secret(&data_dir);
         let keyring = config
             .secrets_keyring

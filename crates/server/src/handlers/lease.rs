@@ -1,6 +1,10 @@
 //! Node leases: `PUT /v1/nodes/{name}/lease` is a node's heartbeat, and
 //! `GET` reads it (node-lifecycle does, when a node's silence is due).
 //!
+//! Each renewal grants the node a fencing period (`fenceAfterSeconds`,
+//! `corral server --fence-after`): the lease records it, so node-lifecycle
+//! knows what the node promised even if the setting changes meanwhile.
+//!
 //! A renewal is no object write: no revision, no watch event, nothing for
 //! every watcher of nodes to receive every few seconds. The one exception
 //! is a node coming back: when its Node is not Ready (Silent or Lost, it
@@ -27,6 +31,11 @@ pub struct Lease {
     pub node: String,
     pub holder: String,
     pub renewed_at: chrono::DateTime<chrono::Utc>,
+    /// The fencing period granted with the renewal (seconds): the node
+    /// stops its `availability: ha` pods if it cannot renew for that long,
+    /// timed on its monotonic clock from when it sent this renewal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence_after_seconds: Option<u64>,
 }
 
 impl From<LeaseRecord> for Lease {
@@ -35,6 +44,7 @@ impl From<LeaseRecord> for Lease {
             node: record.name,
             holder: record.holder,
             renewed_at: record.renewed_at,
+            fence_after_seconds: record.fence_after_seconds,
         }
     }
 }
@@ -75,6 +85,12 @@ pub async fn renew(
         name: node.clone(),
         holder: caller.name.clone(),
         renewed_at: now,
+        fence_after_seconds: Some(
+            *server
+                .fence_after_seconds
+                .get()
+                .unwrap_or(&corral_api::fencing::DEFAULT_FENCE_AFTER_SECONDS),
+        ),
     };
     server.store.renew_lease(lease.clone()).await?;
     let status: NodeStatus = stored.typed_status().unwrap_or_default();

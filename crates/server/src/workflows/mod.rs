@@ -124,6 +124,11 @@ pub async fn update(
         && bound_node(current).is_some()
         && bound_node(&next).is_none();
     let mut change = change.clone();
+    if next.kind == Kind::Node && fence_reported(current, &next) {
+        // A node back from a self-fence reports what it did: a revision of
+        // its history, with its summary as the message.
+        change.always_record = true;
+    }
     let logs = if next.spec == current.spec && unbound {
         // The scheduler unbound it from a silent or lost node: place and
         // start it again elsewhere. History records the move as a revision
@@ -149,6 +154,13 @@ pub async fn update(
         .update_logged(next, expected, &change, &logs)
         .await?;
     Ok(updated)
+}
+
+/// Whether `next` carries a self-fence report (`status.lastFence`) that
+/// `current` does not.
+fn fence_reported(current: &Object, next: &Object) -> bool {
+    let reported = next.status.get("lastFence");
+    reported.is_some_and(|fence| !fence.is_null()) && reported != current.status.get("lastFence")
 }
 
 /// Adds a new instance of `workflow` serving `revision` to `object`'s

@@ -477,6 +477,7 @@ pub async fn check_leases(store: &dyn Store) {
         name: "node-1".into(),
         holder: "node-1".into(),
         renewed_at: base_time(),
+        fence_after_seconds: Some(20),
     };
     store.renew_lease(first.clone()).await.expect("renew");
     assert_eq!(

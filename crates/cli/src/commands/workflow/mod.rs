@@ -7,6 +7,7 @@ mod logs;
 mod retry;
 mod wait;
 mod why;
+mod why_fence;
 mod why_job;
 mod why_pd;
 mod why_pnd;

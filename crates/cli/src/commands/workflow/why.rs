@@ -70,6 +70,14 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
         None
     };
     let mut json = corral_workflow::why_json(&name, &instance, now);
+    let fenced = if args.workflow.is_none() {
+        super::why_fence::lines(&client, &object).await
+    } else {
+        Vec::new()
+    };
+    if !fenced.is_empty() {
+        json["selfFencing"] = json!(fenced);
+    }
     if let Some(problem) = &unhealthy {
         let line = format!(
             "{name} (revision {}) is not healthy: {problem}",
@@ -98,6 +106,12 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     let restarted = restarted_in_place(&object);
     if !restarted.is_empty() {
         print!("\nRestarted in place:\n{restarted}");
+    }
+    if !fenced.is_empty() {
+        println!("\nSelf-fencing:");
+        for line in &fenced {
+            println!("  {line}");
+        }
     }
     if args.workflow.is_none() && instance.outcome == WorkflowOutcome::Failed {
         let namespace = match key.namespace.as_str() {
