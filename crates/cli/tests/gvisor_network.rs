@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use common::{Cluster, wait_for};
 
-/// A pod serving `/etc` on port 8080 with busybox httpd.
+/// A pod serving `/etc` on port 8080 with busybox httpd, ready once an
+/// HTTP probe on that port is answered.
 fn httpd_pod(name: &str, spec_extra: &str) -> String {
     format!(
         "kind: Pod
@@ -28,8 +29,43 @@ spec:
     - name: web
       image: local/busybox:1
       command: [httpd, -f, -p, \"8080\", -h, /etc]
+      readiness: {{http: {{port: 8080, path: /passwd}}, periodSeconds: 1}}
 "
     )
+}
+
+/// GET `/passwd` through `corral port-forward pod/NAME 0:8080`.
+fn through_port_forward(cluster: &Cluster, name: &str) -> String {
+    use std::io::BufRead;
+    let mut child = Command::new(common::CORRAL)
+        .args(["port-forward", &format!("pod/{name}"), "0:8080"])
+        .env("CORRAL_CONFIG", &cluster.config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // "forwarding 127.0.0.1:PORT to pod/default/NAME port 8080"
+    let port: Option<u16> = first
+        .split_whitespace()
+        .nth(1)
+        .and_then(|address| address.rsplit(':').next())
+        .and_then(|port| port.parse().ok());
+    let answer = port.and_then(|port| {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        stream.write_all(b"GET /passwd HTTP/1.0\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        Some(answer)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    answer.unwrap_or_else(|| panic!("no port in {first:?}"))
 }
 
 /// The pod's address once it runs.
@@ -229,6 +265,15 @@ fn gvisor_pods_use_their_own_network_stack() {
     );
     let explained = cluster.ok(&["explain-security", "pod/boxed"]);
     assert!(explained.contains("gVisor netstack"), "{explained}");
+
+    // Probes and port-forward reach it on its address (its loopback is
+    // gVisor's, not the namespace's).
+    wait_for("boxed ready by its HTTP probe", Duration::from_secs(20), || {
+        let pod = cluster.get_json("pod/boxed");
+        (pod["status"]["containers"][0]["ready"] == true).then_some(())
+    });
+    let forwarded = through_port_forward(cluster, "boxed");
+    assert!(forwarded.contains("root:"), "{forwarded}");
 
     // A restart starts a new sandbox: it finds the address again. (The
     // exec ends with the sandbox it runs in, so its status says nothing.)
