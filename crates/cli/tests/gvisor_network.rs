@@ -57,7 +57,9 @@ fn through_port_forward(cluster: &Cluster, name: &str) -> String {
         .and_then(|port| port.parse().ok());
     let answer = port.and_then(|port| {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .ok()?;
         stream.write_all(b"GET /passwd HTTP/1.0\r\n\r\n").ok()?;
         let mut answer = String::new();
         let _ = stream.read_to_string(&mut answer);
@@ -268,10 +270,14 @@ fn gvisor_pods_use_their_own_network_stack() {
 
     // Probes and port-forward reach it on its address (its loopback is
     // gVisor's, not the namespace's).
-    wait_for("boxed ready by its HTTP probe", Duration::from_secs(20), || {
-        let pod = cluster.get_json("pod/boxed");
-        (pod["status"]["containers"][0]["ready"] == true).then_some(())
-    });
+    wait_for(
+        "boxed ready by its HTTP probe",
+        Duration::from_secs(20),
+        || {
+            let pod = cluster.get_json("pod/boxed");
+            (pod["status"]["containers"][0]["ready"] == true).then_some(())
+        },
+    );
     let forwarded = through_port_forward(cluster, "boxed");
     assert!(forwarded.contains("root:"), "{forwarded}");
 

@@ -51,10 +51,12 @@ impl RuncCli {
     /// since 6.x show in every network namespace. `start` therefore runs
     /// in a mount namespace of its own where `/proc/sys/net` is empty, so
     /// that probe fails as it does in a pod's namespace on older kernels.
-    /// Only `start` is affected (the sandbox process is made by `create`
-    /// and never sees that mount). The caller must only start containers
-    /// that join a namespace of their own under this setting: the probe
-    /// exists to keep runsc from taking the node's own addresses.
+    /// Only `start` is affected: such a runtime starts containers with
+    /// `create` then `start`, never `run --detach`, so the sandbox process
+    /// (made by `create`) never sees that mount. The caller must only
+    /// start containers that join a namespace of their own under this
+    /// setting: the probe exists to keep runsc from taking the node's own
+    /// addresses.
     pub fn with_netstack_start(mut self) -> Self {
         self.hide_proc_sys_net_on_start = true;
         self
@@ -342,6 +344,12 @@ impl OciRuntime for RuncCli {
     }
 
     fn run_detached(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
+        if self.hide_proc_sys_net_on_start {
+            // Two commands: only `start` runs with `/proc/sys/net` hidden.
+            let pid = self.create(id, bundle, io)?;
+            self.start(id)?;
+            return Ok(pid);
+        }
         self.launch(&self.run_detached_args(id, bundle), bundle, io)
     }
 
