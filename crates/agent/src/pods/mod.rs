@@ -85,6 +85,9 @@ pub struct PodWorkload {
     recovery_report_at: Instant,
     /// A failed recovery: when to try again, and the wait that led there.
     recovery_retry: Option<(Instant, Duration)>,
+    /// The namespace was wired and no container has started in it since:
+    /// the next start on gVisor's own stack needs no wiring again.
+    freshly_wired: bool,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -107,6 +110,7 @@ impl PodWorkload {
             init: None,
             recovery_report_at: Instant::now(),
             recovery_retry: None,
+            freshly_wired: false,
         }
     }
 

@@ -54,6 +54,7 @@ impl PodWorkload {
         // The new namespace is saved with the egress address it gets (one
         // write), or alone.
         let network = self.ensure_network(&path, created).await;
+        self.freshly_wired = network.is_ok();
         tracing::debug!(pod = %self.key(), ?made, pooled, wired = ?began.elapsed(), "sandbox ready");
         if created && !matches!(network, Ok((_, true))) {
             self.save();
@@ -76,11 +77,16 @@ impl PodWorkload {
     /// nothing back when it ends, so a later sandbox (the container after
     /// an init container, a restart) would find no address. Called with
     /// no container of the pod running: admission allows such a pod one
-    /// long-running container. Nothing for other pods.
+    /// long-running container. Nothing for other pods, nor for the first
+    /// start after `node/create-sandbox` wired the namespace.
     pub(super) async fn rewire_for_gvisor_stack(&mut self, spec: &PodSpec) -> Result<(), String> {
         let relax = sandbox::relaxations(spec).map_err(|e| e.to_string())?;
         let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
         if network_stack(runtime, &relax) != NetworkStack::Gvisor {
+            return Ok(());
+        }
+        // The start about to happen takes what the last wiring made.
+        if std::mem::take(&mut self.freshly_wired) {
             return Ok(());
         }
         let Some(netns) = self.record.netns.clone().filter(|_| self.has_sandbox()) else {
