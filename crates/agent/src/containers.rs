@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use corral_api::kinds::{Container, PodSpec, RuntimeClass};
+use corral_api::security::{NetworkStack, network_stack};
 use corral_runtime::bundle::{
     ContainerConfig, NetworkNamespace, ProcessOverrides, merge_process, resolve_user_in_rootfs,
     write_bundle,
@@ -57,7 +58,12 @@ pub enum ContainerError {
 #[derive(Clone)]
 pub struct Runtimes {
     pub runc: Arc<dyn OciRuntime>,
+    /// runsc on gVisor's own network stack: what gVisor pods start with.
     pub gvisor: Option<Arc<dyn OciRuntime>>,
+    /// runsc on the host kernel's network stack (`--network=host`), for
+    /// gVisor pods granted `host-network-stack` and `host-network` pods.
+    /// It shares `gvisor`'s state directory: only `start` tells them apart.
+    pub gvisor_host_stack: Option<Arc<dyn OciRuntime>>,
 }
 
 impl std::fmt::Debug for Runtimes {
@@ -79,6 +85,26 @@ impl Runtimes {
                 .gvisor
                 .as_ref()
                 .ok_or(ContainerError::RuntimeUnavailable(RuntimeClass::Gvisor)),
+        }
+    }
+
+    /// The runtime that creates and starts a container of `class` on
+    /// `stack`. gVisor's own stack only for a container joining a network
+    /// namespace of its own: runsc takes over that namespace's addresses,
+    /// and must never take the node's.
+    pub fn for_start(
+        &self,
+        class: Option<RuntimeClass>,
+        stack: NetworkStack,
+        network: &NetworkNamespace,
+    ) -> Result<&Arc<dyn OciRuntime>, ContainerError> {
+        let own_namespace = matches!(network, NetworkNamespace::Join(_));
+        match class.unwrap_or(RuntimeClass::Runc) {
+            RuntimeClass::Gvisor if stack == NetworkStack::HostKernel || !own_namespace => self
+                .gvisor_host_stack
+                .as_ref()
+                .ok_or(ContainerError::RuntimeUnavailable(RuntimeClass::Gvisor)),
+            class => self.for_class(Some(class)),
         }
     }
 }
@@ -160,7 +186,8 @@ impl ContainerRunner {
         sandbox: &PodSandbox,
     ) -> Result<ContainerRecord, ContainerError> {
         let began = Instant::now();
-        let runtime = self.runtimes.for_class(spec.runtime)?;
+        // Known before any work: a node without the runtime says so first.
+        self.runtimes.for_class(spec.runtime)?;
         let image = self.ensure_image(&container.image)?;
         let runtime_id = runtime_id(uid, &container.name, generation);
         let dir = pod_dir(&self.pods_dir, uid)
@@ -201,6 +228,10 @@ impl ContainerRunner {
         config.hostname = Some(pod_name.to_string());
         config.network = NetworkNamespace::Join(sandbox.netns.clone());
         sandbox::apply(&mut config, user, sandbox).map_err(|e| config_error(e.to_string()))?;
+        let stack = network_stack(sandbox.runtime, &sandbox.relax);
+        let runtime = self
+            .runtimes
+            .for_start(spec.runtime, stack, &config.network)?;
         config.cgroup_path = Some(format!("/corral/{uid}/{}", container.name));
         // The node's DNS server for the pod (written by the network setup).
         let resolv = pod_dir(&self.pods_dir, uid).join(RESOLV_CONF);

@@ -228,16 +228,27 @@ pub fn context(
     traversable(data)?;
     traversable(&pods_dir)?;
     let runc: Arc<dyn OciRuntime> = Arc::new(RuncCli::new("runc", data.join("runc")));
-    let gvisor: Option<Arc<dyn OciRuntime>> = node::find_binary("runsc").map(|binary| {
-        Arc::new(
-            RuncCli::new(binary, data.join("runsc"))
-                // `--network=host`: the sandbox uses the kernel network
-                // stack of the namespace it joins, the pod's own. gVisor's
-                // netstack mode refuses to start on current kernels (its
-                // root-namespace check misfires; docs/design/0007).
-                .with_global_args(["--rootless=false", "--ignore-cgroups", "--network=host"]),
-        ) as Arc<dyn OciRuntime>
-    });
+    // Two runsc command lines over one state directory: gVisor's own
+    // network stack (netstack) by default, the host kernel's for pods
+    // granted `host-network-stack` (and `host-network` pods). Only `start`
+    // differs; the rest (state, kill, exec, delete) work on either.
+    let runsc = node::find_binary("runsc");
+    let gvisor_with = |network: &str| -> Option<Arc<dyn OciRuntime>> {
+        runsc.as_ref().map(|binary| {
+            let runtime = RuncCli::new(binary, data.join("runsc")).with_global_args([
+                "--rootless=false",
+                "--ignore-cgroups",
+                network,
+            ]);
+            Arc::new(if network == "--network=sandbox" {
+                runtime.with_netstack_start()
+            } else {
+                runtime
+            }) as Arc<dyn OciRuntime>
+        })
+    };
+    let gvisor = gvisor_with("--network=sandbox");
+    let gvisor_host_stack = gvisor_with("--network=host");
     Ok(AgentContext {
         node: config.node.clone(),
         data_dir: data.clone(),
@@ -246,7 +257,11 @@ pub fn context(
         runner: ContainerRunner {
             images: Arc::new(ImageStore::open(data.join("images"))?),
             registry: registries::factory(config.registries.clone()),
-            runtimes: Runtimes { runc, gvisor },
+            runtimes: Runtimes {
+                runc,
+                gvisor,
+                gvisor_host_stack,
+            },
             pods_dir,
         },
         state: LocalState::open(data.join("agent").join("pods"))?,

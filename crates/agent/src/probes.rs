@@ -1,10 +1,12 @@
 //! Readiness and liveness probes: exec (a command in the container), TCP
 //! (a connection to a port) and HTTP (a GET answered 2xx or 3xx), the
 //! network ones made from inside the pod's network namespace on loopback,
-//! so they need no route to the pod. Blocking; run on the blocking pool.
+//! so they need no route to the pod, or, for a pod on gVisor's own network
+//! stack (whose loopback is inside the sandbox), to the pod's address from
+//! the node. Blocking; run on the blocking pool.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Ipv6Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
@@ -18,12 +20,22 @@ pub const DEFAULT_PERIOD_SECONDS: u32 = 2;
 /// Failures in a row before a probe counts as failed, by default.
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
 
+/// Where TCP and HTTP probes connect.
+#[derive(Debug, Clone)]
+pub enum ProbeTarget {
+    /// Loopback inside the pod's network namespace.
+    Loopback(std::path::PathBuf),
+    /// The pod's address, from the node: a pod on gVisor's own network
+    /// stack (its loopback is gVisor's); `None` when it has none.
+    Address(Option<Ipv6Addr>),
+}
+
 /// Runs one probe; `Err` says why it failed.
 pub fn run(
     probe: &Probe,
     runtime: &dyn OciRuntime,
     container_id: &str,
-    netns: &Path,
+    target: &ProbeTarget,
 ) -> Result<(), String> {
     if let Some(exec) = &probe.exec {
         let spec = ExecSpec {
@@ -51,18 +63,32 @@ pub fn run(
         (None, Some(http)) => (http.port, Some(http.path.clone())),
         (None, None) => return Err("the probe names no exec, tcp or http check".into()),
     };
-    corral_net::netns::run_in(netns, move || connect(port, http_path.as_deref()))
-        .map_err(|error| format!("cannot enter the pod's network namespace: {error}"))?
+    match target {
+        ProbeTarget::Loopback(netns) => run_in(netns, port, http_path),
+        ProbeTarget::Address(Some(address)) => {
+            connect(&[(*address, port).into()], port, http_path.as_deref())
+        }
+        ProbeTarget::Address(None) => Err(format!(
+            "port {port} of a pod on gVisor's network stack is probed on the pod's address, and it has none (the node has no pod network)"
+        )),
+    }
 }
 
-fn connect(port: u16, http_path: Option<&str>) -> Result<(), String> {
-    let addresses: [SocketAddr; 2] = [
+fn run_in(netns: &Path, port: u16, http_path: Option<String>) -> Result<(), String> {
+    let loopback: [SocketAddr; 2] = [
         ([127, 0, 0, 1], port).into(),
         ([0u16, 0, 0, 0, 0, 0, 0, 1], port).into(),
     ];
+    corral_net::netns::run_in(netns, move || {
+        connect(&loopback, port, http_path.as_deref())
+    })
+    .map_err(|error| format!("cannot enter the pod's network namespace: {error}"))?
+}
+
+fn connect(addresses: &[SocketAddr], port: u16, http_path: Option<&str>) -> Result<(), String> {
     let mut last_error = String::new();
     for address in addresses {
-        match TcpStream::connect_timeout(&address, PROBE_TIMEOUT) {
+        match TcpStream::connect_timeout(address, PROBE_TIMEOUT) {
             Ok(stream) => return http_path.map_or(Ok(()), |path| http_get(stream, port, path)),
             Err(error) => last_error = format!("connect to port {port}: {error}"),
         }
@@ -123,9 +149,10 @@ mod tests {
                 stream.write_all(answer.as_bytes()).unwrap();
             }
         });
-        assert_eq!(connect(port, Some("/")), Ok(()));
+        let at: [SocketAddr; 1] = [([127, 0, 0, 1], port).into()];
+        assert_eq!(connect(&at, port, Some("/")), Ok(()));
         assert_eq!(
-            connect(port, Some("/health")),
+            connect(&at, port, Some("/health")),
             Err("GET /health answered 503".to_string())
         );
         server.join().unwrap();
@@ -138,6 +165,20 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        assert!(connect(port, None).unwrap_err().contains("connect to port"));
+        let at: [SocketAddr; 1] = [([127, 0, 0, 1], port).into()];
+        assert!(
+            connect(&at, port, None)
+                .unwrap_err()
+                .contains("connect to port")
+        );
+    }
+
+    #[test]
+    fn a_gvisor_stack_pod_without_an_address_says_so() {
+        let probe: Probe =
+            serde_json::from_value(serde_json::json!({"tcp": {"port": 80}})).expect("probe");
+        let runtime = corral_runtime::oci::RuncCli::new("runc", "/nonexistent");
+        let error = run(&probe, &runtime, "c", &ProbeTarget::Address(None)).unwrap_err();
+        assert!(error.contains("has none"), "{error}");
     }
 }

@@ -27,8 +27,12 @@ use tempfile::TempDir;
 use crate::node;
 
 /// The flags corral's agent runs runsc with (crates/agent/src/lib.rs):
-/// root, no cgroups of its own, the kernel network stack of the namespace
-/// the sandbox joins.
+/// root, no cgroups of its own; and the kernel network stack of the
+/// namespace the sandbox joins, which the agent gives only pods granted
+/// `host-network-stack`. Its default, gVisor's own stack, copies the
+/// namespace's interfaces at `runsc start`; the floor's fresh namespace
+/// has only `lo`, so that copy is next to nothing, and the Debian runsc
+/// would refuse it here without the agent's hidden `/proc/sys/net`.
 const RUNSC_FLAGS: [&str; 3] = ["--rootless=false", "--ignore-cgroups", "--network=host"];
 
 #[derive(Debug)]

@@ -248,15 +248,31 @@ impl PodWorkload {
                 container.clone(),
             );
             let old = record.clone();
-            let restarted = tokio::task::spawn_blocking(move || {
-                runner.halt(&pod_spec, &old, grace)?;
-                if let Err(error) = runner.cleanup(&uid, &old) {
+            let (halter, halt_uid, halt_spec) = (runner.clone(), uid.clone(), pod_spec.clone());
+            let halted = tokio::task::spawn_blocking(move || {
+                halter.halt(&halt_spec, &old, grace)?;
+                if let Err(error) = halter.cleanup(&halt_uid, &old) {
                     tracing::warn!(container = %old.runtime_id, error = %crate::chain(&error), "cannot remove a stopped container's files");
                 }
-                let sandbox = pod_sandbox(&ranges, &uid, &pod_spec, &container.name, &netns)?;
-                runner.start(&uid, &pod_name, &pod_spec, &container, generation, &sandbox)
+                Ok(())
             })
             .await;
+            // Wired again for gVisor's stack once the old sandbox is gone.
+            let restarted = match halted {
+                Ok(Ok(())) => {
+                    if let Err(error) = self.rewire_for_gvisor_stack(spec).await {
+                        tracing::warn!(pod = %key, container = %name, %error, "cannot wire the pod's namespace again");
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        let sandbox =
+                            pod_sandbox(&ranges, &uid, &pod_spec, &container.name, &netns)?;
+                        runner.start(&uid, &pod_name, &pod_spec, &container, generation, &sandbox)
+                    })
+                    .await
+                }
+                Ok(Err(error)) => Ok(Err(error)),
+                Err(error) => Err(error),
+            };
             let entry = self
                 .record
                 .containers

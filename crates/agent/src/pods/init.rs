@@ -91,6 +91,9 @@ impl PodWorkload {
             if let Err(error) = self.ensure_data(spec).await {
                 break StepOutcome::Failed(error);
             }
+            if let Err(error) = self.rewire_for_gvisor_stack(spec).await {
+                break StepOutcome::Failed(error);
+            }
             let Some(netns) = self.record.netns.clone() else {
                 break StepOutcome::Failed("the pod has no sandbox".into());
             };

@@ -87,6 +87,9 @@ pub struct PodWorkload {
     recovery_retry: Option<(Instant, Duration)>,
     /// Where the pod stands with the node's self-fence.
     fence: supervision::FenceHold,
+    /// The namespace was wired and no container has started in it since:
+    /// the next start on gVisor's own stack needs no wiring again.
+    freshly_wired: bool,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -110,6 +113,7 @@ impl PodWorkload {
             recovery_report_at: Instant::now(),
             recovery_retry: None,
             fence: supervision::FenceHold::default(),
+            freshly_wired: false,
         }
     }
 

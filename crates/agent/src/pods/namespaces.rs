@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use corral_api::kinds::RuntimeClass;
+use corral_api::kinds::{PodSpec, RuntimeClass};
+use corral_api::security::{NetworkStack, network_stack};
 use corral_runtime::oci::netns;
 use corral_runtime::oci::userns::IdRange;
 
@@ -53,6 +54,7 @@ impl PodWorkload {
         // The new namespace is saved with the egress address it gets (one
         // write), or alone.
         let network = self.ensure_network(&path, created).await;
+        self.freshly_wired = network.is_ok();
         tracing::debug!(pod = %self.key(), ?made, pooled, wired = ?began.elapsed(), "sandbox ready");
         if created && !matches!(network, Ok((_, true))) {
             self.save();
@@ -66,6 +68,31 @@ impl PodWorkload {
             Some(note) => Ok(format!("{}; {note}{from_pool}", path.display())),
             None => Ok(format!("{}{from_pool}", path.display())),
         }
+    }
+
+    /// Wires the pod's namespace again before a container of a pod on
+    /// gVisor's own network stack starts. runsc takes the namespace's
+    /// addresses off `eth0` when a sandbox starts (it serves them itself;
+    /// the kernel must not answer for them too) and the sandbox gives
+    /// nothing back when it ends, so a later sandbox (the container after
+    /// an init container, a restart) would find no address. Called with
+    /// no container of the pod running: admission allows such a pod one
+    /// long-running container. Nothing for other pods, nor for the first
+    /// start after `node/create-sandbox` wired the namespace.
+    pub(super) async fn rewire_for_gvisor_stack(&mut self, spec: &PodSpec) -> Result<(), String> {
+        let relax = sandbox::relaxations(spec).map_err(|e| e.to_string())?;
+        let runtime = spec.runtime.unwrap_or(RuntimeClass::Runc);
+        if network_stack(runtime, &relax) != NetworkStack::Gvisor {
+            return Ok(());
+        }
+        // The start about to happen takes what the last wiring made.
+        if std::mem::take(&mut self.freshly_wired) {
+            return Ok(());
+        }
+        let Some(netns) = self.record.netns.clone().filter(|_| self.has_sandbox()) else {
+            return Ok(());
+        };
+        self.ensure_network(&netns, false).await.map(drop)
     }
 
     /// Makes the pod's namespaces, or takes a spare sandbox made ahead

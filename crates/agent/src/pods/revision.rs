@@ -56,6 +56,7 @@ impl PodWorkload {
         let to_start: Vec<&String> = plan.to_start().collect();
         if !to_start.is_empty() {
             self.ensure_data(spec).await?;
+            self.rewire_for_gvisor_stack(spec).await?;
         }
         for (index, name) in to_start.iter().enumerate() {
             let name = *name;

@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use corral_api::kinds::{ContainerExit, ContainerReason};
+use corral_api::kinds::{ContainerExit, ContainerReason, RuntimeClass};
+use corral_api::security::{NetworkStack, network_stack};
 use corral_runtime::oci::reap::{Liveness, liveness};
 
 use super::{PodWorkload, pod_sandbox, typed_spec};
@@ -131,13 +132,22 @@ impl PodWorkload {
                 );
                 let generation = self.next_generation(&name);
                 let old = record.clone();
-                let result = tokio::task::spawn_blocking(move || {
-                    // The exited generation leaves the runtime too (its
-                    // state and cgroup), not only its files: a container
-                    // that keeps exiting must not pile up runc containers.
-                    if let Err(error) = runner.stop(&uid, &pod_spec, &old, Duration::ZERO) {
+                let (stopper, stop_uid, stop_spec) =
+                    (runner.clone(), uid.clone(), pod_spec.clone());
+                // The exited generation leaves the runtime too (its state
+                // and cgroup), not only its files: a container that keeps
+                // exiting must not pile up runc containers. Gone before
+                // the namespace is wired again for gVisor's stack.
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Err(error) = stopper.stop(&stop_uid, &stop_spec, &old, Duration::ZERO) {
                         tracing::warn!(container = %old.runtime_id, error = %crate::chain(&error), "cannot remove the exited container");
                     }
+                })
+                .await;
+                if let Err(error) = self.rewire_for_gvisor_stack(&spec).await {
+                    tracing::warn!(pod = %self.key(), container = %name, %error, "cannot wire the pod's namespace again");
+                }
+                let result = tokio::task::spawn_blocking(move || {
                     let sandbox = pod_sandbox(&ranges, &uid, &pod_spec, &container.name, &netns)?;
                     runner.start(&uid, &pod_name, &pod_spec, &container, generation, &sandbox)
                 })
@@ -228,6 +238,12 @@ impl PodWorkload {
         let Ok(runtime) = self.ctx.runner.runtimes.for_class(spec.runtime).cloned() else {
             return false;
         };
+        let relax = crate::sandbox::relaxations(&spec).unwrap_or_default();
+        let stack = network_stack(spec.runtime.unwrap_or(RuntimeClass::Runc), &relax);
+        let target = match stack {
+            NetworkStack::Gvisor => probes::ProbeTarget::Address(self.record.address),
+            NetworkStack::HostKernel => probes::ProbeTarget::Loopback(netns),
+        };
         let mut changed = false;
         for container in &spec.containers {
             if container.readiness.is_none() && container.liveness.is_none() {
@@ -270,10 +286,10 @@ impl PodWorkload {
                 let Some(probe) = probe.clone() else {
                     continue;
                 };
-                let (probe_runtime, id, netns) =
-                    (runtime.clone(), record.runtime_id.clone(), netns.clone());
+                let (probe_runtime, id, target) =
+                    (runtime.clone(), record.runtime_id.clone(), target.clone());
                 let result = tokio::task::spawn_blocking(move || {
-                    probes::run(&probe, probe_runtime.as_ref(), &id, &netns)
+                    probes::run(&probe, probe_runtime.as_ref(), &id, &target)
                 })
                 .await
                 .unwrap_or_else(|error| Err(error.to_string()));

@@ -99,6 +99,44 @@ pub enum Refusal {
         namespace: String,
         missing: Vec<String>,
     },
+    /// `host-network-stack` asked by a pod that does not run under gVisor.
+    #[error(
+        "spec.security.relax asks for host-network-stack, which only applies to runtime gvisor; this pod runs {runtime}, whose containers always use the host kernel's network stack"
+    )]
+    HostNetworkStackWithoutGvisor { runtime: &'static str },
+    /// A gVisor pod on gVisor's network stack with more than one
+    /// long-running container.
+    #[error(
+        "the pod runs {containers} containers under gVisor with gVisor's own network stack, which serves the pod's address from one sandbox (each container is a gVisor sandbox of its own): run one container (init containers are fine), or ask for host-network-stack where a Policy grants it"
+    )]
+    NetstackContainers { containers: usize },
+}
+
+/// Which network stack serves a pod's sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkStack {
+    /// The host kernel's (in the pod's network namespace, or the node's
+    /// with `host-network`): every runc pod, and gVisor pods granted
+    /// `host-network-stack` or `host-network`.
+    HostKernel,
+    /// gVisor's own (netstack, inside the sandbox): the default under
+    /// gVisor. runsc takes the addresses and routes of the pod's network
+    /// namespace when the sandbox starts and serves them itself.
+    Gvisor,
+}
+
+/// The network stack of a pod running `runtime` with `relax`.
+pub fn network_stack<'a>(
+    runtime: RuntimeClass,
+    relax: impl IntoIterator<Item = &'a Relaxation>,
+) -> NetworkStack {
+    let host = relax
+        .into_iter()
+        .any(|r| matches!(r, Relaxation::HostNetworkStack | Relaxation::HostNetwork));
+    match runtime {
+        RuntimeClass::Gvisor if !host => NetworkStack::Gvisor,
+        _ => NetworkStack::HostKernel,
+    }
 }
 
 fn not_granted(namespace: &str, missing: &[String]) -> String {
@@ -230,7 +268,37 @@ pub fn admit_pod(
             knob.relaxed_by.clear();
         }
     }
+    let runtime = match sandbox.knob("runtime").map(|k| k.value.as_str()) {
+        Some("gvisor") => RuntimeClass::Gvisor,
+        _ => RuntimeClass::Runc,
+    };
+    let asked: Vec<Relaxation> = relax.iter().filter_map(|r| r.parse().ok()).collect();
+    if asked.contains(&Relaxation::HostNetworkStack) && runtime != RuntimeClass::Gvisor {
+        return Err(Refusal::HostNetworkStackWithoutGvisor {
+            runtime: runtime_name(runtime),
+        });
+    }
+    if network_stack(runtime, &asked) == NetworkStack::Gvisor && spec.containers.len() > 1 {
+        return Err(Refusal::NetstackContainers {
+            containers: spec.containers.len(),
+        });
+    }
+    if let Some(knob) = sandbox.knobs.iter_mut().find(|k| k.name == "network stack") {
+        knob.value = stack_value(runtime, &asked).to_string();
+    }
     Ok(sandbox)
+}
+
+/// The "network stack" knob's value.
+fn stack_value(runtime: RuntimeClass, asked: &[Relaxation]) -> &'static str {
+    match (runtime, network_stack(runtime, asked)) {
+        (RuntimeClass::Runc, _) => "host kernel (runc)",
+        (_, NetworkStack::Gvisor) => "gVisor netstack (in the sandbox)",
+        (_, NetworkStack::HostKernel) if asked.contains(&Relaxation::HostNetwork) => {
+            "host kernel (host-network)"
+        }
+        (_, NetworkStack::HostKernel) => "host kernel (through the pod's namespace)",
+    }
 }
 
 fn runtime_name(runtime: RuntimeClass) -> &'static str {
@@ -320,6 +388,14 @@ fn knobs(granted: &[(Relaxation, Grant)], default_runtime: RuntimeClass) -> Vec<
             by(&|r| matches!(r, Relaxation::Device(_))),
         ),
         toggle("host network", Relaxation::HostNetwork, "off", "on"),
+        Knob::new(
+            "network stack",
+            stack_value(
+                runtime,
+                &granted.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(),
+            ),
+            by(&|r| *r == Relaxation::HostNetworkStack),
+        ),
         listed(
             "host paths",
             "none",

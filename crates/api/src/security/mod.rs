@@ -13,6 +13,7 @@ mod relaxation;
 mod tests;
 
 pub use admit::{
-    EffectiveSandbox, Grant, Knob, Refusal, UnusedGrant, admit, admit_pod, namespace_runtime,
+    EffectiveSandbox, Grant, Knob, NetworkStack, Refusal, UnusedGrant, admit, admit_pod,
+    namespace_runtime, network_stack,
 };
 pub use relaxation::{CAPABILITIES, Relaxation, RelaxationError, SHAPES};

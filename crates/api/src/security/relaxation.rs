@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The shapes of every relaxation name, for error messages.
-pub const SHAPES: &str = "run-as-root, capability:NAME, host-network, host-path:/PREFIX, writable-rootfs, unconfined-seccomp, no-user-namespace, device:/dev/NAME, runtime:runc";
+pub const SHAPES: &str = "run-as-root, capability:NAME, host-network, host-network-stack, host-path:/PREFIX, writable-rootfs, unconfined-seccomp, no-user-namespace, device:/dev/NAME, runtime:runc";
 
 /// The Linux capability names `capability:NAME` accepts (without `CAP_`).
 pub const CAPABILITIES: &[&str] = &[
@@ -58,6 +58,9 @@ pub enum Relaxation {
     /// A Linux capability, without the `CAP_` prefix.
     Capability(String),
     HostNetwork,
+    /// A gVisor pod's sockets served by the host kernel's network stack
+    /// (through the pod's own network namespace) instead of gVisor's.
+    HostNetworkStack,
     /// An absolute host path prefix.
     HostPath(String),
     WritableRootfs,
@@ -94,6 +97,7 @@ impl FromStr for Relaxation {
         match given {
             "run-as-root" => return Ok(Relaxation::RunAsRoot),
             "host-network" => return Ok(Relaxation::HostNetwork),
+            "host-network-stack" => return Ok(Relaxation::HostNetworkStack),
             "writable-rootfs" => return Ok(Relaxation::WritableRootfs),
             "unconfined-seccomp" => return Ok(Relaxation::UnconfinedSeccomp),
             "no-user-namespace" => return Ok(Relaxation::NoUserNamespace),
@@ -169,6 +173,7 @@ impl fmt::Display for Relaxation {
             Relaxation::RunAsRoot => f.write_str("run-as-root"),
             Relaxation::Capability(name) => write!(f, "capability:{name}"),
             Relaxation::HostNetwork => f.write_str("host-network"),
+            Relaxation::HostNetworkStack => f.write_str("host-network-stack"),
             Relaxation::HostPath(path) => write!(f, "host-path:{path}"),
             Relaxation::WritableRootfs => f.write_str("writable-rootfs"),
             Relaxation::UnconfinedSeccomp => f.write_str("unconfined-seccomp"),

@@ -25,6 +25,7 @@ fn every_plain_name_round_trips() {
     for name in [
         "run-as-root",
         "host-network",
+        "host-network-stack",
         "writable-rootfs",
         "unconfined-seccomp",
         "no-user-namespace",
@@ -144,6 +145,7 @@ fn no_ask_no_policy_is_the_default_sandbox() {
             "masked /proc",
             "devices",
             "host network",
+            "network stack",
             "host paths",
             "runtime"
         ]
@@ -349,4 +351,78 @@ fn explicit_runtimes_without_a_gvisor_default_need_nothing() {
         sandbox.knob("runtime").map(Knob::source).as_deref(),
         Some("default")
     );
+}
+
+#[test]
+fn gvisor_pods_use_gvisors_network_stack_by_default() {
+    let sandbox = admit_pod("x", &pod_spec(Some(RuntimeClass::Gvisor), &[]), &[]).expect("gvisor");
+    let stack = sandbox.knob("network stack").expect("knob");
+    assert_eq!(stack.value, "gVisor netstack (in the sandbox)");
+    assert_eq!(stack.source(), "default");
+    let sandbox = admit_pod("x", &pod_spec(None, &[]), &[]).expect("runc");
+    assert_eq!(
+        sandbox.knob("network stack").map(|k| k.value.as_str()),
+        Some("host kernel (runc)")
+    );
+    let host = [Relaxation::HostNetworkStack];
+    assert_eq!(
+        network_stack(RuntimeClass::Gvisor, &[]),
+        NetworkStack::Gvisor
+    );
+    assert_eq!(
+        network_stack(RuntimeClass::Gvisor, &host),
+        NetworkStack::HostKernel
+    );
+    assert_eq!(
+        network_stack(RuntimeClass::Gvisor, &[Relaxation::HostNetwork]),
+        NetworkStack::HostKernel,
+        "a pod in the node's namespace never gets netstack (runsc would take the node's addresses)"
+    );
+    assert_eq!(
+        network_stack(RuntimeClass::Runc, &[]),
+        NetworkStack::HostKernel
+    );
+}
+
+#[test]
+fn the_host_network_stack_needs_both_halves_and_gvisor() {
+    let asking = pod_spec(Some(RuntimeClass::Gvisor), &["host-network-stack"]);
+    let error = admit_pod("x", &asking, &[]).expect_err("no policy");
+    assert_eq!(
+        error.to_string(),
+        "pod asks for host-network-stack but no Policy grants it to namespace x"
+    );
+    let granted = [policy("stack", &["x"], &["host-network-stack"])];
+    let sandbox = admit_pod("x", &asking, &granted).expect("granted");
+    let stack = sandbox.knob("network stack").expect("knob");
+    assert_eq!(stack.value, "host kernel (through the pod's namespace)");
+    assert_eq!(
+        stack.source(),
+        "relaxed by Policy stack (host-network-stack)"
+    );
+    let runc = pod_spec(Some(RuntimeClass::Runc), &["host-network-stack"]);
+    let error = admit_pod("x", &runc, &granted).expect_err("runc");
+    assert!(
+        matches!(
+            error,
+            Refusal::HostNetworkStackWithoutGvisor { runtime: "runc" }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn gvisors_network_stack_serves_one_container() {
+    let mut two = pod_spec(Some(RuntimeClass::Gvisor), &[]);
+    two.containers.push(two.containers[0].clone());
+    two.containers[1].name = "d".into();
+    let error = admit_pod("x", &two, &[]).expect_err("two containers");
+    assert!(matches!(
+        error,
+        Refusal::NetstackContainers { containers: 2 }
+    ));
+    assert!(error.to_string().contains("host-network-stack"), "{error}");
+    two.security.relax = asks(&["host-network-stack"]);
+    let granted = [policy("stack", &["x"], &["host-network-stack"])];
+    admit_pod("x", &two, &granted).expect("on the host stack");
 }

@@ -245,6 +245,27 @@ pub trait NetworkOps: Send + Sync {
     ) -> Result<(), DatapathError>;
 }
 
+/// The EUI-64 link-local address the kernel gives an interface with the
+/// Ethernet address `mac` (`fe80::` + the MAC with `ff:fe` in the middle
+/// and the universal/local bit flipped); `None` for another length.
+pub fn eui64_link_local(mac: &[u8]) -> Option<Ipv6Addr> {
+    let mac: [u8; 6] = mac.try_into().ok()?;
+    let mut octets = [0u8; 16];
+    octets[0] = 0xfe;
+    octets[1] = 0x80;
+    octets[8..16].copy_from_slice(&[
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ]);
+    Some(Ipv6Addr::from(octets))
+}
+
 /// Compares wanted and installed node routes. The last wanted route for a
 /// destination wins.
 pub fn plan_node_routes(desired: &[NodeRoute], existing: &[NodeRoute]) -> RoutePlan {

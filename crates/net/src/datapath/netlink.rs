@@ -314,13 +314,34 @@ async fn configure_pod_side(pod: &PodInterface, handle: &Handle) -> Result<(), D
     let ns = Some(pod.netns.as_path());
     let lo = link_index(handle, "lo", ns).await?;
     set_up(handle, lo, "lo").await?;
-    let eth = link_index(handle, POD_INTERFACE, ns).await?;
+    let link =
+        find_link(handle, POD_INTERFACE)
+            .await?
+            .ok_or_else(|| DatapathError::MissingInterface {
+                name: POD_INTERFACE.to_string(),
+                netns: ns.map(Path::to_path_buf),
+            })?;
+    let eth = link.header.index;
     write_sysctl(
         ns,
         &format!("/proc/sys/net/ipv6/conf/{POD_INTERFACE}/accept_dad"),
         "0",
     )?;
     set_up(handle, eth, POD_INTERFACE).await?;
+    // The link-local address the kernel makes when the link comes up, made
+    // here too: a gVisor sandbox takes every address off `eth0` when it
+    // starts and the kernel does not make it again, but the next sandbox
+    // needs one to reach its gateway `fe80::1`. Wiring again restores it.
+    if let Some(local) = link
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            LinkAttribute::Address(mac) => super::eui64_link_local(mac),
+            _ => None,
+        })
+    {
+        add_address(handle, eth, IpAddr::V6(local), 64, POD_INTERFACE).await?;
+    }
     add_address(handle, eth, IpAddr::V6(pod.ipv6), 128, POD_INTERFACE).await?;
     let default_v6 = RouteMessageBuilder::<Ipv6Addr>::new()
         .gateway(POD_GATEWAY_V6)

@@ -111,3 +111,13 @@ fn host_interface_validation() {
         validate_host_interface(ok).unwrap();
     }
 }
+
+#[test]
+fn link_local_addresses_follow_the_kernels_eui64() {
+    // As the kernel made it for a veth with this address.
+    assert_eq!(
+        eui64_link_local(&[0xb2, 0xcc, 0xea, 0xa4, 0xbf, 0x5d]),
+        Some("fe80::b0cc:eaff:fea4:bf5d".parse().unwrap())
+    );
+    assert_eq!(eui64_link_local(&[1, 2, 3]), None);
+}

@@ -1,8 +1,11 @@
 //! [`RuncCli`]: the runc / runsc command lines. Argument building and
 //! output parsing are pure and unit-tested; the rest runs the binary.
 
+use std::ffi::CStr;
 use std::fs::{self, File, OpenOptions};
+use std::io;
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -24,6 +27,9 @@ pub struct RuncCli {
     pub root: PathBuf,
     /// Flags placed before every subcommand.
     pub global_args: Vec<String>,
+    /// Runs `start` in a private mount namespace whose `/proc/sys/net` is
+    /// an empty read-only tmpfs (see [`RuncCli::with_netstack_start`]).
+    pub hide_proc_sys_net_on_start: bool,
 }
 
 impl RuncCli {
@@ -33,7 +39,27 @@ impl RuncCli {
             binary: binary.into(),
             root: root.into(),
             global_args: Vec::new(),
+            hide_proc_sys_net_on_start: false,
         }
+    }
+
+    /// For `runsc --network=sandbox` (gVisor's own network stack): runsc
+    /// sets the stack up in `start`, from the interfaces, addresses and
+    /// routes of the container's network namespace, and first refuses a
+    /// namespace it takes for the host's: runsc releases up to at least
+    /// 2022-12 test for `/proc/sys/net/core/rmem_default`, which kernels
+    /// since 6.x show in every network namespace. `start` therefore runs
+    /// in a mount namespace of its own where `/proc/sys/net` is empty, so
+    /// that probe fails as it does in a pod's namespace on older kernels.
+    /// Only `start` is affected: such a runtime starts containers with
+    /// `create` then `start`, never `run --detach`, so the sandbox process
+    /// (made by `create`) never sees that mount. The caller must only
+    /// start containers that join a namespace of their own under this
+    /// setting: the probe exists to keep runsc from taking the node's own
+    /// addresses.
+    pub fn with_netstack_start(mut self) -> Self {
+        self.hide_proc_sys_net_on_start = true;
+        self
     }
 
     /// Adds flags placed before every subcommand.
@@ -164,9 +190,17 @@ impl RuncCli {
 
     /// Runs a subcommand to completion, failing on a non-zero exit.
     fn run(&self, subcommand: &[&str]) -> Result<Vec<u8>, OciError> {
+        self.run_with(subcommand, false)
+    }
+
+    /// [`RuncCli::run`], with `/proc/sys/net` hidden when `hide_proc_sys_net`.
+    fn run_with(&self, subcommand: &[&str], hide_proc_sys_net: bool) -> Result<Vec<u8>, OciError> {
         let mut args = self.base_args();
         args.extend(subcommand.iter().map(|s| s.to_string()));
         let mut command = self.command(&args);
+        if hide_proc_sys_net {
+            hide_proc_sys_net_in_child(&mut command);
+        }
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
         let output = spawn_tracked(&mut command)
             .and_then(|child| {
@@ -195,6 +229,37 @@ impl RuncCli {
 
     fn describe(&self, args: &[String]) -> String {
         format!("{} {}", self.binary.display(), args.join(" "))
+    }
+}
+
+/// Makes `command`'s child unshare its mount namespace (private from `/`
+/// down, so nothing propagates back) and mount an empty read-only tmpfs
+/// on `/proc/sys/net` before it execs.
+fn hide_proc_sys_net_in_child(command: &mut Command) {
+    use nix::mount::{MsFlags, mount};
+    // SAFETY: between fork and exec only async-signal-safe work happens:
+    // one unshare(2) and two mount(2) system calls on static C strings
+    // (nothing is allocated), and errors are plain errno values.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(io::Error::from)?;
+            mount(
+                None::<&CStr>,
+                c"/",
+                None::<&CStr>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&CStr>,
+            )
+            .map_err(io::Error::from)?;
+            mount(
+                Some(c"corral-hidden"),
+                c"/proc/sys/net",
+                Some(c"tmpfs"),
+                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some(c"size=4k"),
+            )
+            .map_err(io::Error::from)
+        });
     }
 }
 
@@ -279,11 +344,18 @@ impl OciRuntime for RuncCli {
     }
 
     fn run_detached(&self, id: &str, bundle: &Path, io: &ContainerIo) -> Result<u32, OciError> {
+        if self.hide_proc_sys_net_on_start {
+            // Two commands: only `start` runs with `/proc/sys/net` hidden.
+            let pid = self.create(id, bundle, io)?;
+            self.start(id)?;
+            return Ok(pid);
+        }
         self.launch(&self.run_detached_args(id, bundle), bundle, io)
     }
 
     fn start(&self, id: &str) -> Result<(), OciError> {
-        self.run(&["start", id]).map(drop)
+        self.run_with(&["start", id], self.hide_proc_sys_net_on_start)
+            .map(drop)
     }
 
     fn state(&self, id: &str) -> Result<Option<ContainerState>, OciError> {
