@@ -255,9 +255,10 @@ async fn reconcile(shared: &Shared, key: &ObjectKey) -> Result<Action, ClientErr
             workflow,
         };
         let held: Vec<String> = addressing.all_addresses().map(|a| a.to_string()).collect();
-        let note = match held.is_empty() {
-            false => format!("{} free again", held.join(", ")),
-            true => "it had no address".to_string(),
+        let note = match held.as_slice() {
+            [] => "it had no address".to_string(),
+            [one] => format!("{one} is free again"),
+            several => format!("{} are free again", several.join(", ")),
         };
         let mut status = BTreeMap::from([("address".to_string(), serde_json::Value::Null)]);
         if !addressing.interfaces.is_empty() {
