@@ -267,6 +267,15 @@ impl LeaderSampler {
         }
     }
 
+    /// Whether a finished round saw a server other than `killed` lead.
+    fn saw_another_lead(&self, killed: usize) -> bool {
+        self.rounds
+            .lock()
+            .expect("rounds")
+            .iter()
+            .any(|round| round.iter().any(|&server| server != killed))
+    }
+
     /// Every sighting, and per round the servers seen leading.
     fn finish(mut self) -> (Vec<Seen>, Vec<Vec<usize>>) {
         self.stop.store(true, Ordering::SeqCst);
@@ -405,6 +414,13 @@ fn three_servers_on_three_etcd_members_survive_losing_one_of_each() {
             let leaders = live.iter().filter(|&&i| leads(&urls[i], &ca_path)).count();
             (leaders == 1).then_some(())
         },
+    );
+    // The sampler's rounds see it too before it stops (a round can take
+    // seconds on a loaded machine: it may not have asked since).
+    wait_for(
+        "the sampler to see a live server lead",
+        Duration::from_secs(30),
+        || sampler.saw_another_lead(killed).then_some(()),
     );
     let (seen, samples) = sampler.finish();
     // Enough samples to span the kills (a sample waits up to 2 s on a
