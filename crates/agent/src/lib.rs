@@ -25,6 +25,7 @@ pub mod idranges;
 pub mod image_upload;
 pub mod images;
 pub mod join;
+pub mod leftover_cgroups;
 pub mod logs;
 pub mod manager;
 pub mod mount_points;

@@ -482,56 +482,11 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
     }
     corral_runtime::mounts::unmount_all_under(dir);
     for node_dir in &node_dirs {
-        remove_pod_cgroups(node_dir);
+        corral_agent::leftover_cgroups::remove(node_dir);
     }
     std::fs::remove_dir_all(dir).with_context(|| format!("cannot remove {}", dir.display()))?;
     match first_error {
         Some(error) => Err(error).context("removing the lab's namespaces"),
         None => Ok(()),
-    }
-}
-
-/// The pods' and VMs' cgroups, `/corral/<uid>` and `/corral/vm-<uid>` in
-/// every hierarchy.
-fn remove_pod_cgroups(node_dir: &Path) {
-    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|h| h.path())
-        .collect();
-    for pod in std::fs::read_dir(node_dir.join("pods"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        for hierarchy in &hierarchies {
-            let cgroup = hierarchy.join("corral").join(pod.file_name());
-            for child in std::fs::read_dir(&cgroup).into_iter().flatten().flatten() {
-                let _ = std::fs::remove_dir(child.path());
-            }
-            let _ = std::fs::remove_dir(&cgroup);
-        }
-    }
-    // The VMs' cgroups, `/corral/vm-<uid>`, once their killed QEMUs are
-    // gone (a moment after the signal).
-    let vms: Vec<String> = std::fs::read_dir(node_dir.join("vms"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|vm| format!("vm-{}", vm.file_name().to_string_lossy()))
-        .collect();
-    for _ in 0..20 {
-        let mut left = false;
-        for vm in &vms {
-            for hierarchy in &hierarchies {
-                let cgroup = hierarchy.join("corral").join(vm);
-                left |= std::fs::remove_dir(&cgroup).is_err() && cgroup.exists();
-            }
-        }
-        if !left {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }

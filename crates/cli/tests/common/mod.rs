@@ -245,47 +245,7 @@ pub fn cleanup_node(data_dir: &Path) {
         }
     }
     corral_runtime::mounts::unmount_all_under(data_dir);
-    // The pods' cgroups, `/corral/<uid>` in every hierarchy.
-    let pods = std::fs::read_dir(data_dir.join("pods"))
-        .into_iter()
-        .flatten()
-        .flatten();
-    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|h| h.path())
-        .collect();
-    for pod in pods {
-        for hierarchy in &hierarchies {
-            let dir = hierarchy.join("corral").join(pod.file_name());
-            for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let _ = std::fs::remove_dir(child.path());
-            }
-            let _ = std::fs::remove_dir(&dir);
-        }
-    }
-    // The VMs' cgroups, `/corral/vm-<uid>`, once their killed QEMUs are
-    // gone.
-    let vms: Vec<String> = std::fs::read_dir(data_dir.join("vms"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|vm| format!("vm-{}", vm.file_name().to_string_lossy()))
-        .collect();
-    for _ in 0..20 {
-        let mut left = false;
-        for vm in &vms {
-            for hierarchy in &hierarchies {
-                let dir = hierarchy.join("corral").join(vm);
-                left |= std::fs::remove_dir(&dir).is_err() && dir.exists();
-            }
-        }
-        if !left {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    corral_agent::leftover_cgroups::remove(data_dir);
 }
 
 /// Polls `check` every 100 ms until it returns `Some`, or panics with
