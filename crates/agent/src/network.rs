@@ -29,6 +29,10 @@ use ipnet::Ipv6Net;
 
 use crate::tunnel::{NodePeer, PeerPlan, Tunnel, TunnelConfig, TunnelError};
 
+pub mod vm_routes;
+
+pub use vm_routes::VmPlace;
+
 /// How much forwarding the agent switches on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Forwarding {
@@ -180,9 +184,13 @@ impl PodNetwork {
         &self,
         own: &str,
         nodes: &[Object],
+        vms: &[VmPlace],
     ) -> Result<Option<(Vec<NodePeer>, PeerPlan)>, NetworkError> {
         match &self.tunnel {
-            Some(tunnel) => Ok(Some(tunnel.reconcile(own, nodes).await?)),
+            Some(tunnel) => {
+                let moved = vm_routes::moved_addresses(nodes, vms);
+                Ok(Some(tunnel.reconcile(own, nodes, &moved).await?))
+            }
             None => Ok(None),
         }
     }
@@ -408,14 +416,18 @@ impl PodNetwork {
         Ok(notes.join("; "))
     }
 
-    /// Brings the routes to other nodes' /64s in line with `nodes`.
+    /// Brings the routes to other nodes' /64s in line with `nodes`, and
+    /// the `/128`s of live-migrated VMs in line with `vms`
+    /// ([`vm_routes::vm_routes`]).
     pub async fn reconcile_routes(
         &self,
         own: &str,
         nodes: &[Object],
+        vms: &[VmPlace],
     ) -> Result<(Vec<NodeRoute>, RoutePlan), NetworkError> {
         let tunnel = self.tunnel.as_ref().map(Tunnel::interface);
-        let desired = desired_routes(own, nodes, tunnel);
+        let mut desired = desired_routes(own, nodes, tunnel);
+        desired.extend(vm_routes::vm_routes(own, nodes, vms, tunnel));
         let plan = datapath::reconcile_node_routes(self.ops.as_ref(), &desired).await?;
         Ok((desired, plan))
     }
