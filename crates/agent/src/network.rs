@@ -206,6 +206,16 @@ impl PodNetwork {
         &self,
         taken: &BTreeSet<Ipv4Addr>,
     ) -> Result<Option<Ipv4Addr>, NetworkError> {
+        self.allocate_egress_preferring(taken, None)
+    }
+
+    /// [`PodNetwork::allocate_egress`], `preferred` when it is free (a VM's
+    /// address from its uid, the same on every node).
+    pub fn allocate_egress_preferring(
+        &self,
+        taken: &BTreeSet<Ipv4Addr>,
+        preferred: Option<Ipv4Addr>,
+    ) -> Result<Option<Ipv4Addr>, NetworkError> {
         if self.config.egress_uplink.is_none() {
             return Ok(None);
         }
@@ -219,7 +229,7 @@ impl PodNetwork {
         let address = self
             .config
             .egress_range
-            .allocate(&taken)
+            .allocate_preferring(&taken, preferred)
             .map_err(NetworkError::EgressRange)?;
         handed_out.insert(address, std::time::Instant::now());
         Ok(Some(address))
