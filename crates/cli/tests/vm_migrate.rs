@@ -13,7 +13,8 @@
 //! and on the third node fetch the guest's page at the same address, which
 //! both route as a /128 to the target, and those routes go with the VM. A
 //! migration to a node that cannot take it fails at its first step, `why`
-//! says why, and the guest runs on where it was.
+//! says why, and the guest runs on where it was. The target gives the
+//! guest the IPv4 egress address it booted with, and says so.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -266,6 +267,13 @@ fn a_running_guest_keeps_counting_across_a_live_migration() {
     ] {
         assert!(why.contains(phase), "{phase} missing: {why}");
     }
+    // The lab's nodes give IPv4 egress and the target holds no other
+    // workload: it gives the guest the address it booted with.
+    assert!(
+        why.contains("the guest's IPv4 egress address is 10.")
+            && why.contains("it keeps its IPv4 egress address 10."),
+        "{why}"
+    );
     let downtime: u64 = why
         .split("downtime ")
         .nth(1)
