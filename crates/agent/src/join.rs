@@ -189,8 +189,18 @@ async fn join_step(
                 .list(Kind::Node, None, None)
                 .await
                 .map_err(|error| crate::chain(&error))?;
+            // Live-migrated VMs' addresses too, so the routes loop finds
+            // nothing of theirs to put back.
+            let vms: Vec<crate::network::VmPlace> = client
+                .list(Kind::VirtualMachine, None, None)
+                .await
+                .map_err(|error| crate::chain(&error))?
+                .items
+                .iter()
+                .filter_map(crate::network::VmPlace::of)
+                .collect();
             let (routes, _) = network
-                .reconcile_routes(&node.metadata.name, &nodes.items)
+                .reconcile_routes(&node.metadata.name, &nodes.items, &vms)
                 .await
                 .map_err(|error| crate::chain(&error))?;
             Ok(format!(
@@ -206,8 +216,17 @@ async fn join_step(
                 .list(Kind::Node, None, None)
                 .await
                 .map_err(|error| crate::chain(&error))?;
+            let vms: Vec<crate::network::VmPlace> = client
+                .list(Kind::VirtualMachine, None, None)
+                .await
+                .map_err(|error| crate::chain(&error))?
+                .items
+                .iter()
+                .filter_map(crate::network::VmPlace::of)
+                .collect();
+            let moved = crate::network::vm_routes::moved_addresses(&nodes.items, &vms);
             let peers = tunnel
-                .reconcile(&node.metadata.name, &nodes.items)
+                .reconcile(&node.metadata.name, &nodes.items, &moved)
                 .await
                 .map_err(|error| crate::chain(&error))?;
             Ok(tunnel.describe(&peers.0))

@@ -29,6 +29,10 @@ use ipnet::Ipv6Net;
 
 use crate::tunnel::{NodePeer, PeerPlan, Tunnel, TunnelConfig, TunnelError};
 
+pub mod vm_routes;
+
+pub use vm_routes::VmPlace;
+
 /// How much forwarding the agent switches on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Forwarding {
@@ -180,9 +184,13 @@ impl PodNetwork {
         &self,
         own: &str,
         nodes: &[Object],
+        vms: &[VmPlace],
     ) -> Result<Option<(Vec<NodePeer>, PeerPlan)>, NetworkError> {
         match &self.tunnel {
-            Some(tunnel) => Ok(Some(tunnel.reconcile(own, nodes).await?)),
+            Some(tunnel) => {
+                let moved = vm_routes::moved_addresses(nodes, vms);
+                Ok(Some(tunnel.reconcile(own, nodes, &moved).await?))
+            }
             None => Ok(None),
         }
     }
@@ -198,6 +206,16 @@ impl PodNetwork {
         &self,
         taken: &BTreeSet<Ipv4Addr>,
     ) -> Result<Option<Ipv4Addr>, NetworkError> {
+        self.allocate_egress_preferring(taken, None)
+    }
+
+    /// [`PodNetwork::allocate_egress`], `preferred` when it is free (a VM's
+    /// address from its uid, the same on every node).
+    pub fn allocate_egress_preferring(
+        &self,
+        taken: &BTreeSet<Ipv4Addr>,
+        preferred: Option<Ipv4Addr>,
+    ) -> Result<Option<Ipv4Addr>, NetworkError> {
         if self.config.egress_uplink.is_none() {
             return Ok(None);
         }
@@ -211,7 +229,7 @@ impl PodNetwork {
         let address = self
             .config
             .egress_range
-            .allocate(&taken)
+            .allocate_preferring(&taken, preferred)
             .map_err(NetworkError::EgressRange)?;
         handed_out.insert(address, std::time::Instant::now());
         Ok(Some(address))
@@ -408,14 +426,18 @@ impl PodNetwork {
         Ok(notes.join("; "))
     }
 
-    /// Brings the routes to other nodes' /64s in line with `nodes`.
+    /// Brings the routes to other nodes' /64s in line with `nodes`, and
+    /// the `/128`s of live-migrated VMs in line with `vms`
+    /// ([`vm_routes::vm_routes`]).
     pub async fn reconcile_routes(
         &self,
         own: &str,
         nodes: &[Object],
+        vms: &[VmPlace],
     ) -> Result<(Vec<NodeRoute>, RoutePlan), NetworkError> {
         let tunnel = self.tunnel.as_ref().map(Tunnel::interface);
-        let desired = desired_routes(own, nodes, tunnel);
+        let mut desired = desired_routes(own, nodes, tunnel);
+        desired.extend(vm_routes::vm_routes(own, nodes, vms, tunnel));
         let plan = datapath::reconcile_node_routes(self.ops.as_ref(), &desired).await?;
         Ok((desired, plan))
     }

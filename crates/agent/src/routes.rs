@@ -6,14 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_client::Client;
-use corral_client::runtime::{Cache, Informer, Scope};
+use corral_client::runtime::{Cache, Change, Informer, Scope};
 use tokio_util::sync::CancellationToken;
 
 use crate::{chain, dns, network};
 
-/// One pass of the tunnel's peers over `nodes` (nothing without a tunnel).
-async fn sync_peers(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
-    match network.reconcile_tunnel(node, nodes).await {
+/// One pass of the tunnel's peers over `nodes` and the migrated VMs in
+/// `vms` (nothing without a tunnel).
+async fn sync_peers(
+    node: &str,
+    nodes: &[corral_api::Object],
+    vms: &[network::VmPlace],
+    network: &network::PodNetwork,
+) {
+    match network.reconcile_tunnel(node, nodes, vms).await {
         Ok(Some((_, plan))) if !plan.is_empty() => {
             let set: Vec<String> = plan.set.iter().map(|p| p.endpoint.to_string()).collect();
             let removed = plan.remove.len();
@@ -24,9 +30,15 @@ async fn sync_peers(node: &str, nodes: &[corral_api::Object], network: &network:
     }
 }
 
-/// One pass of the routes to other nodes over `nodes`.
-async fn sync_routes(node: &str, nodes: &[corral_api::Object], network: &network::PodNetwork) {
-    match network.reconcile_routes(node, nodes).await {
+/// One pass of the routes to other nodes over `nodes`, and to the
+/// migrated VMs in `vms`.
+async fn sync_routes(
+    node: &str,
+    nodes: &[corral_api::Object],
+    vms: &[network::VmPlace],
+    network: &network::PodNetwork,
+) {
+    match network.reconcile_routes(node, nodes, vms).await {
         Ok((_, plan)) if !plan.is_empty() => {
             let added: Vec<String> = plan
                 .ensure
@@ -34,7 +46,11 @@ async fn sync_routes(node: &str, nodes: &[corral_api::Object], network: &network
                 .map(|r| r.destination.to_string())
                 .collect();
             let removed: Vec<String> = plan.remove.iter().map(ToString::to_string).collect();
-            tracing::info!(?added, ?removed, "routes to other nodes changed");
+            tracing::info!(
+                ?added,
+                ?removed,
+                "routes to other nodes and moved VMs changed"
+            );
         }
         Ok(_) => {}
         Err(error) => tracing::warn!(error = %chain(&error), "cannot reconcile node routes"),
@@ -91,10 +107,11 @@ pub const ROUTES_RECHECK: Duration = Duration::from_secs(30);
 const COALESCE: Duration = Duration::from_millis(100);
 
 /// Keeps the routes to other nodes' /64s (and, with `--wireguard`, the
-/// tunnel's peers) equal to what the `Node` objects say, and the DNS table
-/// equal to the pods and PinnedDeployments, as they change: informers feed
-/// them, so nothing is listed again. With the API away the routes, peers
-/// and names stay.
+/// tunnel's peers) equal to what the `Node` objects say, the `/128`s of
+/// live-migrated VMs equal to where their guests run
+/// ([`network::vm_routes`]), and the DNS table equal to the pods and
+/// PinnedDeployments, as they change: informers feed them, so nothing is
+/// listed again. With the API away the routes, peers and names stay.
 pub async fn routes_loop(
     client: Client,
     node: String,
@@ -111,8 +128,16 @@ pub async fn routes_loop(
         shutdown.clone(),
     );
     let deployments = Informer::start(
-        client,
+        client.clone(),
         Scope::all(Kind::PinnedDeployment),
+        Vec::new(),
+        shutdown.clone(),
+    );
+    // Where each VM's guest runs: only a change of that moves routes.
+    let vms = Informer::start_projected(
+        client,
+        Scope::all(Kind::VirtualMachine),
+        network::VmPlace::of,
         Vec::new(),
         shutdown.clone(),
     );
@@ -129,12 +154,28 @@ pub async fn routes_loop(
         );
     }
     {
+        let routes = routes_changed.clone();
+        vms.on_change(
+            |_, _| {},
+            move |change| {
+                let moved = match change {
+                    Change::Applied { old, new, .. } => *old != Some(*new),
+                    Change::Deleted { old, .. } => old.is_some(),
+                };
+                if moved {
+                    routes.notify_one();
+                }
+            },
+        );
+    }
+    {
         let names = names_changed.clone();
         pods.on_change(|_, _| {}, move |_| names.notify_one());
         let names = names_changed.clone();
         deployments.on_change(|_, _| {}, move |_| names.notify_one());
     }
     nodes.synced().await;
+    vms.synced().await;
     routes_changed.notify_one();
     names_changed.notify_one();
     loop {
@@ -171,8 +212,14 @@ pub async fn routes_loop(
             .into_iter()
             .map(|(_, n)| n.as_ref().clone())
             .collect();
+        let places: Vec<network::VmPlace> = vms
+            .cache()
+            .list()
+            .into_iter()
+            .filter_map(|(_, place)| place.as_ref().clone())
+            .collect();
         // Peers first: a route through the tunnel needs its peer.
-        sync_peers(&node, &list, &network).await;
-        sync_routes(&node, &list, &network).await;
+        sync_peers(&node, &list, &places, &network).await;
+        sync_routes(&node, &list, &places, &network).await;
     }
 }

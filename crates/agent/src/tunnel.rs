@@ -260,8 +260,9 @@ impl Tunnel {
         &self,
         own: &str,
         nodes: &[Object],
+        moved: &BTreeMap<String, Vec<Ipv6Net>>,
     ) -> Result<(Vec<NodePeer>, PeerPlan), TunnelError> {
-        let desired = desired_peers(own, nodes);
+        let desired = desired_peers(own, nodes, moved);
         let wanted: Vec<Peer> = desired.iter().map(|p| p.peer.clone()).collect();
         let ops = self.ops.clone();
         let plan = tokio::task::spawn_blocking(move || {
@@ -325,8 +326,14 @@ pub fn has_tunnel(node: &Object) -> bool {
 }
 
 /// The peers this node wants: every other node with a /64 and a published
-/// tunnel, allowed exactly its /64. Sorted by node name.
-pub fn desired_peers(own: &str, nodes: &[Object]) -> Vec<NodePeer> {
+/// tunnel, allowed exactly its /64 and the `/128`s of live-migrated VMs
+/// whose guests it runs (`moved`, by node: [`crate::network::vm_routes`]).
+/// Sorted by node name.
+pub fn desired_peers(
+    own: &str,
+    nodes: &[Object],
+    moved: &BTreeMap<String, Vec<Ipv6Net>>,
+) -> Vec<NodePeer> {
     let mut peers: Vec<NodePeer> = nodes
         .iter()
         .filter(|node| node.metadata.name != own)
@@ -339,7 +346,16 @@ pub fn desired_peers(own: &str, nodes: &[Object]) -> Vec<NodePeer> {
                 peer: Peer {
                     public_key,
                     endpoint,
-                    allowed_ips: vec![prefix.into()],
+                    allowed_ips: std::iter::once(prefix)
+                        .chain(
+                            moved
+                                .get(&node.metadata.name)
+                                .into_iter()
+                                .flatten()
+                                .copied(),
+                        )
+                        .map(Into::into)
+                        .collect(),
                     persistent_keepalive: None,
                 },
             })
@@ -353,10 +369,23 @@ pub fn desired_peers(own: &str, nodes: &[Object]) -> Vec<NodePeer> {
 pub fn plan_peers(desired: &[Peer], existing: &[Peer]) -> PeerPlan {
     let have: BTreeMap<PublicKey, &Peer> = existing.iter().map(|p| (p.public_key, p)).collect();
     let wanted: BTreeMap<PublicKey, &Peer> = desired.iter().map(|p| (p.public_key, p)).collect();
+    // The same allowed IPs in another order are the same peer (`wg show`
+    // lists them in its own order).
+    let same = |a: &Peer, b: &Peer| {
+        let sorted = |peer: &Peer| {
+            let mut ips = peer.allowed_ips.clone();
+            ips.sort();
+            ips
+        };
+        a.public_key == b.public_key
+            && a.endpoint == b.endpoint
+            && a.persistent_keepalive == b.persistent_keepalive
+            && sorted(a) == sorted(b)
+    };
     PeerPlan {
         set: wanted
             .iter()
-            .filter(|(key, peer)| have.get(key) != Some(peer))
+            .filter(|(key, peer)| !have.get(key).is_some_and(|had| same(had, peer)))
             .map(|(_, peer)| (*peer).clone())
             .collect(),
         remove: have

@@ -1,15 +1,20 @@
 //! End to end through the real binary: a live migration of a running VM
-//! between two lab nodes (network namespaces, each with its own agent and
-//! data dir) under QEMU's TCG.
+//! between two of three lab nodes (network namespaces, each with its own
+//! agent and data dir) under QEMU's TCG.
 //!
 //! The test guest counts seconds on its console (`corral.count=1`). After
 //! `corral vm migrate` the guest's console on the target goes on from
 //! where the source's stopped — no boot marker, no counter starting over —
 //! the VM is bound to the target (`status.node`, `status.migration`), its
-//! history shows the move, `why` shows the phases of the `migrate`
-//! workflow and the guest's downtime, and nothing of the VM is left on the
-//! source. A migration to a node that cannot take it fails at its first
-//! step, `why` says why, and the guest runs on where it was.
+//! history shows the person's request and the move as a system revision,
+//! `why` shows the phases of the `migrate` workflow and the guest's
+//! downtime, and nothing of the VM is left on the source. Its address
+//! follows it (design `XXXX-migrated-vm-addresses`): pods on the source
+//! and on the third node fetch the guest's page at the same address, which
+//! both route as a /128 to the target, and those routes go with the VM. A
+//! migration to a node that cannot take it fails at its first step, `why`
+//! says why, and the guest runs on where it was. The target gives the
+//! guest the IPv4 egress address it booted with, and says so.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -23,7 +28,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::lab::Lab;
+use common::lab::{Lab, httpd_pod};
 
 const BOOT_IMAGE: &str = "local/vm-boot:1";
 
@@ -85,14 +90,33 @@ fn wait_running(lab: &Lab, target: &str, node: Option<&str>) -> Value {
     )
 }
 
+/// The `/128` route `node` has to `address` (corral's protocol 87), if any.
+fn route_to(lab: &Lab, node: &str, address: &str) -> Option<String> {
+    lab.routes(node)
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some(address))
+        .map(str::to_string)
+}
+
+/// `pod` fetches the guest's page at `address` (within a minute).
+fn fetch_guest(lab: &Lab, pod: &str, address: &str) -> String {
+    let url = format!("http://[{address}]:8080/");
+    common::wait_for(
+        &format!("pod {pod} to fetch the guest's page at {address}"),
+        Duration::from_secs(60),
+        || lab.fetch(pod, &url).ok(),
+    )
+}
+
 #[test]
 fn a_running_guest_keeps_counting_across_a_live_migration() {
     require_tool("qemu-system-x86_64");
     require_tool("qemu-img");
     require_tool("nsenter");
+    require_tool("ip");
     let images = tempfile::tempdir().expect("temp dir");
     let tar = corral_testkit::busybox_image_tar(images.path(), ImageFormat::OciLayout);
-    let lab = Lab::up("migrate", 2, &tar, &[]);
+    let lab = Lab::up("migrate", 3, &tar, &[]);
     let boot = boot_image(images.path());
     lab.corral(&[
         "image",
@@ -109,11 +133,33 @@ fn a_running_guest_keeps_counting_across_a_live_migration() {
     let vm = wait_running(&lab, &target, None);
     let uid = vm["metadata"]["uid"].as_str().expect("a uid").to_string();
     let source = vm["status"]["node"].as_str().expect("bound").to_string();
-    let destination = if source == "node-0" {
-        "node-1"
-    } else {
-        "node-0"
-    };
+    let address = vm["status"]["address"]
+        .as_str()
+        .expect("an address")
+        .to_string();
+    let others: Vec<String> = ["node-0", "node-1", "node-2"]
+        .into_iter()
+        .filter(|node| *node != source)
+        .map(str::to_string)
+        .collect();
+    let (destination, third) = (others[0].as_str(), others[1].as_str());
+    // A pod on the node the VM leaves and one on the third node; both
+    // reach the guest at its address before it moves.
+    for (pod, node) in [("near", source.as_str()), ("far", third)] {
+        let file = images.path().join(format!("{pod}.yaml"));
+        std::fs::write(&file, httpd_pod(pod, node)).expect("write the pod");
+        lab.corral(&["apply", "-f", &file.to_string_lossy()]);
+    }
+    for pod in ["near", "far"] {
+        lab.running_address(pod);
+        let page = fetch_guest(&lab, pod, &address);
+        assert!(page.contains("CORRAL-VM-HTTP"), "{page}");
+    }
+    assert_eq!(
+        route_to(&lab, third, &address),
+        None,
+        "at home: its /64 routes it"
+    );
     let source_log = console_log(&lab, &source, &uid);
     common::wait_for("the guest to count", Duration::from_secs(120), || {
         (counts(&source_log).len() >= 3).then_some(())
@@ -191,12 +237,25 @@ fn a_running_guest_keeps_counting_across_a_live_migration() {
         "the guest booted again on the target: {text}"
     );
 
-    // The move is in the VM's history, and `why` shows its phases.
+    // The request is the person's revision, the move a system revision
+    // (like a pod's), and `why` shows its phases.
     let history = lab.corral(&["history", &target]);
+    let row = |words: &str| {
+        history
+            .lines()
+            .find(|line| line.contains(words))
+            .unwrap_or_else(|| panic!("no {words:?} in the history:\n{history}"))
+            .to_string()
+    };
     assert!(
-        history.contains(&format!("vm migrate to {destination}")),
+        !row(&format!("vm migrate to {destination}")).contains(" system "),
         "{history}"
     );
+    let moved = row(&format!(
+        "moved from {source} to {destination} by live migration"
+    ));
+    assert!(moved.contains(" system "), "{history}");
+    assert!(moved.contains("scheduler"), "{history}");
     let why = lab.corral(&["why", &target]);
     for phase in [
         "scheduler/rebind",
@@ -208,6 +267,13 @@ fn a_running_guest_keeps_counting_across_a_live_migration() {
     ] {
         assert!(why.contains(phase), "{phase} missing: {why}");
     }
+    // The lab's nodes give IPv4 egress and the target holds no other
+    // workload: it gives the guest the address it booted with.
+    assert!(
+        why.contains("the guest's IPv4 egress address is 10.")
+            && why.contains("it keeps its IPv4 egress address 10."),
+        "{why}"
+    );
     let downtime: u64 = why
         .split("downtime ")
         .nth(1)
@@ -231,12 +297,45 @@ fn a_running_guest_keeps_counting_across_a_live_migration() {
     assert!(!disk(&source).exists(), "the source kept the disk");
     assert!(disk(destination).exists(), "the target has no disk");
 
+    // Its address went with it: the source and the third node route it
+    // to the target, the target to the VM's link; pods on both reach the
+    // guest there.
+    let target_address = lab
+        .json(&format!("node/{destination}"))
+        .expect("the target node")["status"]["address"]
+        .as_str()
+        .expect("the target's address")
+        .to_string();
+    for node in [source.as_str(), third] {
+        let route = common::wait_for(
+            &format!("{node} to route {address} to {destination}"),
+            Duration::from_secs(30),
+            || route_to(&lab, node, &address),
+        );
+        assert!(
+            route.contains(&format!("via {target_address} ")),
+            "{node}: {route}"
+        );
+    }
+    assert_eq!(route_to(&lab, destination, &address), None);
+    for pod in ["near", "far"] {
+        let page = fetch_guest(&lab, pod, &address);
+        assert!(page.contains("CORRAL-VM-HTTP"), "{pod}: {page}");
+    }
+
     // It goes away cleanly from its new node. Its disk, a local volume,
     // stays there: it holds the ext2 file system the guest made on the
     // source (its superblock's magic, 0xEF53 at byte 1080), so the disk
     // was copied — the target started from an empty one.
     lab.corral(&["delete", &target, "--wait"]);
     assert!(lab.json(&target).is_none(), "the VM is still there");
+    for node in [source.as_str(), third] {
+        common::wait_for(
+            &format!("{node} to drop its route to {address}"),
+            Duration::from_secs(30),
+            || route_to(&lab, node, &address).is_none().then_some(()),
+        );
+    }
     let head = images.path().join("head.raw");
     let copied = std::process::Command::new("qemu-img")
         .args(["dd", "-f", "qcow2", "-O", "raw", "bs=2048", "count=1"])

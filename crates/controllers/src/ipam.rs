@@ -7,7 +7,8 @@
 //! interface name).
 //!
 //! It follows nodes, pods and VMs through informers that keep only the
-//! addresses (pods filed by node), and answers a ready step with one
+//! addresses (filed by the /64 they lie in, so a live-migrated VM's
+//! addresses stay taken in its first node's /64), and answers a ready step with one
 //! request that claims it, writes the address and completes it. A deleted
 //! pod's `ipam/release-address` (after its node removed the sandbox)
 //! clears the address, which frees it.
@@ -152,11 +153,23 @@ impl Addressing {
     }
 }
 
-fn by_node(addressing: &Addressing) -> Vec<String> {
-    addressing.node.clone().into_iter().collect()
+/// The /64s its addresses lie in (node blocks are /64s). A live-migrated
+/// VM keeps its addresses from its first node's /64 ([`workload_address`]
+/// keeps them, the migration never runs this step), so the addresses
+/// taken in a node's /64 are those filed under it here, wherever their
+/// pod or VM is bound now.
+fn by_subnet(addressing: &Addressing) -> Vec<String> {
+    let mut subnets: Vec<String> = addressing
+        .all_addresses()
+        .filter_map(|address| Ipv6Net::new(address, 64).ok())
+        .map(|net| net.trunc().to_string())
+        .collect();
+    subnets.sort();
+    subnets.dedup();
+    subnets
 }
 
-const BY_NODE: &str = "node";
+const BY_SUBNET: &str = "subnet";
 
 struct Shared {
     client: Client,
@@ -193,8 +206,8 @@ pub async fn run(client: Client, cluster: ClusterPrefix, shutdown: CancellationT
             Scope::all(kind),
             project,
             vec![Index {
-                name: BY_NODE,
-                values: by_node,
+                name: BY_SUBNET,
+                values: by_subnet,
             }],
             shutdown.clone(),
         )
@@ -356,11 +369,13 @@ fn workload_address(shared: &Shared, workload: &Addressing) -> Decided {
             format!("node {node} has no /64 yet (its join workflow's {PREFIX_STEP} is not done)");
         return (Err(error), BTreeMap::new());
     };
+    // Every address in the /64, also a migrated VM's bound elsewhere now.
+    let filed = subnet.trunc().to_string();
     let mut taken: BTreeSet<Ipv6Addr> = shared
         .pods
-        .by_index(BY_NODE, node)
+        .by_index(BY_SUBNET, &filed)
         .into_iter()
-        .chain(shared.vms.by_index(BY_NODE, node))
+        .chain(shared.vms.by_index(BY_SUBNET, &filed))
         .flat_map(|(_, workload)| workload.all_addresses().collect::<Vec<_>>())
         .collect();
     let mut pending = shared.pending();
@@ -417,4 +432,44 @@ fn describe(address: Ipv6Addr, workload: &Addressing) -> String {
         note.push_str(&format!(", {name} {address}"));
     }
     note
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addressing(node: &str, address: &str, interfaces: &[(&str, &str)]) -> Addressing {
+        Addressing {
+            node: Some(node.to_string()),
+            prefix: None,
+            address: Some(address.parse().unwrap()),
+            interfaces_wanted: interfaces.iter().map(|(n, _)| n.to_string()).collect(),
+            interfaces: interfaces
+                .iter()
+                .map(|(n, a)| (n.to_string(), a.parse().unwrap()))
+                .collect(),
+            ready: None,
+            releasing: None,
+        }
+    }
+
+    #[test]
+    fn addresses_are_filed_by_their_64_not_by_the_node_bound_now() {
+        // A VM from node a's /64 live-migrated to node b: its addresses
+        // stay taken in a's /64.
+        let moved = addressing(
+            "b",
+            "fd00:0:0:1::10",
+            &[("backend", "fd00:0:0:1::11"), ("other", "fd00:0:0:2::12")],
+        );
+        assert_eq!(
+            by_subnet(&moved),
+            vec!["fd00:0:0:1::/64".to_string(), "fd00:0:0:2::/64".to_string()]
+        );
+        let unaddressed = Addressing {
+            address: None,
+            ..addressing("a", "fd00::1", &[])
+        };
+        assert!(by_subnet(&unaddressed).is_empty());
+    }
 }

@@ -46,6 +46,38 @@ impl EgressRange {
         Ipv4Addr::from(u32::from(self.0.network()) + 1)
     }
 
+    /// The address a workload named by `seed` (a VM's uid) prefers, the
+    /// same on every node: a host address other than the gateway, picked by
+    /// an FNV-1a hash of the seed. A live-migrated VM thus finds its
+    /// address free on the target, unless a workload there holds it.
+    pub fn preferred(&self, seed: &[u8]) -> Ipv4Addr {
+        let hash = seed.iter().fold(0x811c_9dc5_u32, |hash, byte| {
+            (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+        });
+        let first = u32::from(self.0.network()) + 2;
+        let count = u32::from(self.0.broadcast()) - 1 - first + 1;
+        Ipv4Addr::from(first + hash % count)
+    }
+
+    /// [`EgressRange::allocate`], but `preferred` when it is free (and one
+    /// of the range's pod addresses).
+    pub fn allocate_preferring(
+        &self,
+        taken: &BTreeSet<Ipv4Addr>,
+        preferred: Option<Ipv4Addr>,
+    ) -> Result<Ipv4Addr, IpamError> {
+        let first = u32::from(self.0.network()) + 2;
+        let last = u32::from(self.0.broadcast()) - 1;
+        match preferred {
+            Some(address)
+                if (first..=last).contains(&u32::from(address)) && !taken.contains(&address) =>
+            {
+                Ok(address)
+            }
+            _ => self.allocate(taken),
+        }
+    }
+
     /// Allocates the lowest free pod address: not the network, gateway or
     /// broadcast address, and not in `taken`.
     pub fn allocate(&self, taken: &BTreeSet<Ipv4Addr>) -> Result<Ipv4Addr, IpamError> {
@@ -96,6 +128,36 @@ mod tests {
         let range = EgressRange::default();
         assert_eq!(range.net().to_string(), "10.87.0.0/22");
         assert_eq!(range.gateway(), Ipv4Addr::new(10, 87, 0, 1));
+    }
+
+    #[test]
+    fn a_preferred_address_is_stable_in_range_and_used_when_free() {
+        let range: EgressRange = "10.87.0.0/29".parse().unwrap();
+        let pods =
+            |a: Ipv4Addr| (2..=6).contains(&(u32::from(a) - u32::from(range.net().network())));
+        for seed in ["a", "b", "0b1d9c2e-uid", ""] {
+            let preferred = range.preferred(seed.as_bytes());
+            assert_eq!(preferred, range.preferred(seed.as_bytes()), "{seed}");
+            assert!(pods(preferred), "{seed}: {preferred}");
+        }
+        let preferred = range.preferred(b"uid-1");
+        let none = BTreeSet::new();
+        assert_eq!(
+            range.allocate_preferring(&none, Some(preferred)).unwrap(),
+            preferred
+        );
+        // Taken there: the lowest free one instead.
+        let taken = BTreeSet::from([preferred]);
+        let other = range.allocate_preferring(&taken, Some(preferred)).unwrap();
+        assert_ne!(other, preferred);
+        assert_eq!(other, range.allocate(&taken).unwrap());
+        // Outside the pods' addresses (the gateway): not used.
+        assert_eq!(
+            range
+                .allocate_preferring(&none, Some(range.gateway()))
+                .unwrap(),
+            range.allocate(&none).unwrap()
+        );
     }
 
     #[test]

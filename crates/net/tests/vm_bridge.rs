@@ -16,7 +16,8 @@ use std::path::Path;
 use std::process::Command;
 
 use corral_net::datapath::{
-    Netlink, NetworkOps, PodEgress, PodInterface, VM_BRIDGE, VmLink, host_interface_name,
+    Netlink, NetworkOps, NextHop, NodeRoute, PodEgress, PodInterface, VM_BRIDGE, VmLink,
+    gateway_mac, host_interface_name,
 };
 use corral_net::ipam::{ClusterPrefix, allocate_pod_address};
 use corral_net::netns;
@@ -169,6 +170,31 @@ async fn a_guest_behind_the_vm_bridge_and_a_pod_reach_each_other() {
         "{addresses}"
     );
 
+    // The guest's gateway has the MAC every node gives this VM's link.
+    let link = Command::new("nsenter")
+        .arg(format!("--net={}", node.netns.display()))
+        .args(["ip", "-o", "link", "show", "dev", &vm.host_interface])
+        .output()
+        .unwrap();
+    let link = String::from_utf8_lossy(&link.stdout);
+    let mac: Vec<String> = gateway_mac(&vm.host_interface)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        link.contains(&format!("link/ether {} ", mac.join(":"))),
+        "{link}"
+    );
+    // A node route to the guest's /128 (as for a VM migrated away) lies
+    // below the host route: both stay, and the guest is still reached
+    // over its own link until that goes.
+    let moved = NodeRoute {
+        destination: vm.ipv6.into(),
+        next_hop: NextHop::Interface(pod.host_interface.clone()),
+    };
+    ops.ensure_node_route(&moved).await.unwrap();
+    assert_eq!(ops.list_node_routes().await.unwrap(), vec![moved.clone()]);
+
     let to_guest = SocketAddr::new(IpAddr::V6(vm.ipv6), 7101);
     let listener = common::listen_in(&guest_ns, to_guest);
     let peer =
@@ -195,6 +221,8 @@ async fn a_guest_behind_the_vm_bridge_and_a_pod_reach_each_other() {
         .expect("the guest reaches the pod over IPv4");
     assert_eq!(peer.ip(), IpAddr::V4(Ipv4Addr::new(10, 87, 0, 3)));
 
+    ops.remove_node_route(moved.destination).await.unwrap();
+    assert!(ops.list_node_routes().await.unwrap().is_empty());
     ops.remove_pod_interface(&second.host_interface)
         .await
         .unwrap();

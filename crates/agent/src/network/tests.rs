@@ -68,16 +68,44 @@ async fn a_node_leaving_removes_its_route_and_joining_adds_it() {
         node("b", Some("fd00:1:2:2::/64"), Some("fd99::2")),
         node("c", Some("fd00:1:2:3::/64"), Some("fd99::3")),
     ];
-    let (_, plan) = network.reconcile_routes("a", &nodes).await.unwrap();
+    let (_, plan) = network.reconcile_routes("a", &nodes, &[]).await.unwrap();
     assert_eq!(plan.ensure.len(), 2);
     nodes.remove(1);
-    let (_, plan) = network.reconcile_routes("a", &nodes).await.unwrap();
+    let (_, plan) = network.reconcile_routes("a", &nodes, &[]).await.unwrap();
     assert_eq!(plan.remove, vec!["fd00:1:2:2::/64".parse().unwrap()]);
     assert_eq!(fake.snapshot().routes.len(), 1);
     nodes.push(node("b", Some("fd00:1:2:9::/64"), Some("fd99::2")));
-    let (_, plan) = network.reconcile_routes("a", &nodes).await.unwrap();
+    let (_, plan) = network.reconcile_routes("a", &nodes, &[]).await.unwrap();
     assert_eq!(plan.ensure.len(), 1);
     assert_eq!(fake.snapshot().routes.len(), 2);
+}
+
+#[tokio::test]
+async fn a_migrated_vms_address_is_routed_to_its_node_until_it_goes() {
+    let fake = Arc::new(FakeNetworkOps::new());
+    let network = PodNetwork::with_ops(fake.clone(), config(None));
+    let nodes = vec![
+        node("a", Some("fd00:1:2:1::/64"), Some("fd99::1")),
+        node("b", Some("fd00:1:2:2::/64"), Some("fd99::2")),
+    ];
+    // A VM of a's /64 now runs on b: a routes its /128 there.
+    let moved = VmPlace {
+        node: "b".to_string(),
+        addresses: vec!["fd00:1:2:1::10".parse().unwrap()],
+    };
+    let (routes, plan) = network
+        .reconcile_routes("a", &nodes, std::slice::from_ref(&moved))
+        .await
+        .unwrap();
+    assert_eq!(
+        describe(&routes),
+        "fd00:1:2:2::/64 via fd99::2, fd00:1:2:1::10/128 via fd99::2"
+    );
+    assert_eq!(plan.ensure.len(), 2);
+    // Deleted (or home again): the /128 goes.
+    let (_, plan) = network.reconcile_routes("a", &nodes, &[]).await.unwrap();
+    assert_eq!(plan.remove, vec!["fd00:1:2:1::10/128".parse().unwrap()]);
+    assert_eq!(fake.snapshot().routes.len(), 1);
 }
 
 #[tokio::test]

@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+
 use super::*;
 use corral_api::Kind;
 use rand::SeedableRng;
@@ -53,7 +55,7 @@ fn peers_are_the_other_nodes_with_a_prefix_and_a_valid_tunnel() {
         node("d", None, Some((4, "[fd99::4]:51820"))),
         node("e", Some("fd00:1:2:5::/64"), Some((5, "not an endpoint"))),
     ];
-    let peers = desired_peers("a", &nodes);
+    let peers = desired_peers("a", &nodes, &BTreeMap::new());
     assert_eq!(
         peers,
         vec![NodePeer {
@@ -94,6 +96,19 @@ fn plan_sets_missing_or_changed_peers_and_removes_unknown_ones() {
     assert!(plan.set.is_empty());
     assert_eq!(plan.remove, vec![key(2).public_key()]);
     assert!(plan_peers(&existing, &existing).is_empty());
+    // A live-migrated VM's /128 besides the /64: the order `wg show`
+    // lists them in does not matter, a new one does.
+    let mut moved = peer(1, "fd00::/64");
+    moved
+        .allowed_ips
+        .push("fd00:0:0:2::10/128".parse().unwrap());
+    let mut listed = moved.clone();
+    listed.allowed_ips.reverse();
+    assert!(plan_peers(std::slice::from_ref(&moved), &[listed]).is_empty());
+    assert_eq!(
+        plan_peers(std::slice::from_ref(&moved), &existing[..1]).set,
+        vec![moved.clone()]
+    );
 }
 
 #[tokio::test]
@@ -105,7 +120,10 @@ async fn reconcile_follows_nodes_joining_and_leaving() {
         node("b", Some("fd00:1:2:2::/64"), Some((2, "[fd99::2]:51820"))),
         node("c", Some("fd00:1:2:3::/64"), Some((3, "[fd99::3]:51820"))),
     ];
-    let (peers, plan) = tunnel.reconcile("a", &nodes).await.unwrap();
+    let (peers, plan) = tunnel
+        .reconcile("a", &nodes, &BTreeMap::new())
+        .await
+        .unwrap();
     assert_eq!(plan.set.len(), 2);
     assert_eq!(fake.peers.lock().unwrap().len(), 2);
     let note = tunnel.describe(&peers);
@@ -114,10 +132,16 @@ async fn reconcile_follows_nodes_joining_and_leaving() {
         "{note}"
     );
     assert!(note.contains("crwg0"), "{note}");
-    let (_, plan) = tunnel.reconcile("a", &nodes).await.unwrap();
+    let (_, plan) = tunnel
+        .reconcile("a", &nodes, &BTreeMap::new())
+        .await
+        .unwrap();
     assert!(plan.is_empty());
     nodes.remove(1);
-    let (_, plan) = tunnel.reconcile("a", &nodes).await.unwrap();
+    let (_, plan) = tunnel
+        .reconcile("a", &nodes, &BTreeMap::new())
+        .await
+        .unwrap();
     assert_eq!(plan.remove, vec![key(2).public_key()]);
     assert_eq!(fake.peers.lock().unwrap().len(), 1);
     assert_eq!(

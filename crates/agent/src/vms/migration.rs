@@ -24,7 +24,7 @@
 //! the agents, in the nodes' own namespaces, carry the bytes between the
 //! nodes over the node network.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -51,6 +51,9 @@ const ACCEPT_TIMEOUT: Duration = Duration::from_secs(1_800);
 const ENDPOINT_WORDS: &str = "the source sends it to ";
 /// The words before the relay's one-time key in the same note.
 const KEY_WORDS: &str = " with key ";
+/// The words before the guest's IPv4 egress address in the source's
+/// `node/copy-disk` note.
+const IPV4_WORDS: &str = "; the guest's IPv4 egress address is ";
 /// The key's length in bytes (sent raw; hex in the note).
 const KEY_BYTES: usize = 32;
 /// How long a connection to the target's relay may take to send the key.
@@ -76,6 +79,32 @@ pub fn endpoint_in(note: &str) -> Option<SocketAddr> {
 pub fn key_in(note: &str) -> Option<[u8; KEY_BYTES]> {
     let text = note.rsplit_once(KEY_WORDS)?.1.split_whitespace().next()?;
     hex::decode(text).ok()?.try_into().ok()
+}
+
+/// The guest's IPv4 egress address a source's `node/copy-disk` note names.
+pub fn ipv4_in(note: &str) -> Option<Ipv4Addr> {
+    note.rsplit_once(IPV4_WORDS)?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// What the target's `node/switch-over` note says of IPv4 egress: the
+/// guest was told `guest` at boot (on the source), this node gave the VM
+/// `here`. A running guest cannot be told another address.
+pub fn ipv4_after_move(guest: Option<Ipv4Addr>, here: Option<Ipv4Addr>) -> Option<String> {
+    let guest = guest?;
+    Some(match here {
+        Some(here) if here == guest => format!("it keeps its IPv4 egress address {guest}"),
+        Some(here) => format!(
+            "its IPv4 egress does not work until its next boot: the guest keeps {guest} from its boot, which a workload here holds, and this node gave the VM {here}"
+        ),
+        None => format!(
+            "its IPv4 egress does not work here: this node gives no IPv4 egress (the guest keeps {guest} from its boot)"
+        ),
+    })
 }
 
 /// A fresh one-time key for the target's relay.
@@ -321,8 +350,13 @@ impl VmWorkload {
             match migration::progress(&info) {
                 Progress::CopyingDisk { .. } => continue,
                 Progress::SendingMemory { .. } | Progress::Completed { .. } => {
+                    let ipv4 = self
+                        .record
+                        .egress_ipv4
+                        .map(|address| format!("{IPV4_WORDS}{address}"))
+                        .unwrap_or_default();
                     return Ok(format!(
-                        "{} MiB of disk copied to {endpoint} while the guest ran",
+                        "{} MiB of disk copied to {endpoint} while the guest ran{ipv4}",
                         disk.div_ceil(MIB)
                     ));
                 }
@@ -359,8 +393,9 @@ impl VmWorkload {
     }
 
     /// Target, `node/switch-over`: waits until the QEMU that received the
-    /// guest runs it; the VM's revision is then admitted here.
-    pub(super) async fn switch_over(&mut self) -> Result<String, String> {
+    /// guest runs it; the VM's revision is then admitted here. The note
+    /// says whether the guest kept its IPv4 egress address.
+    pub(super) async fn switch_over(&mut self, work: &NodeWork) -> Result<String, String> {
         let pid = self
             .record
             .pid
@@ -389,8 +424,12 @@ impl VmWorkload {
         self.record.vm = self.desired.clone();
         self.record.admitted_revision = self.desired.metadata.revision;
         self.save();
+        let guest = work.note_of(VmStep::CopyDisk.as_str()).and_then(ipv4_in);
+        let ipv4 = ipv4_after_move(guest, self.record.egress_ipv4)
+            .map(|said| format!("; {said}"))
+            .unwrap_or_default();
         Ok(format!(
-            "the guest runs on {} (QEMU pid {pid}) without a reboot",
+            "the guest runs on {} (QEMU pid {pid}) without a reboot{ipv4}",
             self.ctx.agent.node
         ))
     }
@@ -446,6 +485,26 @@ impl VmWorkload {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guests_ipv4_address_travels_in_the_sources_note() {
+        let note =
+            format!("9 MiB of disk copied to [fd00::1]:7 while the guest ran{IPV4_WORDS}10.87.0.9");
+        assert_eq!(ipv4_in(&note), Some(Ipv4Addr::new(10, 87, 0, 9)));
+        assert_eq!(ipv4_in("9 MiB of disk copied"), None);
+        let (a, b) = (Ipv4Addr::new(10, 87, 0, 9), Ipv4Addr::new(10, 87, 0, 2));
+        assert_eq!(ipv4_after_move(None, Some(b)), None);
+        let kept = ipv4_after_move(Some(a), Some(a)).expect("a note");
+        assert!(
+            kept.contains("keeps its IPv4 egress address 10.87.0.9"),
+            "{kept}"
+        );
+        let lost = ipv4_after_move(Some(a), Some(b)).expect("a note");
+        assert!(lost.contains("does not work until its next boot"), "{lost}");
+        assert!(lost.contains("10.87.0.2"), "{lost}");
+        let none = ipv4_after_move(Some(a), None).expect("a note");
+        assert!(none.contains("gives no IPv4 egress"), "{none}");
+    }
 
     #[test]
     fn the_target_endpoint_travels_in_its_note() {

@@ -90,9 +90,11 @@ impl VmWorkload {
         }
     }
 
-    /// The VM's IPv4 egress address: the one in its record, else a free
-    /// one of the node's range (recorded before it is used); `None` when
-    /// the node gives no IPv4 egress.
+    /// The VM's IPv4 egress address: the one in its record, else the one
+    /// its uid prefers on every node when free here (so a live migration's
+    /// target gives the guest the address it booted with), else a free one
+    /// of the node's range (recorded before it is used); `None` when the
+    /// node gives no IPv4 egress.
     pub(super) fn egress_address(
         &mut self,
         network: &crate::network::PodNetwork,
@@ -119,8 +121,12 @@ impl VmWorkload {
                     .filter_map(|record| record.egress_ipv4),
             )
             .collect();
+        let preferred = network
+            .config()
+            .egress_range
+            .preferred(self.uid().as_bytes());
         self.record.egress_ipv4 = network
-            .allocate_egress(&taken)
+            .allocate_egress_preferring(&taken, Some(preferred))
             .map_err(|e| crate::chain(&e))?;
         self.save();
         Ok(self.record.egress_ipv4)

@@ -565,7 +565,7 @@ impl Workload for VmWorkload {
             VmStep::PrepareIncoming => self.prepare_incoming().await.map(Some).into(),
             VmStep::CopyDisk => self.copy_disk(work).await.map(Some).into(),
             VmStep::MigrateRam => self.migrate_ram().await.map(Some).into(),
-            VmStep::SwitchOver => self.switch_over().await.map(Some).into(),
+            VmStep::SwitchOver => self.switch_over(work).await.map(Some).into(),
             VmStep::CleanupSource => self.cleanup_source().await.map(Some).into(),
         }
     }

@@ -53,6 +53,12 @@ pub const POD_INTERFACE: &str = "eth0";
 pub const ROUTE_PROTOCOL_NODE: u8 = 87;
 /// Routing protocol number on host routes to pods.
 pub const ROUTE_PROTOCOL_POD: u8 = 88;
+/// The metric of a node route to a single address (a live-migrated VM's
+/// `/128`, to the node running its guest), above the kernel's default
+/// 1024 of host routes to pods and VMs: where both exist for one address
+/// (the source of a migration, until its VM's veth goes) they coexist and
+/// the host route wins.
+pub const MOVED_ADDRESS_METRIC: u32 = 2048;
 /// Prefix of host-side veth names (see [`host_interface_name`]).
 pub const HOST_INTERFACE_PREFIX: &str = "crl";
 /// Prefix of the alias on host-side veths; the pod's owner key follows.
@@ -308,6 +314,22 @@ pub fn host_interface_name(owner: &str) -> String {
     let digest = Sha256::digest(owner.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("{HOST_INTERFACE_PREFIX}{}", &hex[..11])
+}
+
+/// The Ethernet address of a VM link's node end: locally administered,
+/// unicast, from the SHA-256 of its name (itself from the VM's key), so
+/// the same on every node — a live-migrated guest's neighbour entry for
+/// its gateway stays right.
+pub fn gateway_mac(host_interface: &str) -> [u8; 6] {
+    let digest = Sha256::digest(format!("corral-gateway:{host_interface}").as_bytes());
+    [
+        (digest[0] & 0xfe) | 0x02,
+        digest[1],
+        digest[2],
+        digest[3],
+        digest[4],
+        digest[5],
+    ]
 }
 
 /// Checks a host-side interface name: at most 14 characters, so a

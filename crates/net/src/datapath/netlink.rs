@@ -16,9 +16,9 @@ use rtnetlink::packet_route::route::{
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use super::{
-    DatapathError, NetworkOps, NextHop, NodeRoute, POD_ALIAS_PREFIX, POD_GATEWAY_V6, POD_INTERFACE,
-    PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE, ROUTE_PROTOCOL_POD, VmLink,
-    validate_host_interface,
+    DatapathError, MOVED_ADDRESS_METRIC, NetworkOps, NextHop, NodeRoute, POD_ALIAS_PREFIX,
+    POD_GATEWAY_V6, POD_INTERFACE, PodInterface, PodInterfaceInfo, ROUTE_PROTOCOL_NODE,
+    ROUTE_PROTOCOL_POD, VmLink, validate_host_interface,
 };
 use crate::netns;
 
@@ -455,6 +455,20 @@ impl NetworkOps for Netlink {
         validate_host_interface(&vm.host_interface)?;
         let vm_handle = connect(Some(&vm.netns)).await?;
         let index = self.ensure_veth(vm, &vm_handle, &link.inner).await?;
+        // The guest's gateway has the same MAC on every node, so a guest
+        // live-migrated here finds `fe80::1` (and the IPv4 gateway) where
+        // its neighbour cache says.
+        let host = vm.host_interface.as_str();
+        self.handle
+            .link()
+            .set(
+                LinkUnspec::new_with_index(index)
+                    .address(super::gateway_mac(host).to_vec())
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(netlink_error(format!("set the address of {host}")))?;
         self.configure_host_side(vm, index).await?;
         configure_bridge_side(vm, link, &vm_handle).await
     }
@@ -520,9 +534,15 @@ impl NetworkOps for Netlink {
     }
 
     async fn ensure_node_route(&self, route: &NodeRoute) -> Result<(), DatapathError> {
-        let builder = RouteMessageBuilder::<Ipv6Addr>::new()
+        let mut builder = RouteMessageBuilder::<Ipv6Addr>::new()
             .destination_prefix(route.destination.network(), route.destination.prefix_len())
             .protocol(RouteProtocol::Other(ROUTE_PROTOCOL_NODE));
+        if route.destination.prefix_len() == 128 {
+            // Below a host route to the same address (a VM whose guest
+            // still runs here during its migration): they coexist, and
+            // the host route wins until it goes with the VM's veth.
+            builder = builder.priority(MOVED_ADDRESS_METRIC);
+        }
         let message = match &route.next_hop {
             NextHop::Gateway(gateway) => builder.gateway(*gateway).build(),
             NextHop::Interface(name) => {

@@ -121,3 +121,13 @@ fn link_local_addresses_follow_the_kernels_eui64() {
     );
     assert_eq!(eui64_link_local(&[1, 2, 3]), None);
 }
+
+#[test]
+fn a_vm_gateway_mac_is_the_same_everywhere_local_and_unicast() {
+    let name = host_interface_name("vm/default/mover");
+    let mac = gateway_mac(&name);
+    assert_eq!(mac, gateway_mac(&name), "stable");
+    assert_eq!(mac[0] & 0x01, 0, "unicast");
+    assert_eq!(mac[0] & 0x02, 0x02, "locally administered");
+    assert_ne!(mac, gateway_mac(&host_interface_name("vm/default/other")));
+}

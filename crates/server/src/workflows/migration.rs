@@ -32,6 +32,33 @@ pub(super) fn asked(current: &Object, next: &Object) -> bool {
     without_migration(&current.spec) == without_migration(&next.spec)
 }
 
+/// The history message of a live migration's move, when `next` is
+/// `current` bound to another node by `scheduler/rebind` (`status.node`
+/// changed and `status.migration` names the new pair): `moved from A to
+/// B by live migration`. Recorded as a system revision like a pod's move,
+/// while the person's request stays their own revision.
+pub(super) fn moved(current: &Object, next: &Object) -> Option<String> {
+    if next.kind != Kind::VirtualMachine {
+        return None;
+    }
+    let text = |object: &Object, pointer: &str| {
+        object
+            .status
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let from = text(current, "/node")?;
+    let to = text(next, "/node")?;
+    if from == to
+        || text(next, "/migration/from").as_deref() != Some(from.as_str())
+        || text(next, "/migration/to").as_deref() != Some(to.as_str())
+    {
+        return None;
+    }
+    Some(format!("moved from {from} to {to} by live migration"))
+}
+
 fn without_migration(spec: &Value) -> Value {
     let mut spec = spec.clone();
     if let Some(fields) = spec.as_object_mut() {
@@ -52,6 +79,39 @@ mod tests {
             "spec": spec
         }))
         .expect("a VM object")
+    }
+
+    fn bound(node: Option<&str>, migration: Option<(&str, &str)>) -> Object {
+        let mut object = vm(json!({"cpus": 1}));
+        object.status = json!({
+            "node": node,
+            "migration": migration.map(|(from, to)| json!({"from": from, "to": to})),
+        });
+        object
+    }
+
+    #[test]
+    fn the_rebind_to_another_node_is_the_move() {
+        let before = bound(Some("a"), None);
+        let rebound = bound(Some("b"), Some(("a", "b")));
+        assert_eq!(
+            moved(&before, &rebound).as_deref(),
+            Some("moved from a to b by live migration")
+        );
+        // Back again, after an earlier move.
+        assert_eq!(
+            moved(&rebound, &bound(Some("a"), Some(("b", "a")))).as_deref(),
+            Some("moved from b to a by live migration")
+        );
+        // Any other status write is no move: the same node, a first
+        // placement, an unbinding, a node change without a migration.
+        assert_eq!(moved(&rebound, &rebound), None);
+        assert_eq!(moved(&bound(None, None), &bound(Some("a"), None)), None);
+        assert_eq!(moved(&before, &bound(None, None)), None);
+        assert_eq!(moved(&before, &bound(Some("b"), Some(("c", "b")))), None);
+        let mut pod = rebound.clone();
+        pod.kind = Kind::Pod;
+        assert_eq!(moved(&before, &pod), None);
     }
 
     #[test]

@@ -232,9 +232,22 @@ pub async fn act_batch(
             let definition = workflows.instances[*index].definition.clone();
             workflows.instances[*index] = corral_workflow::dehydrate(instance, &definition);
         }
+        let mut change = crate::handlers::change(server, caller, None);
+        if let Some(message) = super::migration::moved(&object, &next) {
+            // A live migration's rebind: the move is a system revision of
+            // the VM's history, like a pod's, and the migration that runs
+            // on serves it (its agents act for the newest revision).
+            change.always_record = true;
+            change.message = message;
+            let revision = object.metadata.revision;
+            for instance in &mut workflows.instances {
+                if instance.revision == revision && instance.outcome == WorkflowOutcome::Running {
+                    instance.revision = revision + 1;
+                }
+            }
+        }
         let expected = object.metadata.resource_version;
         put_stored(&mut next, &workflows);
-        let change = crate::handlers::change(server, caller, None);
         logs.extend(lines);
         match server
             .store
