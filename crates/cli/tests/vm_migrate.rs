@@ -9,7 +9,7 @@
 //! history shows the person's request and the move as a system revision,
 //! `why` shows the phases of the `migrate` workflow and the guest's
 //! downtime, and nothing of the VM is left on the source. Its address
-//! follows it (design `XXXX-migrated-vm-addresses`): pods on the source
+//! follows it (design `0039-migrated-vm-addresses`): pods on the source
 //! and on the third node fetch the guest's page at the same address, which
 //! both route as a /128 to the target, and those routes go with the VM. A
 //! migration to a node that cannot take it fails at its first step, `why`

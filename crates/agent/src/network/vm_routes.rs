@@ -1,5 +1,5 @@
 //! Routes that follow a live-migrated VM (design
-//! `XXXX-migrated-vm-addresses`): a VM keeps the addresses IPAM gave it
+//! `0039-migrated-vm-addresses`): a VM keeps the addresses IPAM gave it
 //! from its first node's /64 wherever it runs, so every node other than
 //! the one running its guest routes each such address as a `/128` to
 //! that node — longest prefix wins over the route to the /64 of the
