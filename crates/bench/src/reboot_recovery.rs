@@ -89,6 +89,19 @@ pub async fn run(args: RebootRecoveryArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot create pod {name}"))?;
     }
     wait_all_running(&mut node, n, Instant::now(), FIRST_START_TIMEOUT).await?;
+    // Killed before its start workflow is done, a pod would be started by
+    // that workflow again rather than recovered.
+    let deadline = Instant::now() + FIRST_START_TIMEOUT;
+    while !reboot::local_records(&node.data_dir())?
+        .iter()
+        .all(|(_, record)| reboot::admitted(record))
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the pods run but their start workflows did not finish in {FIRST_START_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // From here on the node is alone, as after a reboot with the control
     // plane away.
     node.stop_server();

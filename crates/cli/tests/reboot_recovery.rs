@@ -55,6 +55,18 @@ fn all_running(data_dir: &Path, pods: usize) -> Option<Vec<Running>> {
     }
 }
 
+/// Waits until the node has admitted every pod: killed before its start
+/// workflow is done, a pod would be started by that workflow again rather
+/// than recovered.
+fn wait_admitted(data_dir: &Path) {
+    wait_for("the pods to be admitted", Duration::from_secs(60), || {
+        local_records(data_dir)
+            .iter()
+            .all(reboot::admitted)
+            .then_some(())
+    });
+}
+
 /// The agent's pod records.
 fn local_records(data_dir: &Path) -> Vec<Value> {
     reboot::local_records(data_dir)
@@ -118,6 +130,7 @@ fn pods_come_back_after_a_reboot_with_the_control_plane_up() {
     let before = wait_for("three pods to run", Duration::from_secs(60), || {
         all_running(&data_dir, PODS.len())
     });
+    wait_admitted(&data_dir);
 
     cluster.kill9();
     reboot::simulate_reboot(&data_dir).unwrap();
@@ -301,6 +314,7 @@ fn the_agent_alone_recovers_its_pods_with_the_control_plane_down() {
     let before = wait_for("the pods to run", Duration::from_secs(180), || {
         all_running(&agent_dir, LONE_PODS)
     });
+    wait_admitted(&agent_dir);
 
     // The whole node reboots; only the agent comes back.
     Split::kill(&mut split.agent);

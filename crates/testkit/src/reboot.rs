@@ -219,6 +219,15 @@ pub fn all_running(data_dir: &Path, pods: usize) -> Result<Vec<Running>, String>
     each.into_iter().collect()
 }
 
+/// Whether the node has admitted the pod's revision (its start workflow
+/// done): a record killed before that is started again by that workflow,
+/// not recovered.
+pub fn admitted(record: &Value) -> bool {
+    record["admittedRevision"].as_u64().is_some_and(|admitted| {
+        admitted > 0 && Some(admitted) == record["pod"]["metadata"]["revision"].as_u64()
+    })
+}
+
 /// The pod's containers meant to run run (per runc's state) in its live
 /// namespace, which has the pod's address; otherwise what is missing.
 pub fn running_locally(data_dir: &Path, record: &Value) -> Result<Running, String> {
