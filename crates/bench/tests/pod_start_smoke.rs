@@ -7,9 +7,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
-
-use common::corral_binary;
 
 #[test]
 fn pod_start_benchmark_runs_end_to_end() {
@@ -18,31 +15,15 @@ fn pod_start_benchmark_runs_end_to_end() {
     corral_testkit::require_tool("runsc");
     corral_testkit::require_tool("podman");
     corral_testkit::require_tool("/bin/busybox");
-    let child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .args([
-            "pod-start",
-            "--sequential",
-            "2",
-            "--concurrent",
-            "2",
-            "--updates",
-            "2",
-            "--corral",
-        ])
-        .arg(corral_binary())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run corral-bench");
-    let pid = child.id();
-    let output = child.wait_with_output().expect("wait for corral-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(stdout.starts_with("machine: "), "{stdout}");
+    let (pid, stdout) = common::run_bench(&[
+        "pod-start",
+        "--sequential",
+        "2",
+        "--concurrent",
+        "2",
+        "--updates",
+        "2",
+    ]);
     for (system, concurrency) in [
         ("corral: apply → running (watch)", "1 at a time"),
         ("corral: apply → running (watch)", "2 at once"),

@@ -8,38 +8,13 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
-
-use common::corral_binary;
 
 #[test]
 fn reboot_recovery_benchmark_runs_end_to_end() {
     corral_testkit::require_root();
     corral_testkit::require_tool("runc");
     corral_testkit::require_tool("/bin/busybox");
-    let child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .args([
-            "reboot-recovery",
-            "--pods",
-            "2",
-            "--rounds",
-            "2",
-            "--corral",
-        ])
-        .arg(corral_binary())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run corral-bench");
-    let pid = child.id();
-    let output = child.wait_with_output().expect("wait for corral-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(stdout.starts_with("machine: "), "{stdout}");
+    let (pid, stdout) = common::run_bench(&["reboot-recovery", "--pods", "2", "--rounds", "2"]);
     for row in [
         "| corral: agent start → all 2 pods running | 2 | ",
         "| corral: agent start → first pod running | 2 | ",

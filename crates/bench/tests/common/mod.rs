@@ -19,6 +19,30 @@ pub fn corral_binary() -> PathBuf {
     corral
 }
 
+/// Runs `corral-bench ARGS --corral <corral_binary()>`; panics with its
+/// output unless it succeeds and prints its machine line first. Returns
+/// its pid (which names the floor's cgroups) and its stdout.
+pub fn run_bench(args: &[&str]) -> (u32, String) {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_corral-bench"))
+        .args(args)
+        .arg("--corral")
+        .arg(corral_binary())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run corral-bench");
+    let pid = child.id();
+    let output = child.wait_with_output().expect("wait for corral-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.starts_with("machine: "), "{stdout}");
+    (pid, stdout)
+}
+
 /// Mounts under the benchmarks' temp dirs (`$TMPDIR/corral-bench-*`).
 pub fn mounts_left() -> Vec<String> {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
