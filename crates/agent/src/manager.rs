@@ -134,22 +134,28 @@ impl Manager {
     }
 
     /// Starts a worker for every pod in local state: they keep running (or
-    /// start again) without any word from the API.
+    /// start again) without any word from the API. No spare sandbox is
+    /// made until each has checked (or recovered) its sandbox.
     pub fn restore(&mut self) -> Result<usize, crate::state::StateError> {
         let records = self.ctx.state.load_all()?;
         let count = records.len();
         for record in records {
-            self.spawn(record);
+            let hold = self.ctx.sandbox_pool.hold();
+            self.spawn(record, Some(hold));
         }
         Ok(count)
     }
 
-    fn spawn(&mut self, record: PodRecord) -> mpsc::Sender<PodMessage> {
+    fn spawn(
+        &mut self,
+        record: PodRecord,
+        hold: Option<crate::sandbox_pool::PoolHold>,
+    ) -> mpsc::Sender<PodMessage> {
         let key = record.pod.key();
         let record_uid = record.pod.metadata.uid.clone();
         let (sender, receiver) = mpsc::channel(16);
         self.reads.insert(key.clone(), reads_of(&record.pod));
-        let workload = PodWorkload::new(self.ctx.clone(), record);
+        let workload = PodWorkload::new(self.ctx.clone(), record).holding(hold);
         tokio::spawn(Executor::new(workload, self.ctx.steps.clone()).run(receiver));
         self.workers.insert(key, (record_uid, sender.clone()));
         sender
@@ -201,7 +207,7 @@ impl Manager {
                         address: None,
                         recovery: None,
                     });
-                self.spawn(record)
+                self.spawn(record, None)
             }
         };
         // A new revision may read more; the admitted one's reads stay

@@ -199,6 +199,11 @@ impl PodNetwork {
         &self.config
     }
 
+    /// Whether pods get IPv4 egress (the node has an uplink for it).
+    pub fn gives_egress(&self) -> bool {
+        self.config.egress_uplink.is_some()
+    }
+
     /// A free egress address, given those the node's pods and VMs already
     /// hold (and those handed out in the last minute, which their records
     /// may not show yet); `None` when the node gives pods no IPv4.

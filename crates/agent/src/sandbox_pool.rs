@@ -16,7 +16,9 @@
 //!
 //! The pool keeps [`POOL_SIZE`] spares, makes them one at a time and starts
 //! only [`REFILL_DELAY`] after the last claim (a burst of pods is not
-//! slowed by its own refill). Spares are removed when the agent stops and,
+//! slowed by its own refill), and none while a [`PoolHold`] lives (the
+//! pods the agent restores at start, until each has checked or recovered
+//! its sandbox). Spares are removed when the agent stops and,
 //! left by one that did not stop cleanly, when it starts. The bookkeeping
 //! ([`PoolBook`]) is pure and unit-tested; the namespaces and links are
 //! made by the agent's usual [`NetnsManager`] and [`crate::network`].
@@ -25,6 +27,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -180,8 +183,25 @@ impl PoolBook {
 #[derive(Debug)]
 pub struct SandboxPool {
     book: Mutex<PoolBook>,
-    /// Told of each claim, so the pool refills.
+    /// Told of each claim, so the pool refills, and of each hold let go.
     claimed: tokio::sync::Notify,
+    /// How many [`PoolHold`]s live: no spare is made meanwhile.
+    holds: AtomicUsize,
+}
+
+/// Keeps the pool from making spares while it lives: held by each pod the
+/// agent restores until its worker has checked (and, after a reboot,
+/// recovered) its sandbox. A recovered pod keeps its own id range, so no
+/// spare can serve it, and making spares then would take the CPU the
+/// recoveries need.
+#[derive(Debug)]
+pub struct PoolHold(Arc<SandboxPool>);
+
+impl Drop for PoolHold {
+    fn drop(&mut self) {
+        self.0.holds.fetch_sub(1, Ordering::SeqCst);
+        self.0.claimed.notify_one();
+    }
 }
 
 impl SandboxPool {
@@ -189,7 +209,18 @@ impl SandboxPool {
         SandboxPool {
             book: Mutex::new(PoolBook::new(size)),
             claimed: tokio::sync::Notify::new(),
+            holds: AtomicUsize::new(0),
         }
+    }
+
+    /// Holds the pool from making spares until the hold is dropped.
+    pub fn hold(self: &Arc<Self>) -> PoolHold {
+        self.holds.fetch_add(1, Ordering::SeqCst);
+        PoolHold(self.clone())
+    }
+
+    fn held(&self) -> bool {
+        self.holds.load(Ordering::SeqCst) > 0
     }
 
     fn book(&self) -> MutexGuard<'_, PoolBook> {
@@ -389,6 +420,13 @@ pub async fn run(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
     }
     let pool = &ctx.sandbox_pool;
     loop {
+        if pool.held() {
+            // A hold let go notifies (a permit is kept if it comes first).
+            tokio::select! {
+                () = pool.claimed.notified() => continue,
+                () = shutdown.cancelled() => break,
+            }
+        }
         let name = pool.book().start_making();
         match name {
             Some(name) => {
@@ -447,6 +485,21 @@ mod tests {
             host_base: 1 << 20,
             veth: Some(spare_veth_name(&Path::new("/run/netns").join(name))),
         }
+    }
+
+    #[tokio::test]
+    async fn a_hold_keeps_the_pool_idle_until_every_hold_is_let_go() {
+        let pool = Arc::new(SandboxPool::new(POOL_SIZE));
+        let (first, second) = (pool.hold(), pool.hold());
+        assert!(pool.held());
+        drop(first);
+        assert!(pool.held());
+        drop(second);
+        assert!(!pool.held());
+        // Letting go wakes a pool waiting for it (the permit is kept).
+        tokio::time::timeout(Duration::from_secs(1), pool.claimed.notified())
+            .await
+            .expect("notified");
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! peer (etcd, runc, podman …), printing medians, p99 and ratios with the
 //! machine noted. Results are recorded in `docs/BENCHMARKS.md`.
 //!
-//! One module per benchmark (`apply`, `pod_start`, `volume_start`, `scale`) over shared helpers:
+//! One module per benchmark (`apply`, `pod_start`, `volume_start`,
+//! `reboot_recovery`, `scale`, `vm_start`) over shared helpers:
 //! `processes` starts and always stops the systems under test, `node`
 //! removes the containers, mounts and cgroups they leave, `load` drives
 //! concurrent clients, `stats` summarises latencies, `report` prints tables.
 //! `pod_start` uses `corral_pods` (a corral node and its pod watch,
-//! `pod_watch`), `runc_floor` and `podman_peer`; `scale` runs `hollow`
+//! `pod_watch`), `runc_floor` and `podman_peer`; `reboot_recovery` a
+//! `lone_agent` (a server and one agent); `scale` runs `hollow`
 //! nodes (simulated agents, like kubemark) against a real server. It asserts nothing about
 //! speed: performance is measured, not asserted in tests.
 
@@ -16,12 +18,14 @@ mod apply;
 mod corral_pods;
 mod hollow;
 mod load;
+mod lone_agent;
 mod machine;
 mod node;
 mod pod_start;
 mod pod_watch;
 mod podman_peer;
 mod processes;
+mod reboot_recovery;
 mod report;
 mod runc_floor;
 mod scale;
@@ -52,6 +56,11 @@ enum Command {
     /// and `podman run -d` of the same image; in-place update against
     /// delete + create; `corral up`'s memory with the pods running. Root.
     PodStart(pod_start::PodStartArgs),
+    /// Reboot recovery of a lone node: N pods under a `corral agent` whose
+    /// server is down; the reboot simulated as the end-to-end test does;
+    /// agent start → first and all pods running again, per round, next to
+    /// N `runc run -d` with corral's sandbox. Root.
+    RebootRecovery(reboot_recovery::RebootRecoveryArgs),
     /// Pod start latency with an `emptyDir` volume next to a volume of the
     /// example plugin dirvol (examples/volume-plugins). Root and jq.
     VolumeStart(volume_start::VolumeStartArgs),
@@ -75,6 +84,7 @@ async fn main() -> ExitCode {
         match cli.command {
             Command::Apply(args) => apply::run(args).await,
             Command::PodStart(args) => pod_start::run(args).await,
+            Command::RebootRecovery(args) => reboot_recovery::run(args).await,
             Command::VolumeStart(args) => volume_start::run(args).await,
             Command::Scale(args) => scale::run(args).await,
             Command::VmStart(args) => vm_start::run(args).await,

@@ -4,7 +4,7 @@
 //! design) and the runc floor. Best effort: every step is tried even when an
 //! earlier one failed, and nothing outside the given paths is touched.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// Removes what `corral up --data-dir data_dir` left: containers of both
@@ -73,27 +73,7 @@ pub fn delete_all_containers(binary: &str, root: &Path) {
 }
 
 /// Removes the cgroup directory `relative` (e.g. `corral/<uid>`) and its
-/// direct children in every hierarchy under `/sys/fs/cgroup`. Only empty
-/// cgroups can be removed; others stay.
+/// direct children in every hierarchy ([`corral_testkit::reboot::remove_cgroup`]).
 pub fn remove_cgroup(relative: &Path) {
-    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|entry| entry.path())
-        .collect();
-    // Cgroup v2 mounted at the root itself, as well as each v1 hierarchy.
-    for hierarchy in hierarchies
-        .iter()
-        .map(PathBuf::as_path)
-        .chain([Path::new("/sys/fs/cgroup")])
-    {
-        let dir = hierarchy.join(relative);
-        for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if child.file_type().is_ok_and(|kind| kind.is_dir()) {
-                let _ = std::fs::remove_dir(child.path());
-            }
-        }
-        let _ = std::fs::remove_dir(&dir);
-    }
+    corral_testkit::reboot::remove_cgroup(relative);
 }

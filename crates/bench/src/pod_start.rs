@@ -64,22 +64,7 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
         args.sequential > 0 && args.concurrent > 0 && args.updates > 0,
         "--sequential, --concurrent and --updates must be at least 1"
     );
-    ensure_root()?;
-    let corral_binary = match args.corral {
-        Some(path) => path,
-        None => apply::default_corral_binary()?,
-    };
-    println!("machine: {}", machine::describe());
-    println!("corral: {}", corral_binary.display());
-    let image_dir = tempfile::Builder::new()
-        .prefix("corral-bench-image-")
-        .tempdir()?;
-    let dir = image_dir.path().to_path_buf();
-    let image_tar = tokio::task::spawn_blocking(move || {
-        corral_testkit::busybox_image_tar(&dir, corral_testkit::ImageFormat::OciLayout)
-    })
-    .await
-    .context("cannot write the busybox image (is busybox-static installed?)")?;
+    let (corral_binary, _image_dir, image_tar) = start_on_a_node(args.corral).await?;
 
     let (n, m, updates) = (args.sequential, args.concurrent, args.updates);
     let mut starts = Vec::new();
@@ -314,7 +299,7 @@ where
 /// Runs `operation(0..count)` all at once (concurrently on this task, each
 /// timing itself from its first poll); the first error fails the run after
 /// every operation finished.
-async fn at_once<F, Fut>(count: usize, operation: F) -> anyhow::Result<Summary>
+pub(crate) async fn at_once<F, Fut>(count: usize, operation: F) -> anyhow::Result<Summary>
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = anyhow::Result<Duration>>,
@@ -334,8 +319,34 @@ fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
+/// What every benchmark of pods on a real node does first: fails unless
+/// root; finds the corral binary (`corral` next to this one by default);
+/// prints the machine and the binary; writes the busybox image (OCI
+/// layout) into a temp dir, returned to be kept until the end.
+pub(crate) async fn start_on_a_node(
+    corral: Option<PathBuf>,
+) -> anyhow::Result<(PathBuf, tempfile::TempDir, PathBuf)> {
+    ensure_root()?;
+    let corral_binary = match corral {
+        Some(path) => path,
+        None => apply::default_corral_binary()?,
+    };
+    println!("machine: {}", machine::describe());
+    println!("corral: {}", corral_binary.display());
+    let image_dir = tempfile::Builder::new()
+        .prefix("corral-bench-image-")
+        .tempdir()?;
+    let dir = image_dir.path().to_path_buf();
+    let image_tar = tokio::task::spawn_blocking(move || {
+        corral_testkit::busybox_image_tar(&dir, corral_testkit::ImageFormat::OciLayout)
+    })
+    .await
+    .context("cannot write the busybox image (is busybox-static installed?)")?;
+    Ok((corral_binary, image_dir, image_tar))
+}
+
 /// Fails unless the effective user is root.
-pub(crate) fn ensure_root() -> anyhow::Result<()> {
+fn ensure_root() -> anyhow::Result<()> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let effective = status
         .lines()
@@ -343,7 +354,7 @@ pub(crate) fn ensure_root() -> anyhow::Result<()> {
         .and_then(|ids| ids.split_whitespace().nth(1));
     if effective != Some("0") {
         bail!(
-            "pod-start needs root: corral's node agent and runc run containers (run it with sudo)"
+            "this benchmark needs root: corral's node agent and runc run containers (run it with sudo)"
         );
     }
     Ok(())

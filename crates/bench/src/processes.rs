@@ -29,7 +29,11 @@ pub struct ProcessGuard {
 }
 
 impl ProcessGuard {
-    fn spawn(name: &'static str, mut command: Command, log: PathBuf) -> anyhow::Result<Self> {
+    pub(crate) fn spawn(
+        name: &'static str,
+        mut command: Command,
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
         let stderr = File::create(&log)
             .with_context(|| format!("cannot create log file {}", log.display()))?;
         let child = command
@@ -41,7 +45,7 @@ impl ProcessGuard {
     }
 
     /// Fails with the log's tail if the process has exited.
-    fn ensure_running(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn ensure_running(&mut self) -> anyhow::Result<()> {
         match self.child.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => bail!(

@@ -15,9 +15,9 @@ use corral_api::{Kind, Object};
 use serde_json::json;
 
 use crate::corral_pods::{CorralNode, NAMESPACE};
-use crate::pod_start::{ensure_root, one_after_another, row};
+use crate::machine;
+use crate::pod_start::{one_after_another, row, start_on_a_node};
 use crate::report::{self, Row};
-use crate::{apply, machine};
 
 const BARE: &str = "emptyDir, no plugin registered";
 const EMPTY: &str = "emptyDir, dirvol registered";
@@ -55,22 +55,7 @@ fn pod(name: &str, volume: serde_json::Value) -> Object {
 
 pub async fn run(args: VolumeStartArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.pods > 0, "--pods must be at least 1");
-    ensure_root()?;
-    let corral_binary = match args.corral {
-        Some(path) => path,
-        None => apply::default_corral_binary()?,
-    };
-    println!("machine: {}", machine::describe());
-    println!("corral: {}", corral_binary.display());
-    let image_dir = tempfile::Builder::new()
-        .prefix("corral-bench-image-")
-        .tempdir()?;
-    let dir = image_dir.path().to_path_buf();
-    let image_tar = tokio::task::spawn_blocking(move || {
-        corral_testkit::busybox_image_tar(&dir, corral_testkit::ImageFormat::OciLayout)
-    })
-    .await
-    .context("cannot write the busybox image (is busybox-static installed?)")?;
+    let (corral_binary, _image_dir, image_tar) = start_on_a_node(args.corral).await?;
     let controller_text = std::fs::read_to_string(args.examples.join("dirvol-controller.yaml"))
         .with_context(|| {
             format!(

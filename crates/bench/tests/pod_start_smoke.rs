@@ -4,32 +4,9 @@
 //! binary built into the same target dir and profile, `runc`, `runsc`, `podman` and
 //! `/bin/busybox`, and fails with a clear message when one is missing.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::Command;
-
-fn corral_binary() -> PathBuf {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_corral-bench"));
-    let corral = bench.with_file_name("corral");
-    assert!(
-        corral.is_file(),
-        "the corral binary is missing at {}: build it first into the same target dir and \
-         profile, e.g. `cargo build -p corral-cli` (or `--release` for release tests)",
-        corral.display()
-    );
-    corral
-}
-
-/// The runc floor's cgroup parent (`corral-bench-floor-<pid>`) wherever it
-/// still exists.
-fn floor_cgroups(pid: u32) -> Vec<PathBuf> {
-    std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|hierarchy| hierarchy.path().join(format!("corral-bench-floor-{pid}")))
-        .filter(|dir| dir.exists())
-        .collect()
-}
 
 #[test]
 fn pod_start_benchmark_runs_end_to_end() {
@@ -38,31 +15,15 @@ fn pod_start_benchmark_runs_end_to_end() {
     corral_testkit::require_tool("runsc");
     corral_testkit::require_tool("podman");
     corral_testkit::require_tool("/bin/busybox");
-    let child = Command::new(env!("CARGO_BIN_EXE_corral-bench"))
-        .args([
-            "pod-start",
-            "--sequential",
-            "2",
-            "--concurrent",
-            "2",
-            "--updates",
-            "2",
-            "--corral",
-        ])
-        .arg(corral_binary())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run corral-bench");
-    let pid = child.id();
-    let output = child.wait_with_output().expect("wait for corral-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    assert!(stdout.starts_with("machine: "), "{stdout}");
+    let (pid, stdout) = common::run_bench(&[
+        "pod-start",
+        "--sequential",
+        "2",
+        "--concurrent",
+        "2",
+        "--updates",
+        "2",
+    ]);
     for (system, concurrency) in [
         ("corral: apply → running (watch)", "1 at a time"),
         ("corral: apply → running (watch)", "2 at once"),
@@ -93,15 +54,10 @@ fn pod_start_benchmark_runs_end_to_end() {
         );
     }
     // Nothing left: no mount under the benchmark's temp dirs, no floor cgroup.
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
-    let tmp = std::env::temp_dir().join("corral-bench-");
-    let left: Vec<&str> = mounts
-        .lines()
-        .filter(|line| line.contains(&*tmp.to_string_lossy()))
-        .collect();
+    let left = common::mounts_left();
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
     assert_eq!(
-        floor_cgroups(pid),
+        common::floor_cgroups(pid),
         Vec::<PathBuf>::new(),
         "floor cgroups left"
     );

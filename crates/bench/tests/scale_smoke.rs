@@ -4,20 +4,11 @@
 //! binary of another package cannot be a dependency) and fails with a clear
 //! message when it is missing. About 15 s on a debug build.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-fn corral_binary() -> PathBuf {
-    let bench = PathBuf::from(env!("CARGO_BIN_EXE_corral-bench"));
-    let corral = bench.with_file_name("corral");
-    assert!(
-        corral.is_file(),
-        "the corral binary is missing at {}: build it first into the same target dir and \
-         profile, e.g. `cargo build -p corral-cli` (or `--release` for release tests)",
-        corral.display()
-    );
-    corral
-}
+use common::corral_binary;
 
 #[test]
 fn scale_benchmark_runs_end_to_end() {

@@ -8,7 +8,9 @@
 //! sandbox stale, rebuild it and run every pod again with its address:
 //! under `corral up` (control plane up), and as a lone `corral agent` with
 //! the API server down (it reports the recovery when the server returns).
-//! Real runc, root.
+//! The simulated reboot and the check that a pod runs again are
+//! `corral_testkit::reboot`, shared with `corral-bench reboot-recovery`,
+//! which measures the recovery in a release build. Real runc, root.
 
 #![allow(clippy::unwrap_used)]
 
@@ -21,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{CORRAL, cleanup_node, pod_manifest, wait_for};
+use corral_testkit::reboot::{self, Running};
 use corral_testkit::{ImageFormat, busybox_image_tar, require_root, require_tool};
 use serde_json::{Value, json};
 
@@ -34,144 +37,11 @@ const LONE_PODS: usize = 20;
 /// How long the recovered pods may take to run again.
 const RECOVERY_BOUND: Duration = Duration::from_secs(30);
 
-/// What a reboot does to the node's runtime state under `data_dir`:
-/// processes, mounts, namespaces and cgroups go; files stay.
-fn simulate_reboot(data_dir: &Path) {
-    let root = data_dir.join("runc");
-    let runc = |args: &[&str]| {
-        Command::new("runc")
-            .arg(format!("--root={}", root.display()))
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let listed = String::from_utf8_lossy(&runc(&["list", "-q"]).stdout).into_owned();
-    let ids: Vec<&str> = listed.lines().map(str::trim).collect();
-    assert!(!ids.is_empty(), "no containers to kill under {root:?}");
-    for id in &ids {
-        runc(&["kill", id, "KILL"]);
-    }
-    // Their state dirs stay (they are on the data dir, not on /run), as
-    // after a power cut: runc sees them stopped.
-    wait_for("every container to die", Duration::from_secs(10), || {
-        ids.iter()
-            .all(|id| String::from_utf8_lossy(&runc(&["state", id]).stdout).contains("stopped"))
-            .then_some(())
-    });
-    corral_runtime::mounts::unmount_all_under(data_dir);
-    remove_pod_cgroups(data_dir);
-    for pod in local_records(data_dir) {
-        let netns = PathBuf::from(pod["netns"].as_str().unwrap());
-        assert!(netns.exists(), "the reboot keeps the file {netns:?}");
-        assert!(
-            !corral_runtime::oci::netns::exists(&netns),
-            "{netns:?} is still a namespace"
-        );
-    }
-}
-
-/// The pods' cgroups (`/corral/<uid>` in every hierarchy), which a reboot
-/// takes.
-fn remove_pod_cgroups(data_dir: &Path) {
-    for pod in std::fs::read_dir(data_dir.join("pods")).unwrap().flatten() {
-        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-            let dir = hierarchy.path().join("corral").join(pod.file_name());
-            for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let _ = std::fs::remove_dir(child.path());
-            }
-            let _ = std::fs::remove_dir(&dir);
-        }
-    }
-}
-
-/// Every pod record of the agent's local state.
-fn local_records(data_dir: &Path) -> Vec<Value> {
-    let dir = data_dir.join("agent").join("pods");
-    let mut records: Vec<Value> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|entry| entry.path().extension().is_some_and(|e| e == "json"))
-        .map(|entry| serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap())
-        .collect();
-    records.sort_by_key(|r| r["pod"]["metadata"]["name"].as_str().unwrap().to_string());
-    records
-}
-
-/// What the node runs of one pod, from its local record and the kernel.
-#[derive(Debug, Clone, PartialEq)]
-struct Running {
-    runtime_id: String,
-    restarts: u64,
-    address: String,
-}
-
-/// The pod's single container runs (per runc) in a live namespace that has
-/// the pod's address; otherwise what is missing.
-fn running_locally(data_dir: &Path, record: &Value) -> Result<Running, String> {
-    let name = record["pod"]["metadata"]["name"]
-        .as_str()
-        .ok_or("no name")?;
-    let container = &record["containers"][name];
-    let runtime_id = container["runtimeId"]
-        .as_str()
-        .ok_or(format!("{name}: no container recorded"))?
-        .to_string();
-    container["pid"]
-        .as_u64()
-        .ok_or(format!("{name}: no pid recorded"))?;
-    let state = Command::new("runc")
-        .arg(format!("--root={}", data_dir.join("runc").display()))
-        .args(["state", &runtime_id])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let state: Value = serde_json::from_slice(&state.stdout).unwrap_or_default();
-    if state["status"] != "running" {
-        return Err(format!("{name}: {runtime_id} is {}", state["status"]));
-    }
-    let netns = Path::new(
-        record["netns"]
-            .as_str()
-            .ok_or(format!("{name}: no netns"))?,
-    );
-    if !corral_runtime::oci::netns::exists(netns) {
-        return Err(format!("{name}: {netns:?} is no namespace"));
-    }
-    let address = record["address"]
-        .as_str()
-        .ok_or(format!("{name}: no address in the record"))?
-        .to_string();
-    let inside = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
-        .args(["ip", "-o", "-6", "addr", "show"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let inside = String::from_utf8_lossy(&inside.stdout);
-    if !inside.contains(&format!("{address}/")) {
-        return Err(format!(
-            "{name}: {address} is not in its namespace: {inside}"
-        ));
-    }
-    Ok(Running {
-        runtime_id,
-        restarts: container["restarts"].as_u64().unwrap_or(0),
-        address,
-    })
-}
-
-/// Every pod of the record set running locally; otherwise `None`, and
-/// what is missing is printed (once a second at most).
+/// Every pod of the record set running locally
+/// ([`reboot::all_running`]); otherwise `None`, and what is missing is
+/// printed (once a second at most).
 fn all_running(data_dir: &Path, pods: usize) -> Option<Vec<Running>> {
-    let records = local_records(data_dir);
-    let result = if records.len() == pods {
-        records
-            .iter()
-            .map(|record| running_locally(data_dir, record))
-            .collect()
-    } else {
-        Err(format!("{} pod records", records.len()))
-    };
-    match result {
+    match reboot::all_running(data_dir, pods) {
         Ok(running) => Some(running),
         Err(missing) => {
             static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
@@ -183,6 +53,27 @@ fn all_running(data_dir: &Path, pods: usize) -> Option<Vec<Running>> {
             None
         }
     }
+}
+
+/// Waits until the node has admitted every pod: killed before its start
+/// workflow is done, a pod would be started by that workflow again rather
+/// than recovered.
+fn wait_admitted(data_dir: &Path) {
+    wait_for("the pods to be admitted", Duration::from_secs(60), || {
+        local_records(data_dir)
+            .iter()
+            .all(reboot::admitted)
+            .then_some(())
+    });
+}
+
+/// The agent's pod records.
+fn local_records(data_dir: &Path) -> Vec<Value> {
+    reboot::local_records(data_dir)
+        .unwrap()
+        .into_iter()
+        .map(|(_, record)| record)
+        .collect()
 }
 
 /// The pod's httpd answers on its address from the host (through its veth).
@@ -205,7 +96,7 @@ fn answers(address: &str) -> bool {
 fn assert_recovered(before: &[Running], after: &[Running]) {
     for (old, new) in before.iter().zip(after) {
         assert_ne!(
-            old.runtime_id, new.runtime_id,
+            old.runtime_ids, new.runtime_ids,
             "{new:?} was not started again"
         );
         assert_eq!(old.address, new.address);
@@ -239,9 +130,10 @@ fn pods_come_back_after_a_reboot_with_the_control_plane_up() {
     let before = wait_for("three pods to run", Duration::from_secs(60), || {
         all_running(&data_dir, PODS.len())
     });
+    wait_admitted(&data_dir);
 
     cluster.kill9();
-    simulate_reboot(&data_dir);
+    reboot::simulate_reboot(&data_dir).unwrap();
     let started = Instant::now();
     cluster.restart();
     let after = wait_for(
@@ -390,7 +282,6 @@ fn free_port() -> u16 {
 fn the_agent_alone_recovers_its_pods_with_the_control_plane_down() {
     require_root();
     require_tool("runc");
-    require_tool("nsenter");
     let mut split = Split {
         dir: tempfile::Builder::new()
             .prefix("corral-reboot-")
@@ -423,11 +314,12 @@ fn the_agent_alone_recovers_its_pods_with_the_control_plane_down() {
     let before = wait_for("the pods to run", Duration::from_secs(180), || {
         all_running(&agent_dir, LONE_PODS)
     });
+    wait_admitted(&agent_dir);
 
     // The whole node reboots; only the agent comes back.
     Split::kill(&mut split.agent);
     Split::kill(&mut split.server);
-    simulate_reboot(&agent_dir);
+    reboot::simulate_reboot(&agent_dir).unwrap();
     let started = Instant::now();
     split.start_agent();
     let after = wait_for(

@@ -3,7 +3,9 @@
 //! initramfs), real etcd clusters on loopback ([`etcd::EtcdCluster`]), a
 //! real `docker-registry` on loopback (plain, or TLS from a [`TestCa`] with
 //! htpasswd auth) and a token-auth front for it ([`TokenAuthProxy`]), a
-//! headless Chromium over WebDriver ([`Browser`]), guards that
+//! headless Chromium over WebDriver ([`Browser`]), a node's reboot
+//! simulated and what its agent runs read from local state and the kernel
+//! ([`reboot`]), guards that
 //! clean up on drop, and `require_root` / `require_tool`, which panic (so
 //! a test missing a prerequisite fails rather than passes).
 //!
@@ -13,6 +15,7 @@ mod browser;
 pub mod etcd;
 mod guard;
 mod image;
+pub mod reboot;
 mod registry;
 mod token_proxy;
 mod vm;

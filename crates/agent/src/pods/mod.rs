@@ -90,6 +90,8 @@ pub struct PodWorkload {
     /// The namespace was wired and no container has started in it since:
     /// the next start on gVisor's own stack needs no wiring again.
     freshly_wired: bool,
+    /// Keeps the sandbox pool idle until [`Workload::resume`] is done.
+    resume_hold: Option<crate::sandbox_pool::PoolHold>,
 }
 
 fn typed_spec(object: &Object) -> Option<PodSpec> {
@@ -114,7 +116,14 @@ impl PodWorkload {
             recovery_retry: None,
             fence: supervision::FenceHold::default(),
             freshly_wired: false,
+            resume_hold: None,
         }
+    }
+
+    /// Holds the sandbox pool until the worker has resumed (a restored pod).
+    pub fn holding(mut self, hold: Option<crate::sandbox_pool::PoolHold>) -> Self {
+        self.resume_hold = hold;
+        self
     }
 
     fn key(&self) -> ObjectKey {
@@ -485,6 +494,7 @@ impl Workload for PodWorkload {
 
     async fn resume(&mut self) {
         self.recover_if_stale().await;
+        self.resume_hold = None;
     }
 
     async fn supervise(&mut self) -> bool {

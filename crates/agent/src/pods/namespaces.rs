@@ -178,7 +178,9 @@ impl PodWorkload {
             self.save();
             saved = true;
         }
-        if self.record.egress_ipv4.is_none() {
+        // Only a node that gives pods IPv4 egress reads every record to
+        // choose an address free of the others'.
+        if self.record.egress_ipv4.is_none() && network.gives_egress() {
             let taken = self
                 .ctx
                 .state

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use corral_api::kinds::PodSpec;
-use corral_runtime::oci::netns;
 use corral_runtime::oci::userns::user_namespace_path;
+use corral_runtime::oci::{netns, reap};
 use corral_workflow::PodStep;
 
 use super::{PodWorkload, pod_sandbox, typed_spec};
@@ -77,9 +77,17 @@ impl PodWorkload {
             containers: containers
                 .iter()
                 .map(|(name, record)| {
+                    // An init whose pid no longer exists runs nowhere: the
+                    // runtime (one `runc list` per container, all at once
+                    // after a reboot) is asked only about a pid that is
+                    // alive, which may be someone else's now.
+                    let init_alive = match record.pid {
+                        Some(pid) if !reap::runs(pid) => false,
+                        _ => runner.is_running(&spec_copy, record),
+                    };
                     let facts = ContainerFacts {
                         meant_to_run: record.running,
-                        init_alive: runner.is_running(&spec_copy, record),
+                        init_alive,
                     };
                     (name.clone(), facts)
                 })

@@ -129,18 +129,21 @@ pub fn liveness(pid: u32) -> Liveness {
     match try_wait(pid) {
         Ok(None) => Liveness::Alive,
         Ok(Some(status)) => Liveness::Exited(Some(status.code())),
-        Err(_) => {
-            let state = i32::try_from(pid)
-                .ok()
-                .and_then(|pid| procfs::process::Process::new(pid).ok())
-                .and_then(|process| process.stat().ok())
-                .and_then(|stat| stat.state().ok());
-            match state {
-                Some(ProcState::Zombie | ProcState::Dead) | None => Liveness::Exited(None),
-                Some(_) => Liveness::Alive,
-            }
-        }
+        Err(_) if runs(pid) => Liveness::Alive,
+        Err(_) => Liveness::Exited(None),
     }
+}
+
+/// Whether `pid` runs per the process table (a zombie or no entry: it
+/// does not). Never waits, so it steals no child's status: for a pid that
+/// may be anyone's, such as a container init recorded before a reboot.
+pub fn runs(pid: u32) -> bool {
+    let state = i32::try_from(pid)
+        .ok()
+        .and_then(|pid| procfs::process::Process::new(pid).ok())
+        .and_then(|process| process.stat().ok())
+        .and_then(|stat| stat.state().ok());
+    !matches!(state, Some(ProcState::Zombie | ProcState::Dead) | None)
 }
 
 /// Reaps zombie children that are not tracked (orphans a subreaper
