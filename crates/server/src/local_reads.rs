@@ -3,7 +3,7 @@
 //! over HTTPS to the server they run in.
 //!
 //! Answers are what the HTTP list and watch give the same token
-//! ([`crate::handlers::watch`]): the token is authenticated and its
+//! (`handlers/watch.rs`): the token is authenticated and its
 //! request checked as a `GET` of the collection, objects are served through
 //! the caller's read mask ([`crate::ownership::ReadView`]: a controller
 //! sees the fields it declared it reads), scopes by namespace, node and
