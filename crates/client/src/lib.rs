@@ -123,6 +123,9 @@ pub struct Client {
     /// Index of the server requests go to; moves on when it is unreachable.
     current: Arc<AtomicUsize>,
     token: String,
+    /// Answers the informers' lists and watches in-process, when the
+    /// server installed it ([`runtime::LocalReads`]).
+    local: Option<Arc<dyn runtime::LocalReads>>,
 }
 
 /// The URL path of a collection: `/v1/namespaces/NS/pods` or `/v1/nodes`
@@ -171,6 +174,7 @@ impl Client {
             }),
             current: Arc::new(AtomicUsize::new(0)),
             token: config.token.clone(),
+            local: None,
         })
     }
 

@@ -14,7 +14,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::{Clock, SharedServer};
+use crate::{Clock, Server, SharedServer};
 
 /// Hex SHA-256 of a token, as stored.
 pub fn hash_token(token: &str) -> String {
@@ -164,35 +164,37 @@ impl FromRequestParts<SharedServer> for Caller {
         let token = header.strip_prefix("Bearer ").ok_or_else(|| {
             ApiError::Unauthenticated("Authorization header must be `Bearer TOKEN`".into())
         })?;
-        match server
-            .tokens
-            .resolve(token.trim(), server.clock.now())
-            .await?
+        let identity = identify(server, token.trim()).await?;
+        crate::scope::check(
+            &identity,
+            &parts.method,
+            parts.uri.path(),
+            parts.uri.query(),
+        )?;
+        Ok(Caller(identity))
+    }
+}
+
+/// The identity `token` stands for now: known, not revoked, not expired.
+/// Every request is authenticated here, and so are the built-in
+/// controllers' in-process reads ([`crate::local_reads`]).
+pub async fn identify(server: &Server, token: &str) -> Result<Identity, ApiError> {
+    match server.tokens.resolve(token, server.clock.now()).await? {
+        Some(identity)
+            if identity
+                .expires_at
+                .is_some_and(|at| at <= server.clock.now()) =>
         {
-            Some(identity)
-                if identity
+            Err(ApiError::Unauthenticated(format!(
+                "token of {} expired at {}; ask an operator for a new one",
+                identity.name,
+                identity
                     .expires_at
-                    .is_some_and(|at| at <= server.clock.now()) =>
-            {
-                Err(ApiError::Unauthenticated(format!(
-                    "token of {} expired at {}; ask an operator for a new one",
-                    identity.name,
-                    identity
-                        .expires_at
-                        .map(|at| at.to_rfc3339())
-                        .unwrap_or_default()
-                )))
-            }
-            Some(identity) => {
-                crate::scope::check(
-                    &identity,
-                    &parts.method,
-                    parts.uri.path(),
-                    parts.uri.query(),
-                )?;
-                Ok(Caller(identity))
-            }
-            None => Err(ApiError::Unauthenticated("unknown or revoked token".into())),
+                    .map(|at| at.to_rfc3339())
+                    .unwrap_or_default()
+            )))
         }
+        Some(identity) => Ok(identity),
+        None => Err(ApiError::Unauthenticated("unknown or revoked token".into())),
     }
 }

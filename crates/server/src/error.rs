@@ -66,6 +66,11 @@ impl ApiError {
         self.parts().1
     }
 
+    /// The HTTP status the error is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
     fn parts(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "Unauthenticated"),

@@ -25,6 +25,7 @@ pub mod datastore;
 pub mod deletion;
 pub mod error;
 mod handlers;
+pub mod local_reads;
 pub mod metrics;
 pub mod openapi;
 pub mod ownership;

@@ -232,7 +232,7 @@ impl<T: Send + Sync + 'static> Follower<T> {
         while !shutdown.is_cancelled() {
             if !listed {
                 let list = tokio::select! {
-                    list = self.client.list_scope_all(&self.scope) => list,
+                    list = self.client.informer_list(&self.scope) => list,
                     () = shutdown.cancelled() => return,
                 };
                 match list {
@@ -276,15 +276,14 @@ impl<T: Send + Sync + 'static> Follower<T> {
     /// Follows the watch from `after` until it ends; `None` on shutdown.
     async fn follow(&self, after: u64, shutdown: &CancellationToken) -> Option<Ended> {
         let opened = tokio::select! {
-            opened = self.client.watch_scope(&self.scope, after) => opened,
+            opened = self.client.informer_watch(&self.scope, after) => opened,
             () = shutdown.cancelled() => return None,
         };
-        let events = match opened {
+        let mut events = match opened {
             Ok(events) => events,
             Err(error) if error.status() == Some(410) => return Some(Ended::Expired),
             Err(error) => return Some(Ended::Broken(Some(error))),
         };
-        futures::pin_mut!(events);
         loop {
             let event = tokio::select! {
                 event = events.next() => event,

@@ -13,17 +13,22 @@
 //! - [`run`] reconciles one key at a time from a queue with a given number
 //!   of workers, requeueing on error or when the reconciler asks.
 //!
+//! A controller running inside the API server's process reads through
+//! [`LocalReads`] instead of HTTP when its client carries one ([`local`]).
+//!
 //! Nothing here lists the world on a timer: after the first list, work
 //! comes only from changes and from deadlines a reconciler asks for.
 
 mod cache;
 mod controller;
 mod informer;
+pub mod local;
 mod queue;
 mod scope;
 
 pub use cache::{Cache, Index};
 pub use controller::{Action, run};
 pub use informer::{Change, Informer, Projection};
+pub use local::{LocalEvents, LocalReads};
 pub use queue::WorkQueue;
 pub use scope::Scope;

@@ -1,5 +1,6 @@
 //! The leader-only work: the built-in controllers, each an ordinary API
-//! client with its own token, the workflow driver and history compaction.
+//! client with its own token (its informers reading this server's watch
+//! cache in-process), the workflow driver and history compaction.
 
 use corral_api::history::CompactionPolicy;
 use corral_client::{Client, ClientConfig};
@@ -9,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ControlPlaneError;
 use crate::SharedServer;
+use crate::local_reads::InProcessReads;
 use crate::ownership::BuiltinTokens;
 
 /// What the leader needs to start the built-in controllers.
@@ -23,7 +25,9 @@ pub(super) struct Builtins {
 }
 
 impl Builtins {
-    /// A client of the API acting as built-in controller `name`.
+    /// A client of the API acting as built-in controller `name`: it writes
+    /// through the API, and its informers read this server's watch cache
+    /// in-process ([`crate::local_reads`]).
     fn client(&self, name: &str) -> Result<Client, ControlPlaneError> {
         let token = self
             .tokens
@@ -34,6 +38,7 @@ impl Builtins {
             token: token.clone(),
             ca: Some(self.ca.clone()),
         })
+        .map(|client| client.with_local_reads(InProcessReads::new(self.server.clone())))
         .map_err(|source| ControlPlaneError::Client {
             name: name.to_string(),
             source,

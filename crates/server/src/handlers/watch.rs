@@ -44,27 +44,12 @@ pub async fn list_or_watch(
             .filter(|n| !n.is_empty())
             .map(str::to_string)
     });
-    let selector: LabelSelector = query
-        .get("selector")
-        .unwrap_or_default()
-        .parse()
-        .map_err(|e: corral_api::SelectorError| ApiError::BadRequest(e.to_string()))?;
-    let node = query
-        .get("node")
-        .filter(|n| !n.is_empty())
-        .map(str::to_string);
-    if node.is_some() && !matches!(target.kind, Kind::Pod | Kind::VirtualMachine) {
-        return Err(ApiError::BadRequest(format!(
-            "node: only pods and virtualmachines are bound to nodes, not {}",
-            target.kind.plural()
-        )));
-    }
-    let scope = Scope {
+    let scope = scope(
+        target.kind,
         namespace,
-        name: None,
-        node,
-        selector,
-    };
+        query.get("node").filter(|n| !n.is_empty()),
+        query.get("selector").unwrap_or_default(),
+    )?;
     let view = crate::ownership::reader(&server, &caller).await?;
     if query.flag("watch") {
         let scope = Scope {
@@ -102,6 +87,30 @@ pub async fn list_or_watch(
     }
     body.put_u8(b'}');
     json_response(body.freeze(), "application/json")
+}
+
+/// The scope of a list or watch of `kind` from its parameters.
+pub(crate) fn scope(
+    kind: Kind,
+    namespace: Option<String>,
+    node: Option<&str>,
+    selector: &str,
+) -> Result<Scope, ApiError> {
+    let selector: LabelSelector = selector
+        .parse()
+        .map_err(|e: corral_api::SelectorError| ApiError::BadRequest(e.to_string()))?;
+    if node.is_some() && !matches!(kind, Kind::Pod | Kind::VirtualMachine) {
+        return Err(ApiError::BadRequest(format!(
+            "node: only pods and virtualmachines are bound to nodes, not {}",
+            kind.plural()
+        )));
+    }
+    Ok(Scope {
+        namespace,
+        name: None,
+        node: node.map(str::to_string),
+        selector,
+    })
 }
 
 /// Writes `object` as `view` may see it: its cached JSON as it is, or
@@ -251,7 +260,7 @@ fn error_line(code: &str, message: &str) -> Bytes {
 }
 
 /// Counts an open watch until the stream is dropped.
-struct WatchGuard(SharedServer);
+pub(crate) struct WatchGuard(pub(crate) SharedServer);
 
 impl Drop for WatchGuard {
     fn drop(&mut self) {
