@@ -157,6 +157,26 @@ impl Workload for JoinWorkload {
     }
 }
 
+/// Every Node, and where each VM's guest runs: what the routes to other
+/// nodes and to live-migrated VMs' addresses are made from.
+async fn nodes_and_vm_places(
+    client: &Client,
+) -> Result<(Vec<Object>, Vec<crate::network::VmPlace>), String> {
+    let nodes = client
+        .list(Kind::Node, None, None)
+        .await
+        .map_err(|error| crate::chain(&error))?;
+    let vms = client
+        .list(Kind::VirtualMachine, None, None)
+        .await
+        .map_err(|error| crate::chain(&error))?
+        .items
+        .iter()
+        .filter_map(crate::network::VmPlace::of)
+        .collect();
+    Ok((nodes.items, vms))
+}
+
 async fn join_step(
     step: JoinStep,
     node: &Object,
@@ -185,22 +205,11 @@ async fn join_step(
                     "node prefix {prefix}; no pod network on this node (pods have loopback only)"
                 ));
             };
-            let nodes = client
-                .list(Kind::Node, None, None)
-                .await
-                .map_err(|error| crate::chain(&error))?;
             // Live-migrated VMs' addresses too, so the routes loop finds
             // nothing of theirs to put back.
-            let vms: Vec<crate::network::VmPlace> = client
-                .list(Kind::VirtualMachine, None, None)
-                .await
-                .map_err(|error| crate::chain(&error))?
-                .items
-                .iter()
-                .filter_map(crate::network::VmPlace::of)
-                .collect();
+            let (nodes, vms) = nodes_and_vm_places(client).await?;
             let (routes, _) = network
-                .reconcile_routes(&node.metadata.name, &nodes.items, &vms)
+                .reconcile_routes(&node.metadata.name, &nodes, &vms)
                 .await
                 .map_err(|error| crate::chain(&error))?;
             Ok(format!(
@@ -212,21 +221,10 @@ async fn join_step(
             let Some(tunnel) = network.and_then(PodNetwork::tunnel) else {
                 return Ok("no tunnel (no --wireguard): plain routing to other nodes".to_string());
             };
-            let nodes = client
-                .list(Kind::Node, None, None)
-                .await
-                .map_err(|error| crate::chain(&error))?;
-            let vms: Vec<crate::network::VmPlace> = client
-                .list(Kind::VirtualMachine, None, None)
-                .await
-                .map_err(|error| crate::chain(&error))?
-                .items
-                .iter()
-                .filter_map(crate::network::VmPlace::of)
-                .collect();
-            let moved = crate::network::vm_routes::moved_addresses(&nodes.items, &vms);
+            let (nodes, vms) = nodes_and_vm_places(client).await?;
+            let moved = crate::network::vm_routes::moved_addresses(&nodes, &vms);
             let peers = tunnel
-                .reconcile(&node.metadata.name, &nodes.items, &moved)
+                .reconcile(&node.metadata.name, &nodes, &moved)
                 .await
                 .map_err(|error| crate::chain(&error))?;
             Ok(tunnel.describe(&peers.0))
