@@ -25,6 +25,7 @@
 pub mod boot;
 pub mod cgroup;
 pub mod clone;
+mod disks;
 pub mod io;
 pub mod migration;
 pub mod nics;
