@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 #[test]
 fn pod_start_benchmark_runs_end_to_end() {
     corral_testkit::require_root();
@@ -54,11 +52,5 @@ fn pod_start_benchmark_runs_end_to_end() {
         );
     }
     // Nothing left: no mount under the benchmark's temp dirs, no floor cgroup.
-    let left = common::mounts_left();
-    assert!(left.is_empty(), "mounts left behind: {left:#?}");
-    assert_eq!(
-        common::floor_cgroups(pid),
-        Vec::<PathBuf>::new(),
-        "floor cgroups left"
-    );
+    common::assert_nothing_left(pid);
 }

@@ -42,11 +42,5 @@ fn reboot_recovery_benchmark_runs_end_to_end() {
         .find_map(|line| line.strip_prefix("agent data dir: "))
         .unwrap_or_else(|| panic!("no data dir in:\n{stdout}"));
     assert!(!PathBuf::from(data_dir).exists(), "{data_dir} is left");
-    let left = common::mounts_left();
-    assert!(left.is_empty(), "mounts left behind: {left:#?}");
-    assert_eq!(
-        common::floor_cgroups(pid),
-        Vec::<PathBuf>::new(),
-        "floor cgroups left"
-    );
+    common::assert_nothing_left(pid);
 }

@@ -43,8 +43,20 @@ pub fn run_bench(args: &[&str]) -> (u32, String) {
     (pid, stdout)
 }
 
+/// Asserts the benchmark run `pid` left nothing behind: no mount under the
+/// benchmarks' temp dirs, no runc floor cgroup.
+pub fn assert_nothing_left(pid: u32) {
+    let left = mounts_left();
+    assert!(left.is_empty(), "mounts left behind: {left:#?}");
+    assert_eq!(
+        floor_cgroups(pid),
+        Vec::<PathBuf>::new(),
+        "floor cgroups left"
+    );
+}
+
 /// Mounts under the benchmarks' temp dirs (`$TMPDIR/corral-bench-*`).
-pub fn mounts_left() -> Vec<String> {
+fn mounts_left() -> Vec<String> {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
     let tmp = std::env::temp_dir().join("corral-bench-");
     mounts
@@ -56,7 +68,7 @@ pub fn mounts_left() -> Vec<String> {
 
 /// The runc floor's cgroup parent (`corral-bench-floor-<pid>`) of the
 /// benchmark run `pid`, wherever it still exists.
-pub fn floor_cgroups(pid: u32) -> Vec<PathBuf> {
+fn floor_cgroups(pid: u32) -> Vec<PathBuf> {
     std::fs::read_dir("/sys/fs/cgroup")
         .into_iter()
         .flatten()
