@@ -127,6 +127,9 @@ ALTER TABLE tokens ADD COLUMN last_used TEXT;
 /// The migrations, in order: entry `n` brings version `n` to `n + 1`.
 const MIGRATIONS: [&str; 5] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5];
 
+/// The writer connection's page cache, in KiB (a negative `cache_size`).
+const WRITER_CACHE_KIB: i64 = -32 * 1024;
+
 /// Applies the connection settings and brings the schema up to date.
 /// `durable` is false only for in-memory databases, which have no WAL.
 pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreError> {
@@ -143,6 +146,15 @@ pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreE
     // Every commit is fsynced before it returns: an acknowledged write
     // survives kill -9 and power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // Each write of a group commit runs in its own savepoint, whose
+    // sub-journal keeps the pages it changes: in memory, not in a temp file
+    // opened, written and deleted for every group.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // The pages a group touches (the newest rows of the history, event and
+    // step-log tables and their indexes, the object rows) stay in the
+    // writer's cache instead of being read back from the file each time,
+    // and a large group is not spilled to the WAL before it commits.
+    conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)?;
 
     let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
     if !(0..=SCHEMA_VERSION).contains(&version) {
