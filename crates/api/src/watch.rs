@@ -1,5 +1,7 @@
 //! Wire types of lists and watch streams.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::object::Object;
@@ -14,14 +16,35 @@ pub enum EventType {
 }
 
 /// One change, as watchers see it. For `Deleted`, `object` is the last state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WatchEvent {
     #[serde(rename = "type")]
     pub event_type: EventType,
     pub object: Object,
+    /// `object` as JSON exactly as `serde_json` writes it, when the store
+    /// already made those bytes (the body it stored): whoever needs the
+    /// JSON (the server's watch cache) takes it instead of encoding the
+    /// object again. Never sent; not part of equality.
+    #[serde(skip)]
+    pub encoded: Option<Arc<str>>,
+}
+
+impl PartialEq for WatchEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.event_type == other.event_type && self.object == other.object
+    }
 }
 
 impl WatchEvent {
+    /// A change of `object`, without its JSON.
+    pub fn new(event_type: EventType, object: Object) -> Self {
+        WatchEvent {
+            event_type,
+            object,
+            encoded: None,
+        }
+    }
+
     /// The store revision of this change.
     pub fn resource_version(&self) -> u64 {
         self.object.metadata.resource_version

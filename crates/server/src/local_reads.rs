@@ -11,7 +11,8 @@
 //! a deletion, and a watch the window cannot resume is `410 Gone`. What
 //! goes away is the JSON encoding of each event, both ends of TLS and HTTP,
 //! and the client's decoding into a `serde_json::Value` first: each event
-//! is decoded once per watcher, straight from the cached JSON.
+//! is copied from the change the cache keeps decoded (or decoded from its
+//! cached JSON when the change is no longer among the newest).
 //!
 //! One difference: over HTTP a watch from before the cache's window that
 //! is not scoped by node is replayed from the store's kept changes; here it
@@ -90,7 +91,7 @@ impl InProcessReads {
             let first = *resource_version.get_or_insert(page.resource_version);
             items.reserve(page.items.len());
             for object in &page.items {
-                items.push(served(&view, object)?);
+                items.push(served(&self.server.cache, &view, object)?);
             }
             match page.continue_token {
                 Some(token) => request.continue_token = Some(token),
@@ -132,12 +133,13 @@ impl InProcessReads {
         };
         self.server.metrics.watch_started();
         let guard = WatchGuard(self.server.clone());
+        let cache = self.server.cache.clone();
         Ok(changes
             .map(move |change| {
                 let _alive = &guard;
                 match change {
-                    Ok((event_type, object)) => served(&view, &object)
-                        .map(|object| WatchEvent { event_type, object })
+                    Ok((event_type, object)) => served(&cache, &view, &object)
+                        .map(|object| WatchEvent::new(event_type, object))
                         .map_err(client_error),
                     Err(gone) => Err(client_error(ApiError::Gone(gone.0))),
                 }
@@ -170,9 +172,14 @@ impl LocalReads for InProcessReads {
     }
 }
 
-/// `object` decoded from its cached JSON, as `view` may see it.
-fn served(view: &ReadView, object: &CachedObject) -> Result<Object, ApiError> {
-    let decoded = object.decode().map_err(|error| {
+/// `object` as `view` may see it: copied from the change the cache keeps
+/// decoded, else decoded from its cached JSON.
+fn served(
+    cache: &crate::watchcache::WatchCache,
+    view: &ReadView,
+    object: &CachedObject,
+) -> Result<Object, ApiError> {
+    let decoded = cache.decoded(object).map_err(|error| {
         ApiError::Internal(format!(
             "the cached object {}/{} is unreadable: {error}",
             object.namespace, object.name

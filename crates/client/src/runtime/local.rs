@@ -176,10 +176,7 @@ mod tests {
             },
         ]);
         reads.watches.lock().expect("watches").push_back(vec![
-            Ok(WatchEvent {
-                event_type: EventType::Modified,
-                object: pod("a", 3),
-            }),
+            Ok(WatchEvent::new(EventType::Modified, pod("a", 3))),
             Err(gone()),
         ]);
         // No server listens here: every answer must come from `reads`.

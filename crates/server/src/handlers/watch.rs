@@ -231,10 +231,7 @@ fn event_line(event_type: EventType, object: &Arc<CachedObject>, view: &ReadView
     }
     match object.decode() {
         Ok(decoded) => {
-            let event = WatchEvent {
-                event_type,
-                object: view.serve(decoded),
-            };
+            let event = WatchEvent::new(event_type, view.serve(decoded));
             serde_json::to_vec(&event)
                 .map(|mut line| {
                     line.push(b'\n');

@@ -16,6 +16,11 @@
 //!   falls back to the store's own replay (unscoped by node), or is `410
 //!   Gone` so the watcher lists again.
 //!
+//! In-process readers (the built-in controllers, `crate::local_reads`)
+//! need the object itself, not its JSON: the newest changes keep the
+//! object the store sent along ([`WatchCache::decoded`]), so the several
+//! controllers that hear a change copy it instead of each parsing it.
+//!
 //! When the store's watch breaks (its window moved on, the backend went
 //! away) the cache loads everything again and ends every open watch with
 //! `Gone`: their clients list again, from the cache.
@@ -27,7 +32,7 @@ mod tracked;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,6 +51,12 @@ pub use tracked::Tracked;
 pub const WINDOW: usize = 10_000;
 /// Live changes buffered per watcher before it lags and re-reads the window.
 const LIVE_CAPACITY: usize = 4_096;
+
+/// How many of the newest changes keep their decoded object for
+/// in-process readers: enough for every built-in controller to take a
+/// burst's changes from here, few enough that the memory stays small
+/// (the cache itself keeps only JSON).
+const RECENT_DECODED: usize = 256;
 /// How long a list waits for the cache to catch up with the store.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Objects read from the store per request while loading.
@@ -73,8 +84,27 @@ pub struct CachedObject {
 
 impl CachedObject {
     fn from_object(object: &Object) -> Result<Self, serde_json::Error> {
+        Ok(Self::with_json(
+            object,
+            Bytes::from(serde_json::to_vec(object)?),
+        ))
+    }
+
+    /// The cached form of a store change: its JSON is the body the store
+    /// wrote when the store passed it along, else encoded here.
+    fn from_event(event: &corral_api::watch::WatchEvent) -> Result<Self, serde_json::Error> {
+        match &event.encoded {
+            Some(json) => Ok(Self::with_json(
+                &event.object,
+                Bytes::copy_from_slice(json.as_bytes()),
+            )),
+            None => Self::from_object(&event.object),
+        }
+    }
+
+    fn with_json(object: &Object, json: Bytes) -> Self {
         let key = object.key();
-        Ok(CachedObject {
+        CachedObject {
             namespace: key.namespace,
             name: key.name,
             resource_version: object.metadata.resource_version,
@@ -95,8 +125,8 @@ impl CachedObject {
                 .owner
                 .as_ref()
                 .map(|owner| owner.uid.clone()),
-            json: Bytes::from(serde_json::to_vec(object)?),
-        })
+            json,
+        }
     }
 
     /// The object, decoded again (for callers served a masked view).
@@ -163,6 +193,8 @@ pub struct WatchCache {
     progress: watch::Sender<Option<u64>>,
     /// The newest revision this server wrote (see [`Tracked`]).
     written: Arc<AtomicU64>,
+    /// The objects of the newest changes, by store revision, oldest first.
+    recent: Mutex<VecDeque<Arc<Object>>>,
 }
 
 impl Default for WatchCache {
@@ -172,6 +204,7 @@ impl Default for WatchCache {
             live: broadcast::channel(LIVE_CAPACITY).0,
             progress: watch::channel(None).0,
             written: Arc::new(AtomicU64::new(0)),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_DECODED)),
         }
     }
 }
@@ -285,6 +318,9 @@ impl WatchCache {
             if let Err(error) = self.apply(&event, ready) {
                 return error;
             }
+            if ready {
+                self.remember_decoded(event.object);
+            }
             if !ready && revision >= listed_through {
                 ready = true;
             }
@@ -298,7 +334,7 @@ impl WatchCache {
     /// goes out to live watchers.
     fn apply(&self, event: &corral_api::watch::WatchEvent, ready: bool) -> Result<(), StoreError> {
         let kind = event.object.kind;
-        let cached = CachedObject::from_object(&event.object)
+        let cached = CachedObject::from_event(event)
             .map_err(|error| StoreError::Corrupt(format!("{}: {error}", event.object.key())))?;
         let revision = cached.resource_version;
         let slot = (cached.namespace.clone(), cached.name.clone());
@@ -350,6 +386,47 @@ impl WatchCache {
         Ok(())
     }
 
+    /// Keeps `object`, just applied, for [`WatchCache::decoded`].
+    fn remember_decoded(&self, object: Object) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        // A replayed change older than the newest kept would break the
+        // order `decoded` searches by; it is not needed anyway.
+        if recent.back().is_some_and(|newest| {
+            newest.metadata.resource_version >= object.metadata.resource_version
+        }) {
+            return;
+        }
+        if recent.len() == RECENT_DECODED {
+            recent.pop_front();
+        }
+        recent.push_back(Arc::new(object));
+    }
+
+    /// `cached` as an object: a copy of the one the store sent when it is
+    /// among the newest changes, else parsed from its JSON.
+    pub fn decoded(&self, cached: &CachedObject) -> Result<Object, serde_json::Error> {
+        let kept = {
+            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+            // Store revisions are unique and the deque is in their order.
+            recent
+                .binary_search_by_key(&cached.resource_version, |object| {
+                    object.metadata.resource_version
+                })
+                .ok()
+                .and_then(|index| recent.get(index).cloned())
+        };
+        match kept {
+            Some(object)
+                if object.metadata.name == cached.name
+                    && object.metadata.namespace.as_deref().unwrap_or_default()
+                        == cached.namespace =>
+            {
+                Ok(Object::clone(&object))
+            }
+            _ => cached.decode(),
+        }
+    }
+
     /// Waits until the cache reflects store revision `revision`, for at
     /// most `timeout`.
     async fn caught_up(&self, revision: u64, timeout: Duration) -> Result<(), ApiWait> {
@@ -395,5 +472,82 @@ impl From<ApiWait> for crate::error::ApiError {
             "the watch cache has not caught up with store revision {} yet; try again",
             wait.revision
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use corral_api::{AuthorClass, Kind, Object};
+    use corral_store::sqlite::SqliteStore;
+    use corral_store::{ChangeMeta, Store};
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{RECENT_DECODED, WatchCache};
+
+    fn change() -> ChangeMeta {
+        ChangeMeta {
+            author: "alice".into(),
+            class: AuthorClass::External,
+            message: String::new(),
+            time: chrono::Utc::now(),
+            always_record: false,
+        }
+    }
+
+    /// The cached form of pod `name` once the cache has `revision`.
+    async fn cached(cache: &WatchCache, name: &str, revision: u64) -> Arc<super::CachedObject> {
+        cache
+            .caught_up(revision, Duration::from_secs(10))
+            .await
+            .expect("the cache catches up");
+        let state = cache.read();
+        state.kinds[&Kind::Pod][&("default".to_string(), name.to_string())].clone()
+    }
+
+    #[tokio::test]
+    async fn in_process_readers_get_the_same_object_kept_or_parsed() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().expect("store"));
+        let cache = Arc::new(WatchCache::default());
+        let stopping = CancellationToken::new();
+        cache.start(store.clone(), stopping.clone());
+        let mut versions = Vec::new();
+        for index in 0..RECENT_DECODED + 20 {
+            let spec = json!({"containers": [{"name": "a", "image": "i", "env": {"N": index.to_string()}}],
+                              "text": "quoted \"é\" 1.5e3"});
+            let mut object = Object::new(Kind::Pod, Some("default"), &format!("p{index}"), spec);
+            object.metadata.uid = format!("uid-{index}");
+            object.metadata.labels.insert("app".into(), "web".into());
+            let written = store.create(object, &change()).await.expect("create");
+            versions.push(written);
+        }
+        let newest = versions.last().expect("written").metadata.resource_version;
+        cache
+            .caught_up(newest, Duration::from_secs(10))
+            .await
+            .expect("caught up");
+        assert_eq!(
+            cache.recent.lock().expect("lock").len(),
+            RECENT_DECODED,
+            "only the newest changes keep their object"
+        );
+        // The oldest is parsed from JSON, the newest copied from what the
+        // store sent: both are the object the store wrote.
+        for written in [&versions[0], &versions[versions.len() - 1]] {
+            let name = &written.metadata.name;
+            let cached = cached(&cache, name, written.metadata.resource_version).await;
+            assert_eq!(&cache.decoded(&cached).expect("decoded"), written);
+            assert_eq!(&cached.decode().expect("parsed"), written);
+        }
+        // A kept object is only handed out for its own name and revision.
+        let newest_name = &versions[versions.len() - 1].metadata.name;
+        let mut other = super::CachedObject::from_object(&versions[1]).expect("cached");
+        other.resource_version = newest;
+        assert_ne!(&other.name, newest_name);
+        assert_eq!(cache.decoded(&other).expect("parsed"), versions[1]);
+        stopping.cancel();
     }
 }

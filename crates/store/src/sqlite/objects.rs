@@ -4,6 +4,7 @@
 //! changed, a history revision. They never commit.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use corral_api::{Kind, Object, ObjectKey};
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -20,7 +21,8 @@ use crate::{ChangeMeta, EventType, ListContinue, ListPage, ListResult, StoreErro
 /// event to broadcast after the commit.
 pub(super) struct Applied {
     pub written: Written,
-    pub event: Option<WatchEvent>,
+    /// The change's watch event, broadcast as it is after the commit.
+    pub event: Option<Arc<WatchEvent>>,
 }
 
 /// The spec bytes the writer knows without decoding history: the cache of
@@ -353,10 +355,11 @@ fn with_event(
     let resource_version = object.metadata.resource_version;
     events::insert(conn, resource_version, key, event_type, body, change.time)?;
     Ok(Applied {
-        event: Some(WatchEvent {
+        event: Some(Arc::new(WatchEvent {
             event_type,
             object: object.clone(),
-        }),
+            encoded: Some(Arc::from(body)),
+        })),
         written: Written::Object(Box::new(object)),
     })
 }

@@ -430,3 +430,31 @@ async fn a_logged_write_and_its_log_land_together_or_not_at_all() {
         "the refused write logged nothing"
     );
 }
+
+#[tokio::test]
+async fn a_live_event_carries_the_body_the_store_wrote() {
+    let store = store_with_capacity(16);
+    let mut stream = store.watch(WatchFilter::default(), 0).await.expect("watch");
+    // The first event may be read back from the table; the next are live.
+    create(&store, 0).await;
+    assert_eq!(next_version(&mut stream).await.expect("event"), 1);
+    let mut object = Object::new(Kind::Pod, None, "p0", json!({"text": "a \"quoted\" é"}));
+    object.metadata.resource_version = 1;
+    store.update(object, 1, &change()).await.expect("update");
+    create(&store, 1).await;
+    for expected in 2..=3 {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("an event in time")
+            .expect("stream goes on")
+            .expect("event");
+        assert_eq!(event.resource_version(), expected);
+        // The watch cache serves these bytes as the object's JSON: they must
+        // be exactly what encoding the event's object gives.
+        let encoded = event.encoded.as_deref().expect("a live event has its body");
+        assert_eq!(
+            encoded,
+            serde_json::to_string(&event.object).expect("encode")
+        );
+    }
+}

@@ -160,7 +160,7 @@ fn read_batch(
                     object.metadata.resource_version
                 )));
             }
-            events.push(WatchEvent { event_type, object });
+            events.push(WatchEvent::new(event_type, object));
         }
     }
     tx.commit()?;

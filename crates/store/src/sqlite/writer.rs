@@ -27,7 +27,7 @@ use super::events::{self, EventPruner};
 use super::objects::{self, Applied};
 use super::specs::SpecCache;
 use super::{Database, steplogs};
-use crate::{ChangeMeta, StoreError, WatchEvent};
+use crate::{ChangeMeta, StoreError};
 
 /// Most writes in one transaction; more wait for the next group.
 const MAX_GROUP: usize = 512;
@@ -166,7 +166,7 @@ fn commit_group(db: &Database, state: &mut WriterState, group: Vec<Request>) {
         }) = result
         {
             // No receiver is fine: nobody is watching.
-            let _ = db.events.send(Arc::new(WatchEvent::clone(event)));
+            let _ = db.events.send(Arc::clone(event));
         }
     }
     for (result, reply) in results.into_iter().zip(replies) {
