@@ -25,6 +25,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use base64::Engine;
@@ -98,21 +99,36 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     );
 
     let mut rows = Vec::new();
+    let mut cpu_rows = Vec::new();
+    // Whose CPU each system's server side is: corral on etcd is both.
+    let (corral_pid, corral_etcd_pid, etcd_pid) = (corral.pid(), corral_etcd.pid(), etcd.pid());
     for &clients in &args.clients {
         let requests = args.requests;
         println!("C={clients}: {CORRAL} …");
-        let summary = corral_apply(&client, requests, clients).await?;
+        let (summary, cpu) =
+            server_cpu(&[corral_pid], corral_apply(&client, requests, clients)).await?;
         rows.push(row(CORRAL, clients, summary));
+        cpu_rows.push((CORRAL, clients, cpu / count(requests)));
         corral.ensure_running()?;
 
         println!("C={clients}: {CORRAL_ETCD} …");
-        let summary = corral_apply(&client_etcd, requests, clients).await?;
+        let (summary, cpu) = server_cpu(
+            &[corral_etcd_pid, etcd_pid],
+            corral_apply(&client_etcd, requests, clients),
+        )
+        .await?;
         rows.push(row(CORRAL_ETCD, clients, summary));
+        cpu_rows.push((CORRAL_ETCD, clients, cpu / count(requests)));
         corral_etcd.ensure_running()?;
 
         println!("C={clients}: {ETCD_HTTP} …");
-        let summary = etcd_http_put(&http, &etcd.client_url, requests, clients).await?;
+        let (summary, cpu) = server_cpu(
+            &[etcd_pid],
+            etcd_http_put(&http, &etcd.client_url, requests, clients),
+        )
+        .await?;
         rows.push(row(ETCD_HTTP, clients, summary));
+        cpu_rows.push((ETCD_HTTP, clients, cpu / count(requests)));
 
         println!("C={clients}: {ETCDCTL} …");
         let summary = etcdctl_put(&etcd.client_url, requests, clients).await?;
@@ -136,7 +152,63 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     println!();
     println!("load at the end: {}", machine::load());
     print!("{}", report::table(&rows, ETCD_HTTP));
+    println!();
+    print!("{}", cpu_table(&cpu_rows));
     Ok(())
+}
+
+/// Runs `work` and returns its result with the CPU time (user + system,
+/// all threads) the server processes `pids` used meanwhile: what a write
+/// costs the server side, which — unlike ops/s — hardly depends on what
+/// else the machine is doing.
+async fn server_cpu<T>(
+    pids: &[u32],
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(T, Duration)> {
+    let total = || -> anyhow::Result<Duration> {
+        pids.iter()
+            .map(|pid| crate::scale::cpu_time(Some(*pid)))
+            .sum::<anyhow::Result<Duration>>()
+    };
+    let before = total()?;
+    let result = work.await?;
+    Ok((result, total()?.saturating_sub(before)))
+}
+
+/// `requests` as a divisor of a [`Duration`].
+fn count(requests: usize) -> u32 {
+    u32::try_from(requests).unwrap_or(u32::MAX).max(1)
+}
+
+/// Server CPU per write beside etcd's for its HTTP put at the same client
+/// count. For `corral apply` the measured window also holds the benchmark's
+/// unmeasured creates and history checks, a few per client.
+fn cpu_table(rows: &[(&str, usize, Duration)]) -> String {
+    let mut out = String::from(
+        "| system | clients | server CPU per write (its processes) | ÷ etcd v3 HTTP put |\n|---|---:|---:|---:|\n",
+    );
+    for (system, clients, cpu) in rows {
+        let base = rows
+            .iter()
+            .find(|(other, c, _)| *other == ETCD_HTTP && c == clients)
+            .map(|(_, _, base)| *base);
+        let ratio = match base {
+            Some(base) if !base.is_zero() => {
+                format!("{:.2}×", cpu.as_secs_f64() / base.as_secs_f64())
+            }
+            _ => "-".into(),
+        };
+        let who = match *system {
+            CORRAL => "corral",
+            CORRAL_ETCD => "corral + etcd",
+            _ => "etcd",
+        };
+        out.push_str(&format!(
+            "| {system} | {clients} | {:.0} µs ({who}) | {ratio} |\n",
+            cpu.as_secs_f64() * 1e6
+        ));
+    }
+    out
 }
 
 fn row(system: &str, clients: usize, summary: crate::stats::Summary) -> Row {

@@ -18,6 +18,8 @@ mod stages;
 mod table;
 pub(crate) mod workload;
 
+pub(crate) use measure::cpu_time;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
