@@ -37,7 +37,11 @@ fn walk(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<Fiel
     match (old, new) {
         (Some(Value::Object(a)), Some(Value::Object(b))) => {
             for (key, value) in a {
-                walk(&join(path, key), Some(value), b.get(key), out);
+                let other = b.get(key);
+                // An unchanged subtree is skipped before its path is built.
+                if other != Some(value) {
+                    walk(&join(path, key), Some(value), other, out);
+                }
             }
             for (key, value) in b.iter().filter(|(key, _)| !a.contains_key(*key)) {
                 walk(&join(path, key), None, Some(value), out);
@@ -45,7 +49,9 @@ fn walk(path: &str, old: Option<&Value>, new: Option<&Value>, out: &mut Vec<Fiel
         }
         (Some(Value::Array(a)), Some(Value::Array(b))) => {
             for index in 0..a.len().max(b.len()) {
-                walk(&format!("{path}[{index}]"), a.get(index), b.get(index), out);
+                if a.get(index) != b.get(index) {
+                    walk(&format!("{path}[{index}]"), a.get(index), b.get(index), out);
+                }
             }
         }
         (Some(a), Some(b)) if a == b => {}

@@ -341,7 +341,26 @@ impl StoredWorkflows {
     pub fn of(status: &Value) -> Result<Self, serde_json::Error> {
         match status.get("workflow") {
             None | Some(Value::Null) => Ok(StoredWorkflows::default()),
-            Some(value) => serde_json::from_value(value.clone()),
+            Some(value) => StoredWorkflows::deserialize(value),
+        }
+    }
+
+    /// Only the newest instance of the object's `status.workflow`, read
+    /// without decoding the older ones (what the controllers reacting to
+    /// every change ask: is my step ready in the newest operation?).
+    pub fn latest_of(status: &Value) -> Result<Option<StoredInstance>, serde_json::Error> {
+        let instances = match status.get("workflow") {
+            None | Some(Value::Null) => return Ok(None),
+            Some(workflow) => workflow.get("instances"),
+        };
+        match instances {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Array(instances)) => instances
+                .last()
+                .map(StoredInstance::deserialize)
+                .transpose(),
+            // Not a list: the same error decoding the whole status gives.
+            Some(_) => Self::of(status).map(|mut stored| stored.instances.pop()),
         }
     }
 

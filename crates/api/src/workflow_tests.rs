@@ -50,3 +50,50 @@ fn status_has_a_schema() {
         "{text}"
     );
 }
+
+#[test]
+fn the_latest_instance_is_read_alone_and_as_the_whole_status_reads_it() {
+    let instance = |id: &str, revision: u64| {
+        serde_json::json!({"id": id, "workflow": "update", "definition": "pod-update-1",
+                           "revision": revision, "outcome": "running",
+                           "startedAt": "2026-12-02T10:00:00Z"})
+    };
+    let status = serde_json::json!({"node": "n1", "workflow": {"instances": [
+        // An older instance the newest does not need: not even decoded.
+        {"id": "start-1", "garbage": true},
+        instance("update-2", 2),
+        instance("update-3", 3),
+    ]}});
+    let latest = StoredWorkflows::latest_of(&status)
+        .expect("decodes")
+        .expect("has one");
+    assert_eq!(latest.id, "update-3");
+    assert!(
+        StoredWorkflows::of(&status).is_err(),
+        "the whole status has a bad instance"
+    );
+
+    let fine = serde_json::json!({"workflow": {"instances": [instance("update-2", 2), instance("update-3", 3)]}});
+    assert_eq!(
+        StoredWorkflows::latest_of(&fine).expect("decodes"),
+        StoredWorkflows::of(&fine)
+            .expect("decodes")
+            .latest()
+            .cloned()
+    );
+    for empty in [
+        serde_json::json!(null),
+        serde_json::json!({}),
+        serde_json::json!({"workflow": null}),
+        serde_json::json!({"workflow": {}}),
+        serde_json::json!({"workflow": {"instances": []}}),
+    ] {
+        assert_eq!(
+            StoredWorkflows::latest_of(&empty).expect("decodes"),
+            None,
+            "{empty}"
+        );
+    }
+    let not_a_list = serde_json::json!({"workflow": {"instances": {"id": "x"}}});
+    assert!(StoredWorkflows::latest_of(&not_a_list).is_err());
+}

@@ -105,10 +105,10 @@ fn grace_left(
 /// Whether the pod's newest instance is an update of its current revision
 /// that failed (the node refuses an update that no longer fits it).
 pub(super) fn update_refused(pod: &Object) -> bool {
-    let Ok(status) = StoredWorkflows::of(&pod.status) else {
+    let Ok(latest) = StoredWorkflows::latest_of(&pod.status) else {
         return false;
     };
-    status.latest().is_some_and(|instance| {
+    latest.is_some_and(|instance| {
         instance.workflow == "update"
             && instance.revision == pod.metadata.revision
             && instance.outcome == WorkflowOutcome::Failed

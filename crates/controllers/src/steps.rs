@@ -9,17 +9,15 @@ use serde_json::Value;
 
 /// The id of the newest instance, if `step` is ready in it.
 pub fn ready_instance(object: &Object, step: &str) -> Option<String> {
-    let status = StoredWorkflows::of(&object.status).ok()?;
-    let instance = status.latest()?;
-    instance.is_ready(step).then(|| instance.id.clone())
+    let instance = StoredWorkflows::latest_of(&object.status).ok()??;
+    instance.is_ready(step).then_some(instance.id)
 }
 
 /// The id of the newest instance, if `step` failed in it and waits for its
 /// retry (its owner may claim it before the backoff ends).
 pub fn retrying_instance(object: &Object, step: &str) -> Option<String> {
-    let status = StoredWorkflows::of(&object.status).ok()?;
-    let instance = status.latest()?;
-    instance.awaits_retry(step).then(|| instance.id.clone())
+    let instance = StoredWorkflows::latest_of(&object.status).ok()??;
+    instance.awaits_retry(step).then_some(instance.id)
 }
 
 /// A ready step to move: which object, which step, which instance.

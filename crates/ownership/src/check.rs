@@ -139,32 +139,26 @@ pub struct Refusal {
 /// owned parts of it are told apart.
 pub fn changed_fields(old: Option<&Object>, new: &Object) -> Vec<String> {
     let empty = Value::Object(Default::default());
+    let null = Value::Null;
     let labels = |o: Option<&Object>, f: fn(&Object) -> Value| o.map_or(empty.clone(), f);
-    let parts: [(&str, Value, Value); 4] = [
-        (
-            "metadata.labels",
-            labels(old, |o| to_value(&o.metadata.labels)),
-            to_value(&new.metadata.labels),
-        ),
-        (
-            "metadata.annotations",
-            labels(old, |o| to_value(&o.metadata.annotations)),
-            to_value(&new.metadata.annotations),
-        ),
-        (
-            "spec",
-            old.map_or(empty.clone(), |o| o.spec.clone()),
-            new.spec.clone(),
-        ),
-        (
-            "status",
-            old.map_or(Value::Null, |o| o.status.clone()),
-            new.status.clone(),
-        ),
+    let (old_labels, new_labels) = (
+        labels(old, |o| to_value(&o.metadata.labels)),
+        to_value(&new.metadata.labels),
+    );
+    let (old_annotations, new_annotations) = (
+        labels(old, |o| to_value(&o.metadata.annotations)),
+        to_value(&new.metadata.annotations),
+    );
+    // Spec and status are compared where they are, not copied.
+    let parts: [(&str, &Value, &Value); 4] = [
+        ("metadata.labels", &old_labels, &new_labels),
+        ("metadata.annotations", &old_annotations, &new_annotations),
+        ("spec", old.map_or(&empty, |o| &o.spec), &new.spec),
+        ("status", old.map_or(&null, |o| &o.status), &new.status),
     ];
     let mut paths = Vec::new();
     for (root, before, after) in parts {
-        for change in changed_paths(root, &before, &after) {
+        for change in changed_paths(root, before, after) {
             leaves(
                 &change.path,
                 change.old.as_ref(),
