@@ -217,6 +217,11 @@ fn stop_keep_and_start(cluster: &mut common::Cluster, target: &str, uid: &str, d
         "{table}"
     );
     assert!(table.contains(" Stopped "), "{table}");
+    let described = cluster.ok(&["describe", target]);
+    assert!(
+        described.contains("Stopped (its spec keeps it stopped: spec.running: false"),
+        "{described}"
+    );
     // Why: stopped because the spec asks, by the person who asked.
     let history: Vec<Value> =
         serde_json::from_str(&cluster.ok(&["history", target, "-o", "json"])).unwrap();
@@ -269,6 +274,31 @@ fn stop_keep_and_start(cluster: &mut common::Cluster, target: &str, uid: &str, d
     let history = cluster.ok(&["history", target]);
     assert!(history.contains("vm stop: maintenance"), "{history}");
     assert!(history.contains("vm start"), "{history}");
+
+    // A guest that powers itself off while its spec says it runs is a
+    // QEMU exit like any other: the node starts it again (a restart
+    // counted, no revision).
+    let restarts = |vm: &Value| {
+        let message = vm["status"]["message"].as_str().unwrap_or_default();
+        message
+            .rsplit("restarts ")
+            .next()
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or_else(|| panic!("no restart count in {message:?}"))
+    };
+    let before = restarts(&wait_running(cluster, target));
+    let revision = cluster.get_json(target)["metadata"]["revision"].clone();
+    // (The console ends with QEMU: its answer does not matter.)
+    let _ = cluster.corral_with_stdin(&["console", target], Some("poweroff -f\n"));
+    let vm = common::wait_for(
+        "the powered-off guest to run again",
+        Duration::from_secs(120),
+        || {
+            let vm = cluster.get_json(target);
+            (vm["status"]["phase"] == "Running" && restarts(&vm) == before + 1).then_some(vm)
+        },
+    );
+    assert_eq!(vm["metadata"]["revision"], revision, "{vm}");
 }
 
 #[test]
