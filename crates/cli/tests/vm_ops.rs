@@ -16,8 +16,10 @@
 //! - `corral vm stop` powers the guest off and keeps the VM: QEMU is gone,
 //!   `get` says Stopped, the disk stays, `why` says the spec asks for it
 //!   and who asked, it stays stopped across a restart of the node's
-//!   agent, a second stop writes nothing; `corral vm start` boots it again
-//!   with what it wrote to its disk before the stop;
+//!   agent, a second stop writes nothing, a restart, reset or migration of
+//!   it is refused naming the field, a snapshot of it holds its disk;
+//!   `corral vm start` boots it again with what it wrote to its disk
+//!   before the stop; a guest that powers itself off is started again;
 //! - `corral delete` presses the ACPI power button: a guest that handles it
 //!   powers off (its console shows its shutdown line) long before its
 //!   grace period ends; one that does not is quit once the grace is over;
@@ -249,6 +251,31 @@ fn stop_keep_and_start(cluster: &mut common::Cluster, target: &str, uid: &str, d
     assert!(out.contains("already stopped"), "{out}");
     assert_eq!(cluster.get_json(target)["metadata"]["revision"], revision);
 
+    // A restart, a reset or a migration of a stopped VM is refused,
+    // naming the field; a snapshot of it holds its disk (no memory).
+    for (args, field) in [
+        (vec!["vm", "restart", target], "spec.power"),
+        (vec!["vm", "reset", target], "spec.power"),
+        (
+            vec!["vm", "migrate", target, "--to", "elsewhere"],
+            "spec.migration",
+        ),
+    ] {
+        let refused = cluster.fails(&args);
+        assert!(
+            refused.contains(&format!("{field}: the VM is stopped (spec.running: false)")),
+            "{args:?}: {refused}"
+        );
+    }
+    assert_eq!(cluster.get_json(target)["metadata"]["revision"], revision);
+    cluster.ok(&["vm", "snapshot", target, "while-stopped"]);
+    let list = cluster.ok(&["vm", "snapshot", "list", target]);
+    let row = list
+        .lines()
+        .find(|line| line.starts_with("while-stopped "))
+        .unwrap_or_else(|| panic!("no while-stopped in the list:\n{list}"));
+    assert_eq!(row.split_whitespace().nth(1), Some("no"), "{list}");
+
     // The agent restarts (with the server: `corral up`): still stopped.
     assert!(cluster.terminate(), "corral up did not stop cleanly");
     cluster.restart();
@@ -274,6 +301,7 @@ fn stop_keep_and_start(cluster: &mut common::Cluster, target: &str, uid: &str, d
     let history = cluster.ok(&["history", target]);
     assert!(history.contains("vm stop: maintenance"), "{history}");
     assert!(history.contains("vm start"), "{history}");
+    cluster.ok(&["vm", "snapshot", "delete", target, "while-stopped"]);
 
     // A guest that powers itself off while its spec says it runs is a
     // QEMU exit like any other: the node starts it again (a restart
