@@ -225,9 +225,9 @@ fn stop_keep_and_start(cluster: &mut common::Cluster, target: &str, uid: &str, d
         "{described}"
     );
     // Why: stopped because the spec asks, by the person who asked.
-    let history: Vec<Value> =
-        serde_json::from_str(&cluster.ok(&["history", target, "-o", "json"])).unwrap();
-    let stop = history.last().unwrap();
+    let history: Vec<Value> = serde_json::from_str(&cluster.ok(&["history", target, "-o", "json"]))
+        .expect("history -o json is JSON");
+    let stop = history.last().expect("a revision in history");
     assert_eq!(stop["message"], "vm stop: maintenance", "{stop}");
     let author = stop["author"].as_str().unwrap_or_default();
     let why = cluster.ok(&["why", target]);
