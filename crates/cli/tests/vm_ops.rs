@@ -296,7 +296,9 @@ fn stop_keep_and_start(cluster: &mut common::Cluster, target: &str, uid: &str, d
         "test -e /mnt/kept && echo STILL-KEPT-$((6*7)) || echo LOST-$((6*7))",
     );
     assert!(seen.contains("STILL-KEPT-42"), "{seen}");
-    let out = cluster.ok(&["vm", "start", target]);
+    // (Its bare name is enough.)
+    let name = target.strip_prefix("vm/").unwrap_or(target);
+    let out = cluster.ok(&["vm", "start", name]);
     assert!(out.contains("already running"), "{out}");
     let history = cluster.ok(&["history", target]);
     assert!(history.contains("vm stop: maintenance"), "{history}");

@@ -36,7 +36,7 @@ pub struct VmArgs {
 /// What every operation takes: the VM, and whether to wait for it.
 #[derive(Debug, Args)]
 struct Operation {
-    /// The VM: vm/NAME.
+    /// The VM: vm/NAME (or just NAME).
     target: String,
     #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
     namespace: String,
@@ -74,17 +74,19 @@ enum VmCommand {
         /// The snapshot.
         name: String,
     },
-    /// Power the VM off and keep it: the guest gets the ACPI power button
-    /// and its grace period (spec.stopGraceSeconds) to shut down, then QEMU
-    /// is quit. Its disks, address and node stay; it stays off (across
-    /// node restarts too) until `corral vm start`. Writes `spec.running:
-    /// false` as a revision by you; on a VM already stopped it writes
-    /// nothing.
+    /// Power the VM off and keep it (disks, address, node) until `vm start`.
+    ///
+    /// The guest gets the ACPI power button and its grace period
+    /// (spec.stopGraceSeconds) to shut down, then QEMU is quit. Its disks,
+    /// address and node stay, and so does its room on the node; it stays
+    /// off, across node restarts too, until `corral vm start`. Writes
+    /// `spec.running: false` as a revision by you; on a VM already stopped
+    /// it says so and writes nothing.
     #[command(after_help = "Examples:
   corral vm stop vm/builder
-  corral vm stop vm/builder -m \"maintenance window\"   the reason, in history
-  corral get vm/builder                            PHASE Stopped
-  corral why vm/builder                            stopped because its spec asks, by whom")]
+  corral vm stop vm/builder -m \"maintenance window\"  the reason, in history
+  corral get vm/builder                             PHASE Stopped
+  corral why vm/builder                             stopped because its spec asks, by whom")]
     Stop {
         #[command(flatten)]
         operation: Operation,
@@ -92,13 +94,15 @@ enum VmCommand {
         #[arg(short = 'm', long)]
         message: Option<String>,
     },
-    /// Power a stopped VM on again: a fresh boot from its kept disks, on
-    /// the same node with the same address (the boot marker is awaited as
-    /// usual). Writes `spec.running: true` as a revision by you; on a VM
-    /// that already runs it writes nothing.
+    /// Power a stopped VM on again: a fresh boot from its kept disks.
+    ///
+    /// It boots on the same node with the same address (the boot marker is
+    /// awaited as usual). Writes `spec.running: true` (left out of the
+    /// spec: the default) as a revision by you; on a VM that already runs
+    /// it says so and writes nothing.
     #[command(after_help = "Examples:
   corral vm start vm/builder
-  corral vm start vm/builder -m \"maintenance done\"")]
+  corral vm start vm/builder -m \"maintenance done\"    the reason, in history")]
     Start {
         #[command(flatten)]
         operation: Operation,
@@ -179,7 +183,15 @@ enum SnapshotCommand {
     },
 }
 
+/// The VM `target` names: `vm/NAME`, or just its name.
 fn vm_key(target: &str, namespace: &str) -> anyhow::Result<ObjectKey> {
+    if !target.contains('/') {
+        return Ok(ObjectKey::new(
+            Kind::VirtualMachine,
+            Some(namespace),
+            target,
+        ));
+    }
     let key = Target::parse(target, None)?.key(Some(namespace))?;
     if key.kind != Kind::VirtualMachine {
         bail!("{target} is a {}, not a VM", key.kind);
@@ -429,4 +441,21 @@ fn snapshot_rows(
             ]
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_is_named_with_or_without_its_kind() {
+        let key = vm_key("builder", "team-a").unwrap();
+        assert_eq!(
+            key,
+            ObjectKey::new(Kind::VirtualMachine, Some("team-a"), "builder")
+        );
+        assert_eq!(vm_key("vm/builder", "team-a").unwrap(), key);
+        let error = vm_key("pod/web", "default").unwrap_err().to_string();
+        assert!(error.contains("not a VM"), "{error}");
+    }
 }
