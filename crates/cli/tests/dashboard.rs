@@ -7,8 +7,9 @@
 //! namespace sees none of default's pods. Screenshots of each page are
 //! kept (paths printed) and checked non-blank. The VM console test boots
 //! the test kit's kernel, resets it, stops it (Stopped on the page, kept)
-//! and starts it again (its boot marker on the console once more). `dashboard_csrf.rs` checks the cookie, CSRF and
-//! CSP rules over plain HTTP.
+//! and starts it again (its boot marker on the console once more,
+//! `dashboard/vm_power.rs`). `dashboard_csrf.rs` checks the cookie, CSRF
+//! and CSP rules over plain HTTP.
 
 #![allow(clippy::unwrap_used)]
 
