@@ -35,7 +35,7 @@ pub struct VirtualMachineSpec {
     /// Whether the guest should run: `false` stops it cleanly and keeps it
     /// (its disks, address, node and room there), `true` starts it again
     /// (`corral vm stop|start`). True by default, and then left out of the
-    /// spec. See docs/design/XXXX-vm-stop-start.md.
+    /// spec.
     #[serde(default = "running_by_default", skip_serializing_if = "is_running")]
     pub running: bool,
     /// Seconds the guest gets to power off after the ACPI power button
