@@ -435,3 +435,90 @@ fn vm_interfaces_are_named_once_and_fixed_at_creation() {
     assert_eq!(errors[0].path, "spec.interfaces", "{errors:?}");
     assert_eq!(crate::validate_update(&two, &two), Ok(()));
 }
+
+#[test]
+fn a_vm_runs_by_default_and_running_is_left_out_until_it_is_stopped() {
+    let written = json!({"cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"}});
+    let spec: crate::kinds::VirtualMachineSpec = serde_json::from_value(written.clone()).unwrap();
+    assert!(spec.running && spec.runs());
+    // An existing VM's spec (and so its hash and history) is unchanged.
+    assert_eq!(serde_json::to_value(&spec).unwrap().get("running"), None);
+    assert_eq!(
+        canonical_spec(Kind::VirtualMachine, &written).get("running"),
+        None
+    );
+    let mut stopped = spec.clone();
+    stopped.running = false;
+    let value = serde_json::to_value(&stopped).unwrap();
+    assert_eq!(value["running"], false);
+    let again: crate::kinds::VirtualMachineSpec = serde_json::from_value(value).unwrap();
+    assert!(!again.running && !again.runs());
+    // Stopping or starting is done in place: the same QEMU configuration.
+    assert_eq!(spec.machine(), stopped.machine());
+    let mut template = spec.clone();
+    template.template = true;
+    assert!(!template.runs());
+}
+
+#[test]
+fn a_stopped_template_is_refused_naming_the_field() {
+    let vm = Object::new(
+        Kind::VirtualMachine,
+        None,
+        "vm",
+        json!({"cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"}, "disk": {"volume": "d"},
+               "template": true, "running": false}),
+    );
+    let text = messages(&vm).join("\n");
+    assert!(
+        text.contains("spec.running: a template never runs"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_stopped_vm_is_not_migrated_restarted_or_reset_but_may_start_and_keep_old_requests() {
+    let vm = |extra: Value| {
+        let mut spec = json!({"cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"},
+                              "disk": {"volume": "d"},
+                              "migration": {"to": "n1", "at": "2026-12-01T10:00:00Z"},
+                              "power": {"action": "reset", "at": "2026-12-01T10:00:00Z"}});
+        for (key, value) in extra.as_object().unwrap() {
+            spec[key] = value.clone();
+        }
+        Object::new(Kind::VirtualMachine, Some("default"), "vm", spec)
+    };
+    let running = vm(json!({}));
+    let stopped = vm(json!({"running": false}));
+    // Stopping keeps the old one-off requests: nothing newer, no refusal.
+    assert_eq!(crate::validate_update(&running, &stopped), Ok(()));
+    let migrated = vm(json!({"running": false,
+                             "migration": {"to": "n2", "at": "2026-12-02T10:00:00Z"}}));
+    let errors = crate::validate_update(&stopped, &migrated).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "spec.migration");
+    let text = errors[0].to_string();
+    assert!(
+        text.contains("the VM is stopped (spec.running: false)"),
+        "{text}"
+    );
+    assert!(text.contains("corral vm start"), "{text}");
+    // Stopping and migrating in one revision is refused the same way.
+    assert_eq!(
+        crate::validate_update(&running, &migrated).unwrap_err()[0].path,
+        "spec.migration"
+    );
+    for action in ["restart", "reset"] {
+        let powered = vm(json!({"running": false,
+                                "power": {"action": action, "at": "2026-12-02T10:00:00Z"}}));
+        let errors = crate::validate_update(&stopped, &powered).unwrap_err();
+        assert_eq!(errors[0].path, "spec.power", "{errors:?}");
+        assert!(errors[0].to_string().contains("the VM is stopped"));
+    }
+    // Starting again is fine, and so is a migration of the running VM.
+    assert_eq!(crate::validate_update(&stopped, &running), Ok(()));
+    let moving = vm(json!({"migration": {"to": "n2", "at": "2026-12-02T10:00:00Z"}}));
+    assert_eq!(crate::validate_update(&running, &moving), Ok(()));
+    // A rollback to an older request (stopped) is no new request.
+    assert_eq!(crate::validate_update(&migrated, &stopped), Ok(()));
+}

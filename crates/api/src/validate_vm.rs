@@ -74,6 +74,12 @@ pub(super) fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
     if spec.template && spec.disk.is_none() {
         checker.fail("spec.template", "a template needs a disk for its clones");
     }
+    if spec.template && !spec.running {
+        checker.fail(
+            "spec.running",
+            "a template never runs: leave running out (templates are always stopped)",
+        );
+    }
     let mut names = std::collections::BTreeSet::new();
     for (index, snapshot) in spec.snapshots.iter().enumerate() {
         let path = format!("spec.snapshots[{index}].name");
@@ -113,8 +119,20 @@ pub(super) fn check_vm(checker: &mut Checker, spec: &VirtualMachineSpec) {
     }
 }
 
+/// Whether a one-off request stamped `new` is newer than `old`'s (RFC 3339
+/// times in UTC compare as text; a rollback to an older one is not).
+fn newer(new: Option<&str>, old: Option<&str>) -> bool {
+    match (new, old) {
+        (Some(new), Some(old)) => new > old,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
 /// The rules of a change from `old` to `new`: the network interfaces are
-/// the ones the VM was created with, and a disk only grows. The same
+/// the ones the VM was created with, a stopped VM (`running: false`) is
+/// neither migrated nor restarted or reset (there is no guest to move or
+/// reboot: start it first), and a disk only grows. The same
 /// disk (`disk` with the same source; a data disk with the same name and
 /// volume) may not get a smaller size than it has, since the node would
 /// have to cut off the guest's data; the refusal names the field and the
@@ -129,6 +147,24 @@ pub(super) fn check_vm_update(
             "spec.interfaces",
             "cannot change once the VM exists (each interface is a link and an address the VM was started with): create a new VM, or a clone, with the interfaces it needs",
         );
+    }
+    if !new.running {
+        let at = |migration: &Option<crate::kinds::VmMigration>| {
+            migration.as_ref().map(|m| m.at.clone())
+        };
+        if newer(at(&new.migration).as_deref(), at(&old.migration).as_deref()) {
+            checker.fail(
+                "spec.migration",
+                "the VM is stopped (spec.running: false): a live migration moves a running guest; start it first (corral vm start), then migrate it",
+            );
+        }
+        let at = |power: &Option<crate::kinds::VmPower>| power.as_ref().map(|p| p.at.clone());
+        if newer(at(&new.power).as_deref(), at(&old.power).as_deref()) {
+            checker.fail(
+                "spec.power",
+                "the VM is stopped (spec.running: false): there is no guest to restart or reset; start it instead (corral vm start)",
+            );
+        }
     }
     let mut shrunk = |path: String, old_bytes: u64, new_bytes: u64| {
         if new_bytes < old_bytes {

@@ -118,7 +118,7 @@ enum Command {
     /// Reach a port of a pod from this machine: listens on localhost and
     /// carries each connection to the pod through the API server.
     PortForward(port_forward::PortForwardArgs),
-    /// VM operations: snapshot (take, list, delete), restore, restart,
+    /// VM operations: snapshot (take, list, delete), restore, stop, start, restart,
     /// reset — each a revision of the VM, applied by its node in place.
     Vm(vm::VmArgs),
     /// Attach to a VM's serial console (Ctrl-] detaches; piped input

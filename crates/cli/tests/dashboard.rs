@@ -6,12 +6,16 @@
 //! applies a manifest from the browser, and a user limited to another
 //! namespace sees none of default's pods. Screenshots of each page are
 //! kept (paths printed) and checked non-blank. The VM console test boots
-//! the test kit's kernel. `dashboard_csrf.rs` checks the cookie, CSRF and
-//! CSP rules over plain HTTP.
+//! the test kit's kernel, resets it, stops it (Stopped on the page, kept)
+//! and starts it again (its boot marker on the console once more,
+//! `dashboard/vm_power.rs`). `dashboard_csrf.rs` checks the cookie, CSRF
+//! and CSP rules over plain HTTP.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "dashboard/vm_power.rs"]
+mod vm_power;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -555,6 +559,7 @@ fn a_vm_console_in_the_browser_shows_the_boot_marker_and_answers() {
     let history = cluster.ok(&["history", &format!("vm/{name}")]);
     assert!(history.contains("vm reset (dashboard)"), "{history}");
     browser.screenshot("3-vm-reset");
+    vm_power::stop_and_start(&browser, &cluster, &name, before + 1);
 
     // Delete from the page: its stop workflow runs, then the VM is gone.
     browser.type_into("#delete-message", "done with it");
@@ -580,7 +585,7 @@ fn a_vm_console_in_the_browser_shows_the_boot_marker_and_answers() {
 
 /// A script answering the text of the element with `id` once a write set
 /// its class to `ok` or `error`.
-fn settled(id: &str) -> String {
+pub fn settled(id: &str) -> String {
     format!(
         "const r = document.getElementById('{id}'); \
          return r.className === 'ok' || r.className === 'error' ? r.textContent : null"

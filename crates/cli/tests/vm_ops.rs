@@ -13,6 +13,13 @@
 //!   API, naming the field, and changes nothing (no revision, same sizes);
 //!   a rollback to a revision from before they grew keeps their sizes;
 //! - `corral vm reset` reboots the guest in the same QEMU;
+//! - `corral vm stop` powers the guest off and keeps the VM: QEMU is gone,
+//!   `get` says Stopped, the disk stays, `why` says the spec asks for it
+//!   and who asked, it stays stopped across a restart of the node's
+//!   agent, a second stop writes nothing, a restart, reset or migration of
+//!   it is refused naming the field, a snapshot of it holds its disk;
+//!   `corral vm start` boots it again with what it wrote to its disk
+//!   before the stop; a guest that powers itself off is started again;
 //! - `corral delete` presses the ACPI power button: a guest that handles it
 //!   powers off (its console shows its shutdown line) long before its
 //!   grace period ends; one that does not is quit once the grace is over;
@@ -31,6 +38,8 @@ use corral_testkit::{
 use serde_json::Value;
 
 mod common;
+#[path = "vm_ops/stop_start.rs"]
+mod stop_start;
 
 const BOOT_IMAGE: &str = "local/vm-boot:1";
 
@@ -138,7 +147,7 @@ fn snapshots_restore_reset_and_a_clean_stop() {
     require_tool("qemu-system-x86_64");
     require_tool("qemu-img");
     require_tool("nsenter");
-    let cluster = common::start_node();
+    let mut cluster = common::start_node();
     import_boot_image(&cluster);
 
     // Two guests: one handles the ACPI power button (grace 120 s), one
@@ -336,6 +345,8 @@ fn snapshots_restore_reset_and_a_clean_stop() {
         pid(vm["status"]["message"].as_str().unwrap_or_default()),
         pid(&pid_before)
     );
+
+    stop_start::stop_keep_and_start(&mut cluster, &acpi_target, &acpi_uid, &acpi_disk);
 
     // Delete: the ACPI guest powers itself off well within its 120 s; the
     // other is quit once its 5 s are over.

@@ -31,6 +31,7 @@ pub mod migration;
 pub mod nics;
 pub mod operations;
 mod removal;
+pub mod running;
 pub mod sandbox;
 pub mod state;
 pub mod workload;

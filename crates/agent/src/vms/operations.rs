@@ -15,7 +15,8 @@
 //!   resize` otherwise); a smaller one fails (the API server refuses it
 //!   before it gets here, [`corral_api::validate_update`]).
 //! - **Power**: `reset` presses the reset button (`system_reset`), `restart`
-//!   stops cleanly and starts again.
+//!   stops cleanly and starts again; `spec.running: false` stops the VM
+//!   and keeps it, `true` starts it again ([`super::running`]).
 //!
 //! What QEMU reports is read here too: its run state (`query-status`) and
 //! the disk's snapshot table, both shown in the VM's status.
@@ -29,6 +30,7 @@ use corral_runtime::vm::snapshot::{self, Offline, SnapshotInfo};
 use corral_runtime::vm::{DISK_ID, data_disk_id, process};
 use serde_json::{Value, json};
 
+use super::running::{RunChange, run_change};
 use super::workload::{VmWorkload, typed_spec};
 
 /// How long `savevm` / `loadvm` may take (the guest's memory is copied
@@ -120,7 +122,8 @@ pub fn resizes(admitted: &VirtualMachineSpec, desired: &VirtualMachineSpec) -> V
 /// What a revision from `admitted` to `desired` does in place, in order,
 /// given the disk's snapshot table and the size each resized disk has
 /// now: deletions, the restore, new snapshots, growing disks, the power
-/// action.
+/// action (none for a VM whose spec does not run it: there is no guest
+/// to restart or reset, and the API refuses asking for one).
 pub fn plan(
     admitted: &VirtualMachineSpec,
     desired: &VirtualMachineSpec,
@@ -167,7 +170,8 @@ pub fn plan(
     let power = desired
         .power
         .as_ref()
-        .filter(|p| newer(Some(&p.at), admitted.power.as_ref().map(|a| a.at.as_str())));
+        .filter(|p| newer(Some(&p.at), admitted.power.as_ref().map(|a| a.at.as_str())))
+        .filter(|_| desired.runs());
     if let Some(power) = power {
         steps.push(match power.action {
             PowerAction::Reset => InPlace::Reset,
@@ -208,21 +212,29 @@ impl VmWorkload {
     }
 
     /// `node/restart-vm`: the desired revision, in place when only
-    /// in-place fields changed, else with a new QEMU. Returns a note.
+    /// in-place fields changed, else with a new QEMU; a revision that
+    /// stops the VM (`spec.running: false`) stops QEMU cleanly after the
+    /// in-place changes (so a snapshot of it still holds the guest's
+    /// memory) and keeps the VM ([`super::running`]). Returns a note.
     pub(super) async fn apply_revision(&mut self) -> Result<String, String> {
         let desired = typed_spec(&self.desired).ok_or("the VM's spec does not decode")?;
         let admitted = typed_spec(&self.record.vm);
-        let running = self.record.pid.is_some() && self.record.admitted_revision > 0;
-        let same_machine = admitted
-            .as_ref()
-            .is_some_and(|a| a.machine() == desired.machine());
+        let qemu_runs = self.record.pid.is_some() && self.record.admitted_revision > 0;
+        let change = run_change(qemu_runs, admitted.as_ref(), &desired);
         let mut notes = Vec::new();
-        if !running || !same_machine {
+        if matches!(change, RunChange::Start | RunChange::Template) {
             self.ensure_disk().await?;
             notes.push(self.start().await?);
         }
         let admitted = admitted.unwrap_or_else(|| desired.clone());
         notes.extend(self.apply_in_place(&admitted, &desired).await?);
+        match change {
+            RunChange::Stop => notes.push(self.stop_kept().await?),
+            RunChange::StayStopped if notes.is_empty() => {
+                notes.push(super::running::KEPT_STOPPED.to_string());
+            }
+            _ => {}
+        }
         // The revision is now the admitted one even when nothing restarted.
         self.record.vm = self.desired.clone();
         self.record.admitted_revision = self.desired.metadata.revision;

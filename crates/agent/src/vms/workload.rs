@@ -268,6 +268,14 @@ impl VmWorkload {
                 "a template does not run ({stopped}): its disk is its clones' base"
             ));
         }
+        if typed_spec(&self.desired).is_some_and(|spec| !spec.running) {
+            // Kept stopped ([`super::running`]): admitted, not started.
+            let stopped = self.stop_kept().await?;
+            self.record.vm = self.desired.clone();
+            self.record.admitted_revision = self.desired.metadata.revision;
+            self.save();
+            return Ok(format!("not started: {stopped}"));
+        }
         let config = self.config().await?;
         self.stop().await?;
         let accel = config.accel;
@@ -308,6 +316,12 @@ impl VmWorkload {
     fn await_boot(&mut self) -> StepOutcome {
         if self.record.admitted_revision != self.desired.metadata.revision {
             return StepOutcome::NotYet;
+        }
+        if self.kept_stopped() && self.record.pid.is_none() {
+            return StepOutcome::Done(Some(format!(
+                "no boot to await: {}",
+                super::running::KEPT_STOPPED
+            )));
         }
         if self.check_booted() {
             return StepOutcome::Done(None);
@@ -356,7 +370,10 @@ impl VmWorkload {
             let was_booted = self.record.booted;
             return self.check_booted() && !was_booted;
         }
-        if self.record.admitted_revision == 0 || self.is_template() {
+        // A template never runs; a VM its spec keeps stopped stays so
+        // (after an agent restart or a reboot too: the admitted spec is
+        // in its local record).
+        if self.record.admitted_revision == 0 || self.is_template() || self.kept_stopped() {
             return false;
         }
         if self.restart_at.is_none_or(|at| Instant::now() >= at) {
@@ -378,8 +395,10 @@ impl VmWorkload {
 
     fn status_value(&self) -> serde_json::Value {
         let template = self.is_template() && self.record.admitted_revision > 0;
+        let stopped = self.kept_stopped() && self.record.pid.is_none();
         let phase = match (self.record.pid, self.record.booted) {
             _ if template => "Template",
+            _ if stopped => "Stopped",
             (Some(_), true) => "Running",
             _ => "Pending",
         };
@@ -405,6 +424,7 @@ impl VmWorkload {
             None if template => {
                 "a template: QEMU does not run; its disk is its clones' base".to_string()
             }
+            None if stopped => super::running::KEPT_STOPPED.to_string(),
             None => match self.record.last_exit {
                 Some(code) => format!("QEMU exited with code {code}; the node starts it again"),
                 None => "QEMU is not running (its exit code was not collected); the node starts it again".to_string(),

@@ -45,6 +45,24 @@ pub fn load_balancer_columns(object: &Object) -> [String; 3] {
     [addresses, ports, status.ready.to_string()]
 }
 
+/// The headers of [`vm_columns`].
+pub const VM_HEADERS: [&str; 3] = ["PHASE", "NODE", "MESSAGE"];
+
+/// PHASE (`Running`, `Pending`, `Stopped` when its spec keeps it stopped,
+/// `Template`), NODE and MESSAGE of a VirtualMachine, as its node reported
+/// them.
+pub fn vm_columns(object: &Object) -> [String; 3] {
+    let text = |field: &str| {
+        object
+            .status
+            .get(field)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("-")
+            .to_string()
+    };
+    [text("phase"), text("node"), text("message")]
+}
+
 /// DESIRED, CURRENT and READY of a PerNodeDeployment.
 pub fn per_node_columns(object: &Object) -> [String; 3] {
     let status: PerNodeDeploymentStatus = object.typed_status().unwrap_or_default();

@@ -19,7 +19,7 @@ mod policy;
 mod secret;
 mod vm;
 
-pub use columns::{job_columns, load_balancer_columns, per_node_columns};
+pub use columns::{VM_HEADERS, job_columns, load_balancer_columns, per_node_columns, vm_columns};
 pub use controller::{ControllerSpec, StepRegistration};
 pub use job::{ConcurrencyPolicy, JobPhase, JobSpec, JobStatus};
 pub use loadbalancer::{

@@ -32,6 +32,12 @@ pub struct VirtualMachineSpec {
     /// (`disk.clone.vm`) write their own changes over.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub template: bool,
+    /// Whether the guest should run: `false` stops it cleanly and keeps it
+    /// (its disks, address, node and room there), `true` starts it again
+    /// (`corral vm stop|start`). True by default, and then left out of the
+    /// spec.
+    #[serde(default = "running_by_default", skip_serializing_if = "is_running")]
+    pub running: bool,
     /// Seconds the guest gets to power off after the ACPI power button
     /// (on delete, restart or an edit) before QEMU is quit; 10 by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,18 +62,36 @@ pub struct VirtualMachineSpec {
     pub migration: Option<VmMigration>,
 }
 
+/// `spec.running` when the spec leaves it out.
+fn running_by_default() -> bool {
+    true
+}
+
+/// Whether `running` is the default (so it is left out of the spec).
+fn is_running(running: &bool) -> bool {
+    *running
+}
+
 impl VirtualMachineSpec {
+    /// Whether the spec asks for the guest to run now: not stopped
+    /// (`running: false`) and no template (which never runs).
+    pub fn runs(&self) -> bool {
+        self.running && !self.template
+    }
+
     /// The stop grace period in seconds.
     pub fn stop_grace(&self) -> u32 {
         self.stop_grace_seconds
             .unwrap_or(DEFAULT_STOP_GRACE_SECONDS)
     }
 
-    /// The spec without what the node applies to a running VM in place
-    /// (snapshots, restores, power actions, the grace period, the disks'
-    /// sizes): two specs with the same machine run the same QEMU.
+    /// The spec without what the node applies to a VM in place
+    /// (snapshots, restores, power actions, whether it runs, the grace
+    /// period, the disks' sizes): two specs with the same machine run the
+    /// same QEMU.
     pub fn machine(&self) -> VirtualMachineSpec {
         VirtualMachineSpec {
+            running: true,
             stop_grace_seconds: None,
             snapshots: Vec::new(),
             restore: None,

@@ -75,6 +75,10 @@ pub async fn describe(config: Option<PathBuf>, args: DescribeArgs) -> anyhow::Re
     }
     match object.kind {
         Kind::Pod => pod(&mut out, &client, &object, now).await,
+        Kind::VirtualMachine => {
+            vm(&mut out, &object);
+            generic(&mut out, &object);
+        }
         _ => generic(&mut out, &object),
     }
     workflow(&mut out, &object);
@@ -178,6 +182,20 @@ fn container_lines(out: &mut String, c: &ContainerStatus, now: DateTime<Utc>) {
 
 /// Other kinds: their spec and status as YAML, without the workflow (which
 /// `why` shows whole).
+/// A VM's node, phase and message (`get`'s columns), and whether its
+/// spec keeps it stopped.
+fn vm(out: &mut String, object: &Object) {
+    let [phase, node, message] = corral_api::kinds::vm_columns(object);
+    line(out, "Node", &node);
+    let asked = if corral_api::health::kept_stopped(object) {
+        " (its spec keeps it stopped: spec.running: false; `corral vm start` runs it again)"
+    } else {
+        ""
+    };
+    line(out, "Phase", &format!("{phase}{asked}"));
+    line(out, "Message", &message);
+}
+
 fn generic(out: &mut String, object: &Object) {
     let mut status = object.status.clone();
     if let Some(map) = status.as_object_mut() {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use corral_api::kinds::{
-    ConfigSpec, PodStatus, RevealedSecret, SecretSpec, job_columns, load_balancer_columns,
-    per_node_columns,
+    ConfigSpec, PodStatus, RevealedSecret, SecretSpec, VM_HEADERS, job_columns,
+    load_balancer_columns, per_node_columns, vm_columns,
 };
 use corral_api::{Kind, Object};
 
@@ -251,6 +251,7 @@ fn headers(kind: Kind, show_namespace: bool, wide: bool) -> Vec<&'static str> {
         Kind::Config => headers.push("KEYS"),
         Kind::Job => headers.extend(["STATUS", "COMPLETIONS", "ACTIVE", "FAILED"]),
         Kind::PerNodeDeployment => headers.extend(["DESIRED", "CURRENT", "READY"]),
+        Kind::VirtualMachine => headers.extend(VM_HEADERS),
         _ => {}
     }
     if wide {
@@ -307,6 +308,9 @@ pub(super) fn row(
     }
     if kind == Kind::PerNodeDeployment {
         row.extend(per_node_columns(object));
+    }
+    if kind == Kind::VirtualMachine {
+        row.extend(vm_columns(object));
     }
     if wide {
         row.push(owner_cell(object));

@@ -1,5 +1,6 @@
 //! `corral vm …`: operations on a VirtualMachine beyond its manifest —
-//! snapshots (take, list, delete), restore, restart, reset and live
+//! snapshots (take, list, delete), restore, stop and start (`spec.running`,
+//! docs/design/XXXX-vm-stop-start.md), restart, reset and live
 //! migration to another node. Each is a
 //! new revision of the VM written by whoever ran the command (so `corral
 //! history vm/NAME` shows who took, restored or deleted what, and when),
@@ -35,7 +36,7 @@ pub struct VmArgs {
 /// What every operation takes: the VM, and whether to wait for it.
 #[derive(Debug, Args)]
 struct Operation {
-    /// The VM: vm/NAME.
+    /// The VM: vm/NAME (or just NAME).
     target: String,
     #[arg(short = 'n', long, value_name = "NS", default_value = "default")]
     namespace: String,
@@ -73,8 +74,45 @@ enum VmCommand {
         /// The snapshot.
         name: String,
     },
+    /// Power the VM off and keep it (disks, address, node) until `vm start`.
+    ///
+    /// The guest gets the ACPI power button and its grace period
+    /// (spec.stopGraceSeconds) to shut down, then QEMU is quit. Its disks,
+    /// address and node stay, and so does its room on the node; it stays
+    /// off, across node restarts too, until `corral vm start`. Writes
+    /// `spec.running: false` as a revision by you; on a VM already stopped
+    /// it says so and writes nothing.
+    #[command(after_help = "Examples:
+  corral vm stop vm/builder
+  corral vm stop vm/builder -m \"maintenance window\"  the reason, in history
+  corral get vm/builder                             PHASE Stopped
+  corral why vm/builder                             stopped because its spec asks, by whom")]
+    Stop {
+        #[command(flatten)]
+        operation: Operation,
+        /// Why, for history: the revision's message is `vm stop: MESSAGE`.
+        #[arg(short = 'm', long)]
+        message: Option<String>,
+    },
+    /// Power a stopped VM on again: a fresh boot from its kept disks.
+    ///
+    /// It boots on the same node with the same address (the boot marker is
+    /// awaited as usual). Writes `spec.running: true` (left out of the
+    /// spec: the default) as a revision by you; on a VM that already runs
+    /// it says so and writes nothing.
+    #[command(after_help = "Examples:
+  corral vm start vm/builder
+  corral vm start vm/builder -m \"maintenance done\"    the reason, in history")]
+    Start {
+        #[command(flatten)]
+        operation: Operation,
+        /// Why, for history: the revision's message is `vm start: MESSAGE`.
+        #[arg(short = 'm', long)]
+        message: Option<String>,
+    },
     /// Stop the guest cleanly (ACPI power button, then quit after its
-    /// grace period) and start it again.
+    /// grace period) and start it again. A stopped VM is started with
+    /// `corral vm start` instead.
     #[command(after_help = "Examples:
   corral vm restart vm/builder")]
     Restart {
@@ -145,7 +183,15 @@ enum SnapshotCommand {
     },
 }
 
+/// The VM `target` names: `vm/NAME`, or just its name.
 fn vm_key(target: &str, namespace: &str) -> anyhow::Result<ObjectKey> {
+    if !target.contains('/') {
+        return Ok(ObjectKey::new(
+            Kind::VirtualMachine,
+            Some(namespace),
+            target,
+        ));
+    }
     let key = Target::parse(target, None)?.key(Some(namespace))?;
     if key.kind != Kind::VirtualMachine {
         bail!("{target} is a {}, not a VM", key.kind);
@@ -226,6 +272,12 @@ pub async fn run(config: Option<PathBuf>, args: VmArgs) -> anyhow::Result<()> {
             })
             .await
         }
+        VmCommand::Stop { operation, message } => {
+            run_or_stop(&client, &operation, false, message.as_deref()).await
+        }
+        VmCommand::Start { operation, message } => {
+            run_or_stop(&client, &operation, true, message.as_deref()).await
+        }
         VmCommand::Restart { operation } => power(&client, &operation, PowerAction::Restart).await,
         VmCommand::Reset { operation } => power(&client, &operation, PowerAction::Reset).await,
         VmCommand::Migrate { operation, to } => {
@@ -249,6 +301,48 @@ async fn power(client: &Client, operation: &Operation, action: PowerAction) -> a
     };
     change(client, operation, &format!("vm {word}"), |spec| {
         spec.power = Some(VmPower { action, at: now() });
+        Ok(())
+    })
+    .await
+}
+
+/// `corral vm stop|start`: writes `spec.running` unless it already says
+/// so (then says so and writes nothing).
+async fn run_or_stop(
+    client: &Client,
+    operation: &Operation,
+    running: bool,
+    reason: Option<&str>,
+) -> anyhow::Result<()> {
+    let word = if running { "start" } else { "stop" };
+    let key = vm_key(&operation.target, &operation.namespace)?;
+    let vm = client.get(&key).await?;
+    let spec: VirtualMachineSpec = vm
+        .typed_spec()
+        .with_context(|| format!("{key} has an unreadable spec"))?;
+    if spec.template {
+        bail!(
+            "vm/{} is a template: it never runs (its disk is its clones' base); there is nothing to {word}",
+            key.name
+        );
+    }
+    if spec.running == running {
+        let state = if running { "running" } else { "stopped" };
+        println!(
+            "vm/{}: already {state} (spec.running: {running} in revision {}): nothing written",
+            key.name, vm.metadata.revision
+        );
+        return Ok(());
+    }
+    let message = match reason {
+        Some(reason) if !reason.trim().is_empty() => format!("vm {word}: {}", reason.trim()),
+        _ => format!("vm {word}"),
+    };
+    change(client, operation, &message, |spec| {
+        if spec.running == running {
+            bail!("the VM was changed meanwhile and is already as asked; run the command again");
+        }
+        spec.running = running;
         Ok(())
     })
     .await
@@ -347,4 +441,21 @@ fn snapshot_rows(
             ]
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vm_is_named_with_or_without_its_kind() {
+        let key = vm_key("builder", "team-a").unwrap();
+        assert_eq!(
+            key,
+            ObjectKey::new(Kind::VirtualMachine, Some("team-a"), "builder")
+        );
+        assert_eq!(vm_key("vm/builder", "team-a").unwrap(), key);
+        let error = vm_key("pod/web", "default").unwrap_err().to_string();
+        assert!(error.contains("not a VM"), "{error}");
+    }
 }

@@ -25,6 +25,9 @@ pub struct Ask {
     pub clone_of: Option<String>,
     /// `spec.template`: a template does not run.
     pub template: bool,
+    /// `spec.running: false`: the VM is stopped (the API server refuses
+    /// the request already; this is the scheduler's own word on it).
+    pub stopped: bool,
 }
 
 impl Ask {
@@ -34,6 +37,7 @@ impl Ask {
             to: text(object.spec.pointer("/migration/to")),
             clone_of: text(object.spec.pointer("/disk/clone/vm")),
             template: object.spec.get("template").and_then(Value::as_bool) == Some(true),
+            stopped: object.spec.get("running").and_then(Value::as_bool) == Some(false),
         }
     }
 }
@@ -56,7 +60,8 @@ pub struct Moved {
 }
 
 /// Whether the VM of `request` may move as `migration` asks: it runs
-/// somewhere else than the target, is no clone or template, and the
+/// somewhere else than the target, is no clone or template, is not
+/// stopped, and the
 /// target has room for it and matches its placement. The reason when not.
 pub fn decide(
     scheduler: &mut Scheduler,
@@ -74,6 +79,12 @@ pub fn decide(
     }
     if migration.ask.template {
         return Err("a template does not run: there is nothing running to migrate".into());
+    }
+    if migration.ask.stopped {
+        return Err(
+            "the VM is stopped (spec.running: false): there is nothing running to migrate; start it first (corral vm start)"
+                .into(),
+        );
     }
     if let Some(source) = &migration.ask.clone_of {
         return Err(format!(

@@ -108,6 +108,14 @@ fn refusals_say_why() {
         ..ask("b")
     };
     assert!(refused(&mut scheduler, Some("a"), template).contains("template"));
+    let stopped = Ask {
+        stopped: true,
+        ..ask("b")
+    };
+    assert!(
+        refused(&mut scheduler, Some("a"), stopped)
+            .contains("the VM is stopped (spec.running: false)")
+    );
 }
 
 #[test]
@@ -124,7 +132,8 @@ fn the_ask_is_read_from_the_spec() {
         Ask {
             to: Some("b".into()),
             clone_of: Some("tmpl".into()),
-            template: false
+            template: false,
+            stopped: false,
         }
     );
 }

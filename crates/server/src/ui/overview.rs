@@ -51,6 +51,8 @@ pub fn headers(kind: Kind) -> &'static [&'static str] {
             "FAILED",
         ],
         Kind::PerNodeDeployment => &["NAME", "REVISION", "DESIRED", "CURRENT", "READY"],
+        // NAME, REVISION, then `corral_api::kinds::VM_HEADERS`.
+        Kind::VirtualMachine => &["NAME", "REVISION", "PHASE", "NODE", "MESSAGE"],
         _ => &["NAME", "REVISION", "PHASE", "NODE", "MESSAGE"],
     }
 }
@@ -119,6 +121,10 @@ pub fn cells(object: &Object, now: DateTime<Utc>) -> Vec<String> {
         Kind::PerNodeDeployment => [name, revision]
             .into_iter()
             .chain(corral_api::kinds::per_node_columns(object))
+            .collect(),
+        Kind::VirtualMachine => [name, revision]
+            .into_iter()
+            .chain(corral_api::kinds::vm_columns(object))
             .collect(),
         _ => vec![name, revision, text("phase"), text("node"), text("message")],
     }
@@ -275,5 +281,16 @@ mod tests {
         let status = PodStatus::default();
         pod.status = serde_json::to_value(&status).unwrap_or_default();
         assert_eq!(cells(&pod, Utc::now())[2], status.reason());
+    }
+
+    #[test]
+    fn a_vm_row_has_get_s_columns_and_shows_a_stopped_vm() {
+        assert_eq!(
+            headers(Kind::VirtualMachine)[2..],
+            corral_api::kinds::VM_HEADERS
+        );
+        let mut vm = Object::new(Kind::VirtualMachine, Some("default"), "vm", Value::Null);
+        vm.status = serde_json::json!({"phase": "Stopped", "node": "n1", "message": "stopped"});
+        assert_eq!(cells(&vm, Utc::now())[2..], ["Stopped", "n1", "stopped"]);
     }
 }

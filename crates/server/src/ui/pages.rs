@@ -169,9 +169,12 @@ pub async fn object(
         }
         Kind::VirtualMachine => {
             "<section><h2>Power</h2>\
+             <button type=\"button\" id=\"vm-stop\">Stop</button> \
+             <button type=\"button\" id=\"vm-start\">Start</button> \
              <button type=\"button\" id=\"vm-restart\">Restart</button> \
              <button type=\"button\" id=\"vm-reset\">Reset</button> <span id=\"power-result\"></span>\
-             <p class=\"hint\">Restart: the ACPI power button, the grace period, a fresh start. Reset: the reset button.</p></section>\
+             <p class=\"hint\">Stop: the ACPI power button, the grace period, then off — its disks, address and node are kept until Start. \
+             Start: a fresh boot from its disks. Restart: a clean stop and a fresh start. Reset: the reset button.</p></section>\
              <section><h2>Console</h2>\
              <button type=\"button\" id=\"console-open\">Connect</button> <span id=\"console-state\" class=\"hint\"></span>\
              <pre id=\"console\" class=\"term\" tabindex=\"0\"></pre></section>"

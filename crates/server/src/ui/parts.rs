@@ -167,8 +167,18 @@ fn summary_part(object: &Object) -> String {
                 }
             },
         );
+        let asked = match &spec {
+            Some(spec) if spec.template => "never runs: a template".to_string(),
+            Some(spec) if !spec.running => {
+                "stopped: its spec asks for it (spec.running: false); Start runs it again"
+                    .to_string()
+            }
+            Some(_) => "run".to_string(),
+            None => "-".to_string(),
+        };
         rows.extend([
             ("node", status("node")),
+            ("asked", asked),
             ("phase", status("phase")),
             ("message", status("message")),
             (
@@ -220,6 +230,13 @@ async fn why_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiE
             "{name} (revision {}) is not healthy: {problem}",
             instance.revision
         );
+    } else if instance.outcome == corral_api::workflow::WorkflowOutcome::Succeeded
+        && corral_api::health::kept_stopped(&object)
+    {
+        // Stopped on purpose, as `corral why` says: who asked.
+        let by = stopped_by(server, key, &object).await;
+        state = "stopped".into();
+        line = corral_api::health::stopped_line(&name, &object, by.as_ref());
     }
     Ok(format!(
         "<p id=\"verdict\" class=\"verdict {}\">{}</p><div class=\"graph\">{}</div>",
@@ -227,6 +244,45 @@ async fn why_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiE
         escape(&line),
         corral_workflow::svg(&name, instance, now)
     ))
+}
+
+/// The revision that stopped a VM its spec keeps stopped, from its
+/// history (as `corral why` finds it): the oldest of its newest revisions
+/// that all say `running: false`.
+async fn stopped_by(
+    server: &SharedServer,
+    key: &ObjectKey,
+    object: &Object,
+) -> Option<corral_api::RevisionRecord> {
+    /// How many revisions back the lookup goes.
+    const LOOK_BACK: usize = 50;
+    let history = server.store.history(key).await.ok()?;
+    let mut newest_first = Vec::new();
+    for record in history
+        .iter()
+        .rev()
+        .filter(|r| r.uid == object.metadata.uid && r.revision <= object.metadata.revision)
+        .take(LOOK_BACK)
+    {
+        let spec = match &record.spec {
+            Some(spec) => spec.clone(),
+            None => {
+                server
+                    .store
+                    .revision(key, record.revision)
+                    .await
+                    .ok()?
+                    .spec?
+            }
+        };
+        let running = spec.get("running").and_then(Value::as_bool) != Some(false);
+        newest_first.push((record.revision, running));
+        if running {
+            break;
+        }
+    }
+    let revision = corral_api::health::stopping_revision(newest_first)?;
+    history.into_iter().find(|r| r.revision == revision)
 }
 
 /// [`corral_api::health::unhealthy_now`], its bound node read from the store.

@@ -147,3 +147,20 @@ fn a_request_is_done_once_and_a_rollback_does_not_repeat_it() {
     ));
     assert!(!newer(None, Some("2026-12-01T10:00:00Z")));
 }
+
+#[test]
+fn a_stopped_vm_is_neither_restarted_nor_reset_but_keeps_its_disk_operations() {
+    let admitted = spec(json!({"running": false}));
+    for action in ["restart", "reset"] {
+        let desired = spec(json!({
+            "running": false,
+            "snapshots": [{"name": "s"}],
+            "power": {"action": action, "at": "2026-12-01T10:00:00Z"}
+        }));
+        // (The API refuses the request; the node would not start it.)
+        assert_eq!(
+            plan(&admitted, &desired, &[], &[]).unwrap(),
+            [InPlace::Take("s".into())]
+        );
+    }
+}

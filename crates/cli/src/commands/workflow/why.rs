@@ -86,11 +86,30 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
         json["health"] = json!({"healthy": false, "message": problem});
         json["verdict"] = json!({"state": "unhealthy", "message": problem, "line": line});
     }
+    // A VM its spec keeps stopped is stopped on purpose, not failed: say
+    // so, and who asked.
+    let stopped = args.workflow.is_none()
+        && unhealthy.is_none()
+        && instance.outcome == WorkflowOutcome::Succeeded
+        && corral_api::health::kept_stopped(&object);
+    if stopped {
+        let by = stopped_by(&client, &key, &object).await;
+        let line = corral_api::health::stopped_line(&name, &object, by.as_ref());
+        if let Some(record) = &by {
+            json["stoppedBy"] = json!({"revision": record.revision, "author": record.author,
+                                       "message": record.message, "time": record.time});
+        }
+        json["verdict"] = json!({"state": "stopped", "message": "its spec asks for it (spec.running: false)", "line": line});
+    }
     if print_structured(args.output, &json)? {
         return Ok(());
     }
     let text = corral_workflow::why_text(&name, &instance, now);
     match &unhealthy {
+        _ if stopped => {
+            println!("{}", json["verdict"]["line"].as_str().unwrap_or_default());
+            print!("{}", text.split_once('\n').map_or("", |(_, rest)| rest));
+        }
         Some(_) => {
             // The health verdict replaces the workflow's first line ("is
             // running: start workflow finished …"); its steps follow.
@@ -142,6 +161,38 @@ fn restarted_in_place(object: &Object) -> String {
                 .then(|| format!("  {}: {message}\n", c.name))
         })
         .collect()
+}
+
+/// The revision that stopped a VM its spec keeps stopped (the oldest of
+/// its newest revisions that all say `running: false`), looked up in its
+/// history; `None` when history does not tell.
+async fn stopped_by(
+    client: &Client,
+    key: &ObjectKey,
+    object: &Object,
+) -> Option<corral_api::RevisionRecord> {
+    /// How many revisions back the lookup goes.
+    const LOOK_BACK: usize = 50;
+    let history = client.history(key).await.ok()?;
+    let mut newest_first = Vec::new();
+    for record in history
+        .iter()
+        .rev()
+        .filter(|r| r.uid == object.metadata.uid && r.revision <= object.metadata.revision)
+        .take(LOOK_BACK)
+    {
+        let spec = match &record.spec {
+            Some(spec) => spec.clone(),
+            None => client.revision(key, record.revision).await.ok()?.spec?,
+        };
+        let running = spec.get("running").and_then(serde_json::Value::as_bool) != Some(false);
+        newest_first.push((record.revision, running));
+        if running {
+            break;
+        }
+    }
+    let revision = corral_api::health::stopping_revision(newest_first)?;
+    history.into_iter().find(|r| r.revision == revision)
 }
 
 /// Why the object is not healthy now ([`corral_api::health`]), its

@@ -151,7 +151,7 @@ function objectPage() {
 
   const objectPath = (namespace ? "/v1/namespaces/" + encodeURIComponent(namespace) : "/v1") +
     "/" + plural + "/" + encodeURIComponent(name);
-  for (const action of ["restart", "reset"]) {
+  for (const action of ["stop", "start", "restart", "reset"]) {
     const button = document.getElementById("vm-" + action);
     if (button) button.addEventListener("click", () => power(objectPath, action));
   }
@@ -178,8 +178,10 @@ function objectPage() {
   if (consoleButton) consoleButton.addEventListener("click", () => openConsole(namespace, name));
 }
 
-// A VM's power action (`corral vm restart|reset`): a new revision of its
-// spec with `power` set, recorded as the signed-in person.
+// A VM's power action (`corral vm stop|start|restart|reset`): a new
+// revision of its spec — `running` for stop and start, `power` for
+// restart and reset — recorded as the signed-in person. A stop of a
+// stopped VM (a start of a running one) writes nothing and says so.
 async function power(objectPath, action) {
   const result = document.getElementById("power-result");
   const current = await fetch(objectPath, { credentials: "same-origin" });
@@ -189,7 +191,19 @@ async function power(objectPath, action) {
     return;
   }
   const vm = await current.json();
-  vm.spec.power = { action, at: new Date().toISOString() };
+  if (action === "stop" || action === "start") {
+    const stopped = vm.spec.running === false;
+    if (stopped === (action === "stop")) {
+      result.textContent = "already " + (stopped ? "stopped" : "running") + ": nothing written";
+      result.className = "ok";
+      return;
+    }
+    // Running is the default, left out of the spec.
+    if (action === "stop") vm.spec.running = false;
+    else delete vm.spec.running;
+  } else {
+    vm.spec.power = { action, at: new Date().toISOString() };
+  }
   const message = "vm " + action + " (dashboard)";
   const response = await write("PUT", objectPath + "?message=" + encodeURIComponent(message), JSON.stringify(vm));
   if (response.ok) {
