@@ -147,7 +147,7 @@ fn take_events(state: &mut WatchState, response: &WatchResponse) -> Result<(), S
             continue;
         }
         if state.filter.admits(&object) {
-            state.pending.push_back(WatchEvent { event_type, object });
+            state.pending.push_back(WatchEvent::new(event_type, object));
         } else if state.pending.is_empty() {
             state.cursor = resource_version;
         }

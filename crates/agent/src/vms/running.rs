@@ -1,5 +1,5 @@
 //! Whether the guest runs: `spec.running` (`corral vm stop|start`, see
-//! docs/design/XXXX-vm-stop-start.md). A VM whose spec says `false` is
+//! docs/design/0041-vm-stop-start.md). A VM whose spec says `false` is
 //! stopped in place by `node/restart-vm` — the same clean stop as a
 //! restart's first half (ACPI power button, the grace period, quit) — and
 //! keeps everything else: its disks, its namespace and tap, its address

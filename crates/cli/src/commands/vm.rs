@@ -1,6 +1,6 @@
 //! `corral vm …`: operations on a VirtualMachine beyond its manifest —
 //! snapshots (take, list, delete), restore, stop and start (`spec.running`,
-//! docs/design/XXXX-vm-stop-start.md), restart, reset and live
+//! docs/design/0041-vm-stop-start.md), restart, reset and live
 //! migration to another node. Each is a
 //! new revision of the VM written by whoever ran the command (so `corral
 //! history vm/NAME` shows who took, restored or deleted what, and when),

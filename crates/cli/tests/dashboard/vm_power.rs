@@ -1,4 +1,4 @@
-//! The VM page's Stop and Start buttons (docs/design/XXXX-vm-stop-start.md):
+//! The VM page's Stop and Start buttons (docs/design/0041-vm-stop-start.md):
 //! Stop is a revision by the signed-in person and the page shows the VM
 //! Stopped (its summary and its why verdict, naming who asked); a second
 //! Stop writes nothing; Start boots it again (its marker on the console).

@@ -1,7 +1,7 @@
 //! `corral vm stop|start` on the ACPI guest of
 //! `snapshots_restore_reset_and_a_clean_stop`: the VM is kept while
 //! stopped, stays stopped across an agent restart, and boots again with
-//! its data (docs/design/XXXX-vm-stop-start.md).
+//! its data (docs/design/0041-vm-stop-start.md).
 
 use std::time::{Duration, Instant};
 
