@@ -127,6 +127,43 @@ pub fn stopping_revision(newest_first: impl IntoIterator<Item = (u64, bool)>) ->
     stopping
 }
 
+/// The revision that stopped a VM its spec keeps stopped, from its
+/// `history` (oldest first, as the API lists it): the oldest of its newest
+/// revisions that all say `running: false`, looking at most 50 back.
+/// `spec_of` fetches the spec of a revision whose record does not carry
+/// it; `None` when history does not tell.
+pub async fn stopped_by<F, Fut>(
+    history: Vec<RevisionRecord>,
+    object: &Object,
+    mut spec_of: F,
+) -> Option<RevisionRecord>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Option<serde_json::Value>>,
+{
+    /// How many revisions back the lookup goes.
+    const LOOK_BACK: usize = 50;
+    let mut newest_first = Vec::new();
+    for record in history
+        .iter()
+        .rev()
+        .filter(|r| r.uid == object.metadata.uid && r.revision <= object.metadata.revision)
+        .take(LOOK_BACK)
+    {
+        let spec = match &record.spec {
+            Some(spec) => spec.clone(),
+            None => spec_of(record.revision).await?,
+        };
+        let running = spec.get("running").and_then(serde_json::Value::as_bool) != Some(false);
+        newest_first.push((record.revision, running));
+        if running {
+            break;
+        }
+    }
+    let revision = stopping_revision(newest_first)?;
+    history.into_iter().find(|r| r.revision == revision)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -247,42 +247,17 @@ async fn why_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiE
 }
 
 /// The revision that stopped a VM its spec keeps stopped, from its
-/// history (as `corral why` finds it): the oldest of its newest revisions
-/// that all say `running: false`.
+/// history, as `corral why` finds it ([`corral_api::health::stopped_by`]).
 async fn stopped_by(
     server: &SharedServer,
     key: &ObjectKey,
     object: &Object,
 ) -> Option<corral_api::RevisionRecord> {
-    /// How many revisions back the lookup goes.
-    const LOOK_BACK: usize = 50;
     let history = server.store.history(key).await.ok()?;
-    let mut newest_first = Vec::new();
-    for record in history
-        .iter()
-        .rev()
-        .filter(|r| r.uid == object.metadata.uid && r.revision <= object.metadata.revision)
-        .take(LOOK_BACK)
-    {
-        let spec = match &record.spec {
-            Some(spec) => spec.clone(),
-            None => {
-                server
-                    .store
-                    .revision(key, record.revision)
-                    .await
-                    .ok()?
-                    .spec?
-            }
-        };
-        let running = spec.get("running").and_then(Value::as_bool) != Some(false);
-        newest_first.push((record.revision, running));
-        if running {
-            break;
-        }
-    }
-    let revision = corral_api::health::stopping_revision(newest_first)?;
-    history.into_iter().find(|r| r.revision == revision)
+    corral_api::health::stopped_by(history, object, |revision| async move {
+        server.store.revision(key, revision).await.ok()?.spec
+    })
+    .await
 }
 
 /// [`corral_api::health::unhealthy_now`], its bound node read from the store.

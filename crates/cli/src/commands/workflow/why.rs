@@ -163,36 +163,18 @@ fn restarted_in_place(object: &Object) -> String {
         .collect()
 }
 
-/// The revision that stopped a VM its spec keeps stopped (the oldest of
-/// its newest revisions that all say `running: false`), looked up in its
-/// history; `None` when history does not tell.
+/// The revision that stopped a VM its spec keeps stopped, from its
+/// history ([`corral_api::health::stopped_by`]).
 async fn stopped_by(
     client: &Client,
     key: &ObjectKey,
     object: &Object,
 ) -> Option<corral_api::RevisionRecord> {
-    /// How many revisions back the lookup goes.
-    const LOOK_BACK: usize = 50;
     let history = client.history(key).await.ok()?;
-    let mut newest_first = Vec::new();
-    for record in history
-        .iter()
-        .rev()
-        .filter(|r| r.uid == object.metadata.uid && r.revision <= object.metadata.revision)
-        .take(LOOK_BACK)
-    {
-        let spec = match &record.spec {
-            Some(spec) => spec.clone(),
-            None => client.revision(key, record.revision).await.ok()?.spec?,
-        };
-        let running = spec.get("running").and_then(serde_json::Value::as_bool) != Some(false);
-        newest_first.push((record.revision, running));
-        if running {
-            break;
-        }
-    }
-    let revision = corral_api::health::stopping_revision(newest_first)?;
-    history.into_iter().find(|r| r.revision == revision)
+    corral_api::health::stopped_by(history, object, |revision| async move {
+        client.revision(key, revision).await.ok()?.spec
+    })
+    .await
 }
 
 /// Why the object is not healthy now ([`corral_api::health`]), its
