@@ -19,6 +19,10 @@
 //!   script pays;
 //! - floor: append the same bytes to a file and `fdatasync` it (one file per
 //!   client) in the same temp dir — the disk's cost of one durable write.
+//!
+//! A second table gives the server CPU per write of the first three rows
+//! (`utime + stime` of the server's processes over the row, divided by the
+//! requests), which depends far less on the machine's load than ops/s.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
