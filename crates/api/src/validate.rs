@@ -242,29 +242,26 @@ pub fn validate_update(old: &Object, new: &Object) -> Result<(), Vec<FieldError>
 /// Call it on a validated object; an undecodable spec is returned unchanged.
 pub fn canonical_spec(kind: Kind, spec: &Value) -> Value {
     fn round_trip<T: serde::de::DeserializeOwned + Serialize>(spec: &Value) -> Option<Value> {
-        let typed: T = serde_json::from_value(spec.clone()).ok()?;
+        let typed = T::deserialize(spec).ok()?;
         serde_json::to_value(typed).ok()
     }
-    let spec = if spec.is_null() {
-        Value::Object(Default::default())
-    } else {
-        spec.clone()
-    };
+    let empty = Value::Object(Default::default());
+    let spec = if spec.is_null() { &empty } else { spec };
     let canonical = match kind {
-        Kind::Pod => round_trip::<PodSpec>(&spec),
-        Kind::Node => round_trip::<NodeSpec>(&spec),
-        Kind::PinnedDeployment => round_trip::<PinnedDeploymentSpec>(&spec),
-        Kind::Policy => round_trip::<PolicySpec>(&spec),
-        Kind::Controller => round_trip::<ControllerSpec>(&spec),
-        Kind::VirtualMachine => round_trip::<VirtualMachineSpec>(&spec),
-        Kind::LoadBalancer => round_trip::<LoadBalancerSpec>(&spec),
-        Kind::WorkflowDefinition => round_trip::<crate::workflow::WorkflowDefinitionSpec>(&spec),
-        Kind::Secret => round_trip::<SecretSpec>(&spec),
-        Kind::Config => round_trip::<ConfigSpec>(&spec),
-        Kind::Job => round_trip::<JobSpec>(&spec),
-        Kind::PerNodeDeployment => round_trip::<PerNodeDeploymentSpec>(&spec),
+        Kind::Pod => round_trip::<PodSpec>(spec),
+        Kind::Node => round_trip::<NodeSpec>(spec),
+        Kind::PinnedDeployment => round_trip::<PinnedDeploymentSpec>(spec),
+        Kind::Policy => round_trip::<PolicySpec>(spec),
+        Kind::Controller => round_trip::<ControllerSpec>(spec),
+        Kind::VirtualMachine => round_trip::<VirtualMachineSpec>(spec),
+        Kind::LoadBalancer => round_trip::<LoadBalancerSpec>(spec),
+        Kind::WorkflowDefinition => round_trip::<crate::workflow::WorkflowDefinitionSpec>(spec),
+        Kind::Secret => round_trip::<SecretSpec>(spec),
+        Kind::Config => round_trip::<ConfigSpec>(spec),
+        Kind::Job => round_trip::<JobSpec>(spec),
+        Kind::PerNodeDeployment => round_trip::<PerNodeDeploymentSpec>(spec),
     };
-    canonical.unwrap_or(spec)
+    canonical.unwrap_or_else(|| spec.clone())
 }
 
 fn decode_spec<T: serde::de::DeserializeOwned>(checker: &mut Checker, spec: &Value) -> Option<T> {
@@ -286,11 +283,8 @@ fn decode_with<T: serde::de::DeserializeOwned>(
     spec: &Value,
     message: impl FnOnce(&serde_json::Error) -> String,
 ) -> Option<T> {
-    let spec = if spec.is_null() {
-        Value::Object(Default::default())
-    } else {
-        spec.clone()
-    };
+    let empty = Value::Object(Default::default());
+    let spec = if spec.is_null() { &empty } else { spec };
     match serde_path_to_error::deserialize::<_, T>(spec) {
         Ok(typed) => Some(typed),
         Err(error) => {

@@ -218,6 +218,29 @@ pub(super) fn create(
     with_event(conn, &key, EventType::Added, object, &body, change)
 }
 
+/// What an update needs of the stored object: its metadata and spec. Its
+/// status (the workflow instances, most of a busy object's bytes) is
+/// skipped over, not decoded.
+#[derive(serde::Deserialize)]
+struct StoredHead {
+    metadata: corral_api::ObjectMeta,
+    #[serde(default)]
+    spec: serde_json::Value,
+}
+
+fn load_head(conn: &Connection, key: &ObjectKey) -> Result<Option<StoredHead>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    )?;
+    let mut rows = statement.query(params![key.kind.as_str(), key.namespace, key.name])?;
+    match rows.next()? {
+        Some(row) => Ok(Some(
+            serde_json::from_str(body_of(row)?).map_err(corrupt_json("stored object"))?,
+        )),
+        None => Ok(None),
+    }
+}
+
 pub(super) fn update(
     conn: &Connection,
     specs: &mut Specs<'_>,
@@ -226,7 +249,7 @@ pub(super) fn update(
     change: &ChangeMeta,
 ) -> Result<Applied, StoreError> {
     let key = object.key();
-    let stored = load(conn, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    let stored = load_head(conn, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     check_version(&key, expected, stored.metadata.resource_version)?;
     let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
