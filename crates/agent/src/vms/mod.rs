@@ -36,6 +36,17 @@ pub mod sandbox;
 pub mod state;
 pub mod workload;
 
+/// A small VM spec for unit tests, with the fields of `extra` set over it.
+#[cfg(test)]
+fn test_spec(extra: serde_json::Value) -> corral_api::kinds::VirtualMachineSpec {
+    let mut spec = serde_json::json!({"cpus": 1, "memory": "256Mi", "disk": {"volume": "d"},
+                                      "boot": {"kernel": "k"}});
+    for (key, value) in extra.as_object().expect("extra is a JSON object") {
+        spec[key] = value.clone();
+    }
+    serde_json::from_value(spec).expect("a valid VM spec")
+}
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -86,16 +86,8 @@ impl VmWorkload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{Value, json};
-
-    fn spec(extra: Value) -> VirtualMachineSpec {
-        let mut spec = json!({"cpus": 1, "memory": "256Mi", "disk": {"volume": "d"},
-                              "boot": {"kernel": "k"}});
-        for (key, value) in extra.as_object().unwrap() {
-            spec[key] = value.clone();
-        }
-        serde_json::from_value(spec).unwrap()
-    }
+    use crate::vms::test_spec as spec;
+    use serde_json::json;
 
     #[test]
     fn a_stopped_spec_stops_a_running_vm_in_place_and_keeps_it_stopped() {

@@ -1,13 +1,5 @@
 use super::*;
-
-fn spec(extra: Value) -> VirtualMachineSpec {
-    let mut spec = json!({"cpus": 1, "memory": "256Mi", "disk": {"volume": "d"},
-                          "boot": {"kernel": "k"}});
-    for (key, value) in extra.as_object().unwrap() {
-        spec[key] = value.clone();
-    }
-    serde_json::from_value(spec).unwrap()
-}
+use crate::vms::test_spec as spec;
 
 fn taken(name: &str, memory: bool) -> SnapshotInfo {
     SnapshotInfo {
