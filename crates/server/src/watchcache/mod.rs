@@ -315,11 +315,8 @@ impl WatchCache {
                 None => return StoreError::Unavailable("the store ended its watch".into()),
             };
             let revision = event.resource_version();
-            if let Err(error) = self.apply(&event, ready) {
+            if let Err(error) = self.apply(event, ready) {
                 return error;
-            }
-            if ready {
-                self.remember_decoded(event.object);
             }
             if !ready && revision >= listed_through {
                 ready = true;
@@ -332,9 +329,9 @@ impl WatchCache {
 
     /// Applies one store change; once `ready`, it joins the window and
     /// goes out to live watchers.
-    fn apply(&self, event: &corral_api::watch::WatchEvent, ready: bool) -> Result<(), StoreError> {
+    fn apply(&self, event: corral_api::watch::WatchEvent, ready: bool) -> Result<(), StoreError> {
         let kind = event.object.kind;
-        let cached = CachedObject::from_event(event)
+        let cached = CachedObject::from_event(&event)
             .map_err(|error| StoreError::Corrupt(format!("{}: {error}", event.object.key())))?;
         let revision = cached.resource_version;
         let slot = (cached.namespace.clone(), cached.name.clone());
@@ -381,6 +378,8 @@ impl WatchCache {
             }
         }
         drop(state);
+        // Kept before the watchers hear of it, so they find it.
+        self.remember_decoded(event.object);
         // No receiver is fine: nobody is watching.
         let _ = self.live.send(Live::Change(kind, change));
         Ok(())
