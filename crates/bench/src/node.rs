@@ -57,7 +57,9 @@ fn kill_runsc_below(data_dir: &Path) {
 pub fn delete_all_containers(binary: &str, root: &Path) {
     let listed = Command::new(binary)
         .arg(format!("--root={}", root.display()))
-        .args(["list", "-q"])
+        // `--quiet`, not `-q`: runsc knows only the long flag, and its
+        // usage text on stdout would list no container.
+        .args(["list", "--quiet"])
         .stderr(Stdio::null())
         .output();
     let Ok(listed) = listed else {

@@ -44,7 +44,8 @@ pub fn run_bench(args: &[&str]) -> (u32, String) {
 }
 
 /// Asserts the benchmark run `pid` left nothing behind: no mount under the
-/// benchmarks' temp dirs, no runc floor cgroup.
+/// benchmarks' temp dirs, no runc floor cgroup, no runsc sandbox or gofer
+/// whose state dir is in one of those dirs.
 pub fn assert_nothing_left(pid: u32) {
     let left = mounts_left();
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
@@ -53,6 +54,29 @@ pub fn assert_nothing_left(pid: u32) {
         Vec::<PathBuf>::new(),
         "floor cgroups left"
     );
+    let processes = processes_left();
+    assert!(
+        processes.is_empty(),
+        "processes left behind: {processes:#?}"
+    );
+}
+
+/// runsc's processes (`runsc-sandbox`, `runsc-gofer`: a gVisor container
+/// that was never deleted) whose command line names a benchmark temp dir
+/// (`$TMPDIR/corral-bench-*`). Only runsc's: the benchmarks that are not
+/// run one at a time (apply, scale) have etcd and corral processes of
+/// their own under such dirs.
+fn processes_left() -> Vec<String> {
+    let tmp = std::env::temp_dir().join("corral-bench-");
+    let tmp = tmp.to_string_lossy();
+    std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.starts_with("runsc") && cmdline.contains(&*tmp))
+        .collect()
 }
 
 /// Mounts under the benchmarks' temp dirs (`$TMPDIR/corral-bench-*`).

@@ -218,7 +218,8 @@ pub fn cleanup_node(data_dir: &Path) {
         }
         let listed = Command::new(binary)
             .arg(format!("--root={}", root.display()))
-            .args(["list", "-q"])
+            // runsc knows only `--quiet` (`-q` prints its usage, no ids).
+            .args(["list", "--quiet"])
             .output();
         if let Ok(listed) = listed {
             for id in String::from_utf8_lossy(&listed.stdout).lines() {
