@@ -23,10 +23,7 @@ fn reboot_recovery_benchmark_runs_end_to_end() {
         "| node/check-sandbox | ",
         "| node/start-containers | ",
     ] {
-        let line = stdout
-            .lines()
-            .find(|line| line.starts_with(row))
-            .unwrap_or_else(|| panic!("missing row {row:?} in:\n{stdout}"));
+        let line = common::row(&stdout, row);
         assert!(line.contains(" ms |"), "no time in {line:?}");
     }
     for round in 1..=2 {

@@ -4,6 +4,8 @@
 //! `qemu-system-x86_64`, `qemu-img` and the test kit's VM assets; fails
 //! with a clear message when one is missing.
 
+mod common;
+
 use std::process::Command;
 
 /// QEMUs whose command line names the benchmark's guests.
@@ -52,10 +54,7 @@ fn vm_start_benchmark_boots_and_migrates_a_guest() {
         "| live migration downtime (tcg, ",
         "| live migration total time (tcg) | ",
     ] {
-        let line = stdout
-            .lines()
-            .find(|line| line.starts_with(row))
-            .unwrap_or_else(|| panic!("no row {row:?} in:\n{stdout}"));
+        let line = common::row(&stdout, row);
         assert!(
             !line.contains("| - |") && line.chars().any(|c| c.is_ascii_digit()),
             "{line}"

@@ -43,6 +43,15 @@ pub fn run_bench(args: &[&str]) -> (u32, String) {
     (pid, stdout)
 }
 
+/// The line of `stdout` (a benchmark's table) that starts with `row`;
+/// panics with the whole output when there is none.
+pub fn row<'a>(stdout: &'a str, row: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|line| line.starts_with(row))
+        .unwrap_or_else(|| panic!("missing row {row:?} in:\n{stdout}"))
+}
+
 /// Asserts the benchmark run `pid` left nothing behind: no mount under the
 /// benchmarks' temp dirs, no runc floor cgroup, no runsc sandbox or gofer
 /// whose state dir is in one of those dirs.
