@@ -20,7 +20,7 @@ use std::fs;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use nix::errno::Errno;
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
 use procfs::process::ProcState;
 
@@ -156,25 +156,89 @@ pub fn reap_orphans() -> Vec<u32> {
 }
 
 /// [`reap_orphans`] for a caller that holds [`spawn_lock`].
+///
+/// Every runtime command sweeps first, so a sweep must not cost more with
+/// more processes: it asks the kernel for a zombie child without reaping
+/// it (`waitid` with `WNOWAIT`), and most sweeps end there, finding none.
+/// Only a tracked zombie first in line (its waiter has not got to it yet)
+/// makes it look at each child of this process in turn.
 pub fn reap_orphans_locked() -> Vec<u32> {
     if !nix::sys::prctl::get_child_subreaper().unwrap_or(false) {
         return Vec::new();
     }
     let mut tracked = tracked();
+    let mut reaped = Vec::new();
+    loop {
+        match first_zombie() {
+            None => return reaped,
+            Some(pid) if tracked.contains(&pid) => break,
+            // A zombie reaped by someone else meanwhile is gone from the
+            // next answer either way.
+            Some(pid) => reap_if_exited(pid, &mut reaped),
+        }
+    }
     // Forget tracked pids that no longer exist (their waiter reaped them).
     tracked.retain(|pid| fs::metadata(format!("/proc/{pid}")).is_ok());
-    let mut reaped = Vec::new();
-    for pid in zombie_children() {
-        if tracked.contains(&pid) {
-            continue;
-        }
-        let status = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
-        if let Some(exit) = status.ok().and_then(|status| convert(pid, status)) {
-            keep_swept(pid, exit);
-            reaped.push(pid);
+    for pid in own_children() {
+        if !tracked.contains(&pid) {
+            reap_if_exited(pid, &mut reaped);
         }
     }
     reaped
+}
+
+/// The pid of a zombie child of this process, left unreaped; `None` when
+/// it has none.
+fn first_zombie() -> Option<u32> {
+    let flags =
+        WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT | WaitPidFlag::__WALL;
+    match waitid(Id::All, flags) {
+        Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) => {
+            u32::try_from(pid.as_raw()).ok()
+        }
+        _ => None,
+    }
+}
+
+/// Reaps child `pid` if it exited, keeping its status for a late waiter.
+fn reap_if_exited(pid: u32, reaped: &mut Vec<u32>) {
+    let flags = WaitPidFlag::WNOHANG | WaitPidFlag::__WALL;
+    let Ok(raw) = i32::try_from(pid) else {
+        return;
+    };
+    let status = waitpid(Pid::from_raw(raw), Some(flags));
+    if let Some(exit) = status.ok().and_then(|status| convert(pid, status)) {
+        keep_swept(pid, exit);
+        reaped.push(pid);
+    }
+}
+
+/// The children of this process: the `children` list of each of its
+/// threads (a child belongs to the thread that made it, an adopted orphan
+/// to the one the kernel chose). Without that list in `/proc` (a kernel
+/// built without `CONFIG_PROC_CHILDREN`), the zombies of the whole process
+/// table.
+fn own_children() -> Vec<u32> {
+    let Ok(threads) = fs::read_dir("/proc/self/task") else {
+        return zombie_children();
+    };
+    let mut children = Vec::new();
+    for thread in threads.flatten() {
+        match fs::read_to_string(thread.path().join("children")) {
+            Ok(list) => children.extend(
+                list.split_whitespace()
+                    .filter_map(|pid| pid.parse::<u32>().ok()),
+            ),
+            // A thread that ended since the listing has no children left.
+            Err(error)
+                if error.kind() == std::io::ErrorKind::NotFound && thread.path().exists() =>
+            {
+                return zombie_children();
+            }
+            Err(_) => {}
+        }
+    }
+    children
 }
 
 /// Makes this process the reaper of its orphaned descendants
@@ -281,6 +345,72 @@ mod tests {
             matches!(wait_for_exit(orphan), Err(ReapError::Wait { .. })),
             "a kept status is answered once"
         );
+    }
+
+    /// Waits until `pid` is a zombie child of this process.
+    fn until_zombie(pid: u32) {
+        let began = std::time::Instant::now();
+        while !zombie_children().contains(&pid) {
+            assert!(began.elapsed().as_secs() < 10, "{pid} never exited");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// A tracked zombie first in line (its waiter has not got to it) is
+    /// left for its waiter, and the sweep still finds the orphans behind
+    /// it, each reaped once.
+    #[test]
+    #[allow(clippy::zombie_processes)]
+    fn a_tracked_zombie_does_not_hide_the_orphans_behind_it() {
+        become_subreaper().expect("subreaper");
+        let tracked_child = {
+            let _guard = spawn_lock();
+            let child = std::process::Command::new("sh")
+                .args(["-c", "exit 3"])
+                .spawn()
+                .expect("spawn sh");
+            track(child.id());
+            child.id()
+        };
+        until_zombie(tracked_child);
+        let output = {
+            // Waited for here: no sweep may take it.
+            let _guard = spawn_lock();
+            std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    "for i in 1 2 3; do sh -c 'sleep 0.2; exit 6' >/dev/null & echo $!; done",
+                ])
+                .output()
+                .expect("spawn sh")
+        };
+        let orphans: Vec<u32> = String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .map(|pid| pid.parse().expect("pid"))
+            .collect();
+        assert_eq!(orphans.len(), 3);
+        for orphan in &orphans {
+            until_zombie(*orphan);
+        }
+        assert_eq!(
+            first_zombie(),
+            Some(tracked_child),
+            "the tracked child is first in line"
+        );
+        let mut reaped = reap_orphans();
+        reaped.sort_unstable();
+        let mut expected = orphans.clone();
+        expected.sort_unstable();
+        assert_eq!(reaped, expected, "every orphan and nothing else");
+        assert!(reap_orphans().is_empty(), "nothing is reaped twice");
+        assert_eq!(
+            wait_for_exit(tracked_child).expect("its waiter"),
+            ExitStatus::Exited(3)
+        );
+        for orphan in orphans {
+            assert_eq!(try_wait(orphan).expect("kept"), Some(ExitStatus::Exited(6)));
+        }
+        assert_eq!(first_zombie(), None);
     }
 
     #[test]
