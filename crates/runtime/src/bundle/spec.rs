@@ -331,6 +331,10 @@ pub fn generate_spec(config: &ContainerConfig) -> Result<Spec, BundleError> {
 }
 
 /// Writes `bundle_dir/config.json` (atomically) and returns its path.
+///
+/// Not synced: the runtime reads it at once, from the page cache, and
+/// nothing needs it across a crash of the machine (the container is gone
+/// then, and its next start writes the bundle again).
 pub fn write_bundle(bundle_dir: &Path, config: &ContainerConfig) -> Result<PathBuf, BundleError> {
     let spec = generate_spec(config)?;
     let bytes = serde_json::to_vec_pretty(&spec).map_err(BundleError::Json)?;
@@ -343,7 +347,6 @@ pub fn write_bundle(bundle_dir: &Path, config: &ContainerConfig) -> Result<PathB
     fs::create_dir_all(bundle_dir).map_err(write_err)?;
     let mut file = fs::File::create(&tmp).map_err(write_err)?;
     file.write_all(&bytes).map_err(write_err)?;
-    file.sync_all().map_err(write_err)?;
     fs::rename(&tmp, &path).map_err(write_err)?;
     Ok(path)
 }
