@@ -6,8 +6,12 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use std::sync::Arc;
+
 use corral_api::{Identity, Role};
-use corral_server::{SharedServer, TokenIssuer, app};
+use corral_server::{Server, SharedServer, TokenIssuer, app};
+use corral_store::Store;
+use corral_store::sqlite::SqliteStore;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -234,6 +238,53 @@ async fn compare_and_swap_and_status_writes() {
             &json!("moved off node-1: the node is lost")
         )
     );
+}
+
+/// An apply reads the current object from its server's watch cache when
+/// it can; a cache that has not heard of another writer's newest change
+/// must never decide the apply. Two servers on one database file, each
+/// through its own store handle: a handle's watch carries only its own
+/// writes, so the first server's cache never hears of the second's, the
+/// lag of a cache behind another server (as on etcd) made permanent. The
+/// first server's apply undoing the second's change must still be a new
+/// revision, never taken for "nothing to change".
+#[tokio::test]
+async fn an_apply_is_decided_on_the_stores_copy_when_its_cache_is_behind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let open = || -> Arc<dyn Store> { Arc::new(SqliteStore::open(&path).expect("store")) };
+    let (first, second) = (Server::new(open()), Server::new(open()));
+    let token = common::token(&first, "admin", Role::Operator).await;
+    let image = |index: usize| format!("registry.example/app:{index}");
+    let (status, created) = call(&first, "PUT", WEB, Some(&token), Some(pod(&image(0)))).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    for index in 1..=40 {
+        let (status, moved_on) =
+            call(&second, "PUT", WEB, Some(&token), Some(pod(&image(index)))).await;
+        assert_eq!(status, StatusCode::OK, "round {index}: {moved_on}");
+        let (status, back) = call(
+            &first,
+            "PUT",
+            WEB,
+            Some(&token),
+            Some(pod(&image(index - 1))),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{back}");
+        assert_eq!(
+            back["spec"]["containers"][0]["image"],
+            json!(image(index - 1)),
+            "round {index}"
+        );
+        assert_eq!(
+            back["metadata"]["revision"],
+            json!(moved_on["metadata"]["revision"].as_u64().expect("revision") + 1),
+            "round {index}: the apply undoing the other server's change is a revision of its own"
+        );
+    }
+    let (_, stored) = call(&second, "GET", WEB, Some(&token), None).await;
+    assert_eq!(stored["spec"]["containers"][0]["image"], json!(image(39)));
+    assert_eq!(stored["metadata"]["revision"], json!(81));
 }
 
 #[tokio::test]

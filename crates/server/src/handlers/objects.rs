@@ -19,8 +19,9 @@ use crate::query::Params;
 use crate::workflows::WriteError;
 
 /// How many times an unconditional apply retries when a concurrent writer
-/// got in between its read and its write.
-const APPLY_ATTEMPTS: usize = 5;
+/// got in between its read and its write (one more for an apply whose
+/// first read, from the watch cache, was behind the store).
+const APPLY_ATTEMPTS: usize = 6;
 
 pub async fn get_one(
     State(server): State<SharedServer>,
@@ -88,8 +89,19 @@ pub async fn apply(
     let change = change(&server, &caller, params.get("message"));
     let pinned_version = desired.metadata.resource_version;
 
-    for _ in 0..APPLY_ATTEMPTS {
-        let Some(current) = server.store.get(&key).await? else {
+    for attempt in 0..APPLY_ATTEMPTS {
+        // The first attempt takes the current object from the watch cache
+        // when it can. Only an update conditional on exactly that version
+        // rests on it: the store refuses the write if the object moved on
+        // (and the next attempt reads the store); every other outcome
+        // (a refusal, nothing to change) is decided on the store's copy.
+        let cached = (attempt == 0).then(|| server.cache.current(&key)).flatten();
+        let from_cache = cached.is_some();
+        let current = match cached {
+            Some(object) => Some(object),
+            None => server.store.get(&key).await?,
+        };
+        let Some(current) = current else {
             if pinned_version != 0 {
                 return Err(ApiError::NotFound(format!(
                     "{key} not found (the body asks for resourceVersion {pinned_version})"
@@ -102,7 +114,14 @@ pub async fn apply(
                 other => return Ok(Json(other?)),
             }
         };
+        if from_cache && pinned_version != 0 && pinned_version != current.metadata.resource_version
+        {
+            continue;
+        }
         if !desired.metadata.uid.is_empty() && desired.metadata.uid != current.metadata.uid {
+            if from_cache {
+                continue;
+            }
             return Err(ApiError::Conflict(format!(
                 "{key} has uid {} but the body names uid {}: the object was deleted and created again",
                 current.metadata.uid, desired.metadata.uid
@@ -123,13 +142,19 @@ pub async fn apply(
             current.metadata.resource_version
         };
         if next == current && expected == current.metadata.resource_version {
+            if from_cache {
+                continue;
+            }
             // Applying it again asks again: a failed start (an image that
             // was missing, say) runs its failed steps once more.
             let retried = crate::workflows::retry_failed(&server, &caller, &current).await?;
             return Ok(Json(retried.unwrap_or(current)));
         }
         match ownership::update(&server, &caller, &current, next, expected, &change).await {
+            // Someone wrote in between: read it and apply again.
             Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,
+            // A refusal is decided on the store's copy.
+            Err(_) if from_cache => continue,
             other => {
                 let updated = other?;
                 prune_secret(&server, &key, true).await;

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_api::watch::EventType;
-use corral_api::{Kind, Object};
+use corral_api::{Kind, Object, ObjectKey};
 use corral_store::{Store, StoreError, WatchFilter};
 use futures::StreamExt;
 use tokio::sync::{broadcast, watch};
@@ -426,6 +426,26 @@ impl WatchCache {
         }
     }
 
+    /// Object `key` as the cache has it, when the cache has applied every
+    /// write this server made (it does not wait): `None` when it has not,
+    /// or has no such object. Another server's newer write may still be on
+    /// its way, so only a write made conditional on exactly this version
+    /// may rest on the answer (the store refuses it if the object moved
+    /// on); any other decision reads the store.
+    pub fn current(&self, key: &ObjectKey) -> Option<Object> {
+        let written = self.written.load(Ordering::SeqCst);
+        if !self.progress.borrow().is_some_and(|seen| seen >= written) {
+            return None;
+        }
+        let cached = self
+            .read()
+            .kinds
+            .get(&key.kind)?
+            .get(&(key.namespace.clone(), key.name.clone()))?
+            .clone();
+        self.decoded(&cached).ok()
+    }
+
     /// Waits until the cache reflects store revision `revision`, for at
     /// most `timeout`.
     async fn caught_up(&self, revision: u64, timeout: Duration) -> Result<(), ApiWait> {
@@ -505,6 +525,32 @@ mod tests {
             .expect("the cache catches up");
         let state = cache.read();
         state.kinds[&Kind::Pod][&("default".to_string(), name.to_string())].clone()
+    }
+
+    /// An apply's read of the current object: the store's object, and no
+    /// answer while a write of this server is not in the cache yet.
+    #[tokio::test]
+    async fn current_answers_only_with_this_servers_writes_applied() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().expect("store"));
+        let cache = Arc::new(WatchCache::default());
+        let stopping = CancellationToken::new();
+        cache.start(store.clone(), stopping.clone());
+        let mut object = Object::new(Kind::Pod, Some("default"), "web", json!({"containers": []}));
+        object.metadata.uid = "uid-web".into();
+        let written = store.create(object, &change()).await.expect("create");
+        let revision = written.metadata.resource_version;
+        cached(&cache, "web", revision).await;
+        let key = written.key();
+        assert_eq!(cache.current(&key), Some(written.clone()));
+        let mut missing = key.clone();
+        missing.name = "missing".into();
+        assert_eq!(cache.current(&missing), None);
+        // This server wrote something newer the cache has not applied.
+        cache
+            .written
+            .store(revision + 1, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(cache.current(&key), None);
+        stopping.cancel();
     }
 
     #[tokio::test]
