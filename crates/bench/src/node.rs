@@ -38,19 +38,33 @@ pub fn cleanup(data_dir: &Path, extra_uids: &[String]) {
 /// `data_dir` that `runsc delete --force` left (pods still being torn down
 /// when corral stopped), and a KVM probe's QEMU the agent had running.
 fn kill_runsc_below(data_dir: &Path) {
-    let prefix = data_dir.to_string_lossy().into_owned();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        if (cmdline.starts_with("runsc") || cmdline.starts_with("qemu-system"))
-            && cmdline.contains(&prefix)
-        {
-            let _ = Command::new("kill")
-                .arg("-9")
-                .arg(entry.file_name())
-                .status();
+    for (pid, cmdline) in processes_naming(data_dir) {
+        if cmdline.starts_with("runsc") || cmdline.starts_with("qemu-system") {
+            kill(&pid);
         }
     }
+}
+
+/// Every process whose command line names `dir`: its pid and command line
+/// (arguments joined by NUL). A scan of the process table, for clean-ups.
+pub fn processes_naming(dir: &Path) -> Vec<(String, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).into_owned();
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            (cmdline.contains(&needle) && pid.parse::<u32>().is_ok()).then_some((pid, cmdline))
+        })
+        .collect()
+}
+
+/// `kill -9 PID`.
+pub fn kill(pid: &str) {
+    let _ = Command::new("kill").arg("-9").arg(pid).status();
 }
 
 /// `runc --root ROOT list`, then `delete --force` of each.

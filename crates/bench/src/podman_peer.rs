@@ -180,6 +180,27 @@ impl Drop for Podman {
                 .stderr(Stdio::null())
                 .status();
         }
-        corral_runtime::mounts::unmount_all_under(self.dir.path());
+        // conmon runs `podman container cleanup` when a container exits,
+        // which can start after the commands above and mount the storage
+        // again: wait for every process naming this dir to end (killing
+        // what is left after a few seconds), then unmount.
+        let dir = self.dir.path();
+        let deadline = std::time::Instant::now() + CLEANUP_WAIT;
+        loop {
+            let left = crate::node::processes_naming(dir);
+            if left.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                left.iter().for_each(|(pid, _)| crate::node::kill(pid));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        corral_runtime::mounts::unmount_all_under(dir);
     }
 }
+
+/// How long dropping the peer waits for podman's own clean-up processes.
+const CLEANUP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);

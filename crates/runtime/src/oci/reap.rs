@@ -168,13 +168,19 @@ pub fn reap_orphans_locked() -> Vec<u32> {
     }
     let mut tracked = tracked();
     let mut reaped = Vec::new();
+    let mut previous = None;
     loop {
         match first_zombie() {
             None => return reaped,
-            Some(pid) if tracked.contains(&pid) => break,
+            // Tracked, or (never expected) not reaped by the last try:
+            // each child is looked at once below instead.
+            Some(pid) if tracked.contains(&pid) || previous == Some(pid) => break,
             // A zombie reaped by someone else meanwhile is gone from the
             // next answer either way.
-            Some(pid) => reap_if_exited(pid, &mut reaped),
+            Some(pid) => {
+                reap_if_exited(pid, &mut reaped);
+                previous = Some(pid);
+            }
         }
     }
     // Forget tracked pids that no longer exist (their waiter reaped them).
