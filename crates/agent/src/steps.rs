@@ -278,7 +278,8 @@ impl NodeWork {
     }
 
     /// The node's steps that will be ready once the steps in `completing`
-    /// are done (the engine's own derivation, on a copy): what may be
+    /// are done (running ones completed, ready ones claimed and completed;
+    /// the engine's own derivation, on a copy): what may be
     /// claimed in the request that reports them. Only a guess — the server
     /// decides, and refuses a claim of a step that is not ready.
     pub fn ready_after(&self, completing: &[&str]) -> Vec<String> {
@@ -289,19 +290,33 @@ impl NodeWork {
         // The instance's own latest time, not this node's clock: nothing
         // times out or comes due for a retry in the guess.
         let now = next.latest_time();
-        for step in next.instance.steps.iter_mut() {
-            if completing.contains(&step.definition.name.as_str())
-                && let StepState::Running { since, attempt, .. } = step.state
-            {
+        // A running step completes; a ready one is claimed and completed in
+        // the same request (settled at once), which may need the steps
+        // before it in `completing` done first: one round per such link.
+        for _ in 0..=completing.len() {
+            let mut moved = false;
+            for step in next.instance.steps.iter_mut() {
+                if !completing.contains(&step.definition.name.as_str()) {
+                    continue;
+                }
+                let (started, attempt) = match step.state {
+                    StepState::Running { since, attempt, .. } => (since, attempt),
+                    StepState::Ready { .. } => (now, step.attempts + 1),
+                    _ => continue,
+                };
                 step.state = StepState::Done {
-                    started: since,
+                    started,
                     finished: now,
                     attempt,
                     note: None,
                 };
+                moved = true;
+            }
+            corral_workflow::tick(&mut next.instance, now);
+            if !moved {
+                break;
             }
         }
-        corral_workflow::tick(&mut next.instance, now);
         next.ready()
     }
 

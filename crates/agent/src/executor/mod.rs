@@ -30,7 +30,7 @@ use crate::steps::{Attempt, NodeWork, StepApi, StepApiError, StepBatch};
 mod tests;
 mod workload;
 
-pub use workload::Workload;
+pub use workload::{Settled, Workload};
 
 /// How often a supervised object is looked at without being told to.
 pub const TICK: Duration = Duration::from_millis(500);
@@ -313,7 +313,8 @@ impl<W: Workload> Executor<W> {
     }
 
     /// Adds to `batch` the claims of the node's ready steps (counting those
-    /// the batch's reports will make ready), and to `queue`
+    /// the batch's reports will make ready) and the inline steps with
+    /// nothing to do, settled at once; and to `queue`
     /// the running ones this executor has not reported (a step claimed
     /// before the agent restarted, or one not finished yet).
     fn plan(
@@ -346,6 +347,29 @@ impl<W: Workload> Executor<W> {
         // Steps that run with the workload to themselves are claimed one at
         // a time, so each is claimed when it starts (honest timings).
         let mut inline_claimed = queue.iter().any(|(s, _)| !self.workload.is_detached(s));
+        // An inline step with nothing to do is claimed and completed in
+        // this request, and so is the next, until one has work: each
+        // saves a round trip of the pod's start.
+        while !inline_claimed {
+            let next = work
+                .ready_after(&batch.completed())
+                .into_iter()
+                .find(|step| {
+                    ours(step)
+                        && !self.workload.is_detached(step)
+                        && !started.contains(step)
+                        && !self.claimed.contains(&work.next_attempt(step))
+                });
+            let Some(step) = next else {
+                break;
+            };
+            let Some(settled) = self.workload.settled_at_once(&step, work) else {
+                break;
+            };
+            tracing::debug!(object = %self.key(), %step, note = ?settled.note, "step settled at once");
+            started.insert(step.clone());
+            batch.settle(work, &step, settled.note);
+        }
         // What the reports about to be sent make ready is claimed with them.
         for step in work.ready_after(&batch.completed()) {
             if !ours(&step)
@@ -396,7 +420,7 @@ impl<W: Workload> Executor<W> {
             Ok(fresh) => {
                 self.finished.extend(reporting.drain(..));
                 let claimed: Vec<String> = sent.claimed().map(str::to_string).collect();
-                for step in &claimed {
+                for step in claimed.iter().map(String::as_str).chain(sent.settled()) {
                     self.claimed.insert(work.next_attempt(step));
                 }
                 if sent.has_status() {

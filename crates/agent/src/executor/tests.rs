@@ -43,6 +43,8 @@ struct FakeWorkload {
     tick: Option<std::time::Duration>,
     /// Lines of running steps not taken yet.
     running_log: Arc<Mutex<Vec<(String, String)>>>,
+    /// Steps with nothing to do (settled at once), with their note.
+    at_once: BTreeMap<String, Option<String>>,
 }
 
 impl FakeWorkload {
@@ -61,6 +63,7 @@ impl FakeWorkload {
             data: Arc::default(),
             tick: Some(TICK),
             running_log: Arc::default(),
+            at_once: BTreeMap::new(),
         }
     }
 
@@ -116,6 +119,11 @@ impl Workload for FakeWorkload {
             tokio::task::yield_now().await;
             run
         })
+    }
+
+    fn settled_at_once(&self, step: &str, _work: &NodeWork) -> Option<Settled> {
+        let note = self.at_once.get(step)?.clone();
+        Some(Settled { note })
     }
 
     async fn run_step(&mut self, step: &str, _work: &NodeWork) -> StepRun {
@@ -243,6 +251,64 @@ async fn a_completion_and_the_claim_of_the_step_it_makes_ready_share_a_request()
     ]
     .into();
     assert_eq!(api.actions(), expected);
+}
+
+#[tokio::test]
+async fn steps_with_nothing_to_do_are_claimed_and_completed_with_the_report_before_them() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.at_once = [
+        (INIT.to_string(), Some("no init containers".to_string())),
+        (READY.to_string(), None),
+    ]
+    .into();
+    let mut executor = executor(&api, workload);
+    executor.admit().await;
+    let expected: Vec<Vec<String>> = [
+        vec![format!("claim {SANDBOX}")],
+        vec![format!("complete {SANDBOX}"), format!("claim {PULL}")],
+        vec![format!("complete {PULL}"), format!("claim {VOLUMES}")],
+        vec![
+            format!("complete {VOLUMES}"),
+            format!("claim {INIT}"),
+            format!("complete {INIT}"),
+            format!("claim {START}"),
+        ],
+        vec![
+            format!("complete {START}"),
+            format!("claim {READY}"),
+            format!("complete {READY}"),
+        ],
+    ]
+    .into();
+    assert_eq!(api.actions(), expected);
+    assert_eq!(runs(&executor), [SANDBOX, PULL, VOLUMES, START]);
+    assert_eq!(api.step(INIT), ("done", 1));
+    assert_eq!(api.step(READY), ("done", 1));
+    // Nothing is settled twice: a look at a stale view (INIT still ready
+    // in it) sends nothing.
+    let requests = api.requests().len();
+    let stale = fake::pod("start", &[PLACE, ADDRESS, SANDBOX, PULL, VOLUMES]);
+    let stale_work = NodeWork::for_revision(api.as_ref(), &stale, 1).await;
+    assert_eq!(stale_work.expect("an instance").ready(), [INIT]);
+    executor.workload.set_desired(stale);
+    executor.admit().await;
+    assert_eq!(api.requests().len(), requests);
+}
+
+#[tokio::test]
+async fn a_settled_step_whose_claim_is_refused_is_not_taken_for_done() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    api.refuse_claims_of(START);
+    let mut workload = FakeWorkload::new(&api);
+    workload.at_once = [(INIT.to_string(), None)].into();
+    let mut executor = executor(&api, workload);
+    executor.admit().await;
+    // The refused request settled INIT and claimed START: the volumes'
+    // report went again alone, INIT is still ready for a later look.
+    assert_eq!(api.step(VOLUMES), ("done", 1));
+    assert_eq!(api.step(INIT), ("ready", 0));
+    assert!(!executor.claimed.iter().any(|a| a.step == INIT));
 }
 
 #[tokio::test]

@@ -12,6 +12,13 @@ use super::{StepOutcome, StepRun, TICK};
 use crate::pod_data::follow::DataChange;
 use crate::steps::NodeWork;
 
+/// A step with nothing to do ([`Workload::settled_at_once`]): it is done,
+/// with this note for `why`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub note: Option<String>,
+}
+
 /// What one kind of object does on this node; the executor decides when.
 #[async_trait]
 pub trait Workload: Send + 'static {
@@ -62,6 +69,17 @@ pub trait Workload: Send + 'static {
     /// [`StepRun`] go with its outcome as before.
     fn running_log(&mut self) -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    /// Whether `step` has nothing to do now — a pod without init
+    /// containers, containers without a readiness probe all running — and
+    /// with what note it is done. Such a step is claimed and completed in
+    /// the request that reports the step before it, instead of a request
+    /// of its own to claim it and another to report it. `None`: it is
+    /// claimed and run as usual. Must not change anything: it is asked
+    /// before the claim is sent.
+    fn settled_at_once(&self, _step: &str, _work: &NodeWork) -> Option<Settled> {
+        None
     }
 
     /// Runs `step` (one of the instance's node steps) for the desired

@@ -15,6 +15,9 @@ use super::{PodWorkload, pod_sandbox};
 use crate::executor::{StepOutcome, StepRun};
 use crate::state::ContainerRecord;
 
+/// The note of `node/run-init-containers` for a pod without any.
+pub(super) const NO_INIT_CONTAINERS: &str = "no init containers";
+
 /// Where a pod's init containers stand (in memory: an agent restart runs
 /// them again from the first).
 #[derive(Debug)]
@@ -41,7 +44,7 @@ impl PodWorkload {
     pub(super) async fn run_init_containers(&mut self, spec: &PodSpec) -> StepRun {
         let revision = self.desired.metadata.revision;
         if spec.init_containers.is_empty() {
-            return StepOutcome::Done(Some("no init containers".into())).into();
+            return StepOutcome::Done(Some(NO_INIT_CONTAINERS.into())).into();
         }
         let mut init = match self.init.take() {
             Some(init) if init.revision == revision => init,

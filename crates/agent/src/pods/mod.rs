@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 
 use crate::AgentContext;
 use crate::containers::ContainerError;
-use crate::executor::{StepOutcome, StepRun, Workload};
+use crate::executor::{Settled, StepOutcome, StepRun, Workload};
 use crate::idranges::IdRanges;
 use crate::plan::{container_health, plan_revision, pod_phase};
 use crate::plugins::Verb;
@@ -51,6 +51,7 @@ use crate::sandbox::{self, PodSandbox};
 use crate::sandbox_pool::SandboxPool;
 use crate::state::PodRecord;
 use crate::steps::NodeWork;
+use init::NO_INIT_CONTAINERS;
 use supervision::ProbeState;
 
 /// How often a recovery the API has not seen is sent again.
@@ -296,13 +297,7 @@ impl PodWorkload {
             .iter()
             .filter_map(|c| c.readiness.as_ref()?.deadline_seconds)
             .max();
-        let all_ready = spec.containers.iter().all(|c| {
-            self.record
-                .containers
-                .get(&c.name)
-                .is_some_and(|r| r.running && r.pid.is_some() && (r.ready || c.readiness.is_none()))
-        });
-        if all_ready {
+        if self.all_ready(spec) {
             StepOutcome::Done(None)
         } else if let Some(seconds) =
             deadline.filter(|s| began.elapsed() >= Duration::from_secs(u64::from(*s)))
@@ -316,6 +311,17 @@ impl PodWorkload {
         } else {
             StepOutcome::NotYet
         }
+    }
+
+    /// Whether every container of `spec` runs and passes its readiness
+    /// probe (one without a probe is ready once it runs).
+    fn all_ready(&self, spec: &PodSpec) -> bool {
+        spec.containers.iter().all(|c| {
+            self.record
+                .containers
+                .get(&c.name)
+                .is_some_and(|r| r.running && r.pid.is_some() && (r.ready || c.readiness.is_none()))
+        })
     }
 
     /// A step a volume plugin's Controller delegated to the node
@@ -447,6 +453,25 @@ impl Workload for PodWorkload {
                 let error = format!("{step} does not run on its own");
                 Box::pin(std::future::ready(StepOutcome::Failed(error).into()))
             }
+        }
+    }
+
+    /// Running no init container, and waiting for readiness once every
+    /// container of the admitted revision already runs and is ready, are
+    /// settled in the request that reports the step before them.
+    fn settled_at_once(&self, step: &str, _work: &NodeWork) -> Option<Settled> {
+        let spec = typed_spec(&self.desired)?;
+        match step.parse::<PodStep>().ok()? {
+            PodStep::RunInitContainers if spec.init_containers.is_empty() => Some(Settled {
+                note: Some(NO_INIT_CONTAINERS.into()),
+            }),
+            PodStep::AwaitReadiness
+                if self.record.admitted_revision == self.desired.metadata.revision
+                    && self.all_ready(&spec) =>
+            {
+                Some(Settled { note: None })
+            }
+            _ => None,
         }
     }
 

@@ -8,11 +8,13 @@ use serde_json::{Map, Value};
 use super::NodeWork;
 
 /// Step actions on one instance, and node-owned status fields, to send in
-/// one request: reports first (log lines, completions, failures), then
-/// claims, so a claim may take a step the reports made ready.
+/// one request: reports first (log lines, completions, failures), then the
+/// steps settled at once (each claimed and completed), then claims, so a
+/// claim may take a step the reports and settled steps made ready.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepBatch {
     reports: Vec<StepActionRequest>,
+    settled: Vec<StepActionRequest>,
     claims: Vec<StepActionRequest>,
     status: BTreeMap<String, Value>,
 }
@@ -28,6 +30,17 @@ impl StepBatch {
     pub fn claim(&mut self, work: &NodeWork, step: &str) {
         self.claims
             .push(Self::action(StepActionKind::Claim, work, step));
+    }
+
+    /// Claims `step` and reports it done with `note` in the same request:
+    /// a step that had nothing to do (a pod without init containers), so
+    /// its claim need not wait for a round trip of its own.
+    pub fn settle(&mut self, work: &NodeWork, step: &str, note: Option<String>) {
+        self.settled
+            .push(Self::action(StepActionKind::Claim, work, step));
+        let mut complete = Self::action(StepActionKind::Complete, work, step);
+        complete.note = note;
+        self.settled.push(complete);
     }
 
     /// A line for `step`'s log.
@@ -64,28 +77,38 @@ impl StepBatch {
         self.status.extend(other.status);
     }
 
-    /// The steps this batch reports done.
+    /// The steps this batch reports done (settled ones included).
     pub fn completed(&self) -> Vec<&str> {
         self.reports
             .iter()
+            .chain(&self.settled)
             .filter(|r| r.action == StepActionKind::Complete)
             .map(|r| r.step.as_str())
             .collect()
     }
 
-    /// The steps this batch claims.
+    /// The steps this batch claims to run them (not the settled ones).
     pub fn claimed(&self) -> impl Iterator<Item = &str> {
         self.claims.iter().map(|c| c.step.as_str())
+    }
+
+    /// The steps this batch claims and completes at once.
+    pub fn settled(&self) -> impl Iterator<Item = &str> {
+        self.settled
+            .iter()
+            .filter(|a| a.action == StepActionKind::Claim)
+            .map(|a| a.step.as_str())
     }
 
     /// Whether the batch has no action (status fields alone are not sent
     /// through the step API).
     pub fn is_empty(&self) -> bool {
-        self.reports.is_empty() && self.claims.is_empty()
+        self.reports.is_empty() && self.settled.is_empty() && self.claims.is_empty()
     }
 
+    /// Whether the batch claims a step (to run it, or settled at once).
     pub fn has_claims(&self) -> bool {
-        !self.claims.is_empty()
+        !self.claims.is_empty() || !self.settled.is_empty()
     }
 
     pub fn has_reports(&self) -> bool {
@@ -97,11 +120,12 @@ impl StepBatch {
         !self.status.is_empty()
     }
 
-    /// The same batch without its claims (to send the reports alone after
-    /// a claim was refused).
+    /// The same batch without its claims, settled steps included (to send
+    /// the reports alone after a claim was refused).
     pub fn without_claims(&self) -> StepBatch {
         StepBatch {
             claims: Vec::new(),
+            settled: Vec::new(),
             ..self.clone()
         }
     }
@@ -109,7 +133,13 @@ impl StepBatch {
     /// The request body.
     pub fn request(&self) -> StepBatchRequest {
         StepBatchRequest {
-            actions: self.reports.iter().chain(&self.claims).cloned().collect(),
+            actions: self
+                .reports
+                .iter()
+                .chain(&self.settled)
+                .chain(&self.claims)
+                .cloned()
+                .collect(),
             status: self.status.clone(),
         }
     }
