@@ -350,25 +350,27 @@ impl<W: Workload> Executor<W> {
         // An inline step with nothing to do is claimed and completed in
         // this request, and so is the next, until one has work: each
         // saves a round trip of the pod's start.
-        while !inline_claimed {
-            let next = work
-                .ready_after(&batch.completed())
-                .into_iter()
-                .find(|step| {
-                    ours(step)
-                        && !self.workload.is_detached(step)
-                        && !started.contains(step)
-                        && !self.claimed.contains(&work.next_attempt(step))
-                });
-            let Some(step) = next else {
-                break;
-            };
-            let Some(settled) = self.workload.settled_at_once(&step, work) else {
-                break;
-            };
-            tracing::debug!(object = %self.key(), %step, note = ?settled.note, "step settled at once");
-            started.insert(step.clone());
-            batch.settle(work, &step, settled.note);
+        if !inline_claimed {
+            loop {
+                let next = work
+                    .ready_after(&batch.completed())
+                    .into_iter()
+                    .find(|step| {
+                        ours(step)
+                            && !self.workload.is_detached(step)
+                            && !started.contains(step)
+                            && !self.claimed.contains(&work.next_attempt(step))
+                    });
+                let Some(step) = next else {
+                    break;
+                };
+                let Some(settled) = self.workload.settled_at_once(&step, work) else {
+                    break;
+                };
+                tracing::debug!(object = %self.key(), %step, note = ?settled.note, "step settled at once");
+                started.insert(step.clone());
+                batch.settle(work, &step, settled.note);
+            }
         }
         // What the reports about to be sent make ready is claimed with them.
         for step in work.ready_after(&batch.completed()) {
