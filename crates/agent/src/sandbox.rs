@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use corral_api::kinds::{PodSpec, RuntimeClass};
 use corral_api::security::Relaxation;
 use corral_runtime::bundle::{
-    Capability, ContainerConfig, IdMapping, NetworkNamespace, SysfsMount, TmpfsMount, UserIds,
-    UserNamespace, default_profile,
+    Capability, ContainerConfig, IdMapping, NetworkNamespace, SyscallAbis, SysfsMount, TmpfsMount,
+    UserIds, UserNamespace, default_profile,
 };
 
 /// The uid and gid a container runs as when its image's user is root.
@@ -133,10 +133,15 @@ pub fn apply(
         })
         .collect::<Result<_, _>>()?;
     config.no_new_privileges = true;
+    let abis = if relax.contains(&Relaxation::Syscalls32Bit) {
+        SyscallAbis::With32Bit
+    } else {
+        SyscallAbis::Native
+    };
     config.seccomp = if relax.contains(&Relaxation::UnconfinedSeccomp) {
         None
     } else {
-        Some(default_profile().map_err(|e| SandboxError::Seccomp(e.to_string()))?)
+        Some(default_profile(abis).map_err(|e| SandboxError::Seccomp(e.to_string()))?)
     };
     config.readonly_rootfs = !relax.contains(&Relaxation::WritableRootfs);
     // A read-only root still has the scratch directories programs expect
@@ -194,6 +199,7 @@ pub fn host_uid(choice: &UserChoice, sandbox: &PodSandbox) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_runtime::bundle::Arch;
 
     fn sandbox(relax: &[&str]) -> PodSandbox {
         PodSandbox {
@@ -290,6 +296,21 @@ mod tests {
             "still its own user namespace"
         );
         assert_eq!(host_uid(&choice, &relaxed), 1 << 20);
+    }
+
+    #[test]
+    fn only_the_relaxation_admits_32_bit_system_calls() {
+        let abis = |relax: &[&str]| {
+            let mut config = config();
+            apply(&mut config, ROOT, &sandbox(relax)).expect("sandbox");
+            config
+                .seccomp
+                .and_then(|profile| profile.architectures().clone())
+        };
+        assert_eq!(abis(&[]), Some(vec![Arch::ScmpArchX86_64]));
+        let relaxed = abis(&["32-bit-syscalls"]).expect("a profile");
+        assert!(relaxed.contains(&Arch::ScmpArchX86), "{relaxed:?}");
+        assert!(relaxed.contains(&Arch::ScmpArchX32), "{relaxed:?}");
     }
 
     #[test]

@@ -80,8 +80,9 @@ impl RuncFloor {
         floor.template["process"]["capabilities"] = json!({
             "bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []
         });
-        let profile = corral_runtime::bundle::default_profile()
-            .context("cannot build corral's seccomp profile")?;
+        let profile =
+            corral_runtime::bundle::default_profile(corral_runtime::bundle::SyscallAbis::Native)
+                .context("cannot build corral's seccomp profile")?;
         floor.template["linux"]["seccomp"] = serde_json::to_value(profile)?;
         let mapping = json!([{"containerID": 0, "hostID": FLOOR_HOST_IDS, "size": 65536}]);
         floor.template["linux"]["uidMappings"] = mapping.clone();

@@ -227,6 +227,129 @@ spec:
     );
 }
 
+/// A whole i386 program (118 bytes, no libc): an ELF header, one
+/// loadable segment, code that writes "ok\n" to stdout with `int 0x80`
+/// and exits 0.
+fn i386_program() -> Vec<u8> {
+    const BASE: u32 = 0x0804_8000;
+    const CODE_AT: u32 = 52 + 32;
+    let code_len = 31;
+    let message = b"ok\n";
+    let size = CODE_AT + code_len + 3;
+    let mut elf = b"\x7fELF\x01\x01\x01".to_vec();
+    elf.resize(16, 0);
+    for half in [2u16, 3] {
+        elf.extend(half.to_le_bytes()); // executable, i386
+    }
+    for word in [1, BASE + CODE_AT, 52, 0, 0] {
+        elf.extend(word.to_le_bytes()); // version, entry, phoff, shoff, flags
+    }
+    for half in [52u16, 32, 1, 0, 0, 0] {
+        elf.extend(half.to_le_bytes()); // header sizes, one program header
+    }
+    for word in [1, 0, BASE, BASE, size, size, 5, 0x1000] {
+        elf.extend(word.to_le_bytes()); // PT_LOAD of the whole file, r-x
+    }
+    let mut code = Vec::new();
+    for (opcode, operand) in [
+        (0xb8u8, 4u32),
+        (0xbb, 1),
+        (0xb9, BASE + CODE_AT + code_len),
+        (0xba, 3),
+    ] {
+        code.push(opcode); // mov eax/ebx/ecx/edx: write(1, message, 3)
+        code.extend(operand.to_le_bytes());
+    }
+    code.extend([0xcd, 0x80, 0xb8, 1, 0, 0, 0, 0x31, 0xdb, 0xcd, 0x80]); // int 0x80; exit(0)
+    assert_eq!(code.len(), code_len as usize);
+    elf.extend(code);
+    elf.extend(message);
+    assert_eq!(elf.len(), size as usize);
+    elf
+}
+
+/// A shell command writing `bytes` to `path` with busybox's `printf`
+/// (octal escapes inside double quotes), then making it executable.
+fn write_program(path: &str, bytes: &[u8]) -> String {
+    let escaped: String = bytes.iter().map(|b| format!("\\{b:03o}")).collect();
+    format!("printf \"{escaped}\" > {path} && chmod 755 {path}")
+}
+
+/// The default profile admits x86_64 system calls only: a 32-bit program
+/// is killed at its first call, `why` says what to ask for, and the
+/// `32-bit-syscalls` relaxation (both halves) lets it run.
+#[test]
+fn a_32_bit_program_runs_only_with_the_32_bit_syscalls_relaxation() {
+    let cluster = &common::start_node();
+    let write = write_program("/tmp/i386", &i386_program());
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("native.yaml", &pod("native", "", "exec sleep 3604")),
+    ]);
+    running(cluster, "native");
+    let (_, text) = sh(
+        cluster,
+        "native",
+        &format!("{write} && /tmp/i386; echo rc=$?"),
+    );
+    assert!(text.contains("rc=159"), "killed by SIGSYS: {text}");
+    assert!(!text.contains("ok"), "{text}");
+
+    // As a container's own program: its exit says what to ask for.
+    let failing = format!(
+        "kind: Pod
+metadata: {{name: old32}}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: main
+      image: local/busybox:1
+      command: [sh, -c, '{write} && exec /tmp/i386']
+"
+    );
+    cluster.ok(&["apply", "-f", &cluster.manifest("old32.yaml", &failing)]);
+    let why = wait_for(
+        "why pod/old32 to explain the SIGSYS",
+        Duration::from_secs(60),
+        || {
+            let why = cluster.ok(&["why", "pod/old32"]);
+            why.contains("SIGSYS").then_some(why)
+        },
+    );
+    assert!(why.contains("32-bit-syscalls"), "{why}");
+
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest(
+            "policy32.yaml",
+            "kind: Policy
+metadata: {name: legacy}
+spec:
+  namespaces: [default]
+  grant: [32-bit-syscalls]
+",
+        ),
+    ]);
+    let relaxed = pod(
+        "legacy",
+        "  security: {relax: [32-bit-syscalls]}\n",
+        "exec sleep 3605",
+    );
+    cluster.ok(&["apply", "-f", &cluster.manifest("legacy.yaml", &relaxed)]);
+    running(cluster, "legacy");
+    let ran = sh_ok(cluster, "legacy", &format!("{write} && /tmp/i386"));
+    assert_eq!(ran, "ok\n");
+    let explained = cluster.ok(&["explain-security", "pod/legacy"]);
+    assert!(
+        explained.contains("allowed (i386, x32)") && explained.contains("Policy legacy"),
+        "{explained}"
+    );
+    let explained = cluster.ok(&["explain-security", "pod/native"]);
+    assert!(explained.contains("refused (x86_64 only)"), "{explained}");
+}
+
 #[test]
 fn relaxations_need_both_halves() {
     let cluster = &common::start_node();

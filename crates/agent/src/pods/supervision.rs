@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use corral_api::kinds::{ContainerExit, ContainerReason, RuntimeClass};
-use corral_api::security::{NetworkStack, network_stack};
+use corral_api::security::{NetworkStack, Relaxation, network_stack};
 use corral_runtime::oci::reap::{Liveness, liveness};
 
 use super::{PodWorkload, pod_sandbox, typed_spec};
 use crate::plan::restart_at;
 use crate::probes;
+use crate::sandbox;
 
 /// Where one container's probes stand.
 #[derive(Debug, Default)]
@@ -71,6 +72,15 @@ impl PodWorkload {
                         &self.uid(),
                         &name,
                     ));
+                // The default profile refuses a 64-bit call with EPERM; only
+                // a call through an ABI it does not admit kills (SIGSYS).
+                let refused_abi = exit_code == Some(SIGSYS_EXIT)
+                    && record.stop_cause.is_none()
+                    && spec.runtime.unwrap_or(RuntimeClass::Runc) == RuntimeClass::Runc
+                    && sandbox::relaxations(&spec).is_ok_and(|relax| {
+                        !relax.contains(&Relaxation::UnconfinedSeccomp)
+                            && !relax.contains(&Relaxation::Syscalls32Bit)
+                    });
                 let entry = self
                     .record
                     .containers
@@ -89,6 +99,8 @@ impl PodWorkload {
                     )
                 } else if read_only_write {
                     (Some(read_only_hint(exit_code)), None)
+                } else if refused_abi {
+                    (Some(SIGSYS_HINT.to_string()), None)
                 } else {
                     let reason = stop_cause.as_ref().map(|_| ContainerReason::Unhealthy);
                     (stop_cause, reason)
@@ -349,6 +361,15 @@ impl PodWorkload {
         changed
     }
 }
+
+/// The exit code of a process killed by `SIGSYS` (128 + 31).
+const SIGSYS_EXIT: i32 = 128 + 31;
+
+/// The exit cause of a container killed by `SIGSYS` under the default
+/// seccomp profile: what the profile refused, and how to allow it.
+const SIGSYS_HINT: &str = "was killed by signal 31 (SIGSYS, exit code 159): it made a system call \
+     through a 32-bit ABI (a program built for i386?), which the default sandbox refuses; \
+     ask for the 32-bit-syscalls relaxation in spec.security.relax, granted by a Policy";
 
 /// Whether the end of a container's log says a write failed on a
 /// read-only file system (EROFS, as libc and most runtimes word it).

@@ -374,6 +374,12 @@ fn knobs(granted: &[(Relaxation, Grant)], default_runtime: RuntimeClass) -> Vec<
             "unconfined",
         ),
         toggle(
+            "32-bit system calls",
+            Relaxation::Syscalls32Bit,
+            "refused (x86_64 only)",
+            "allowed (i386, x32)",
+        ),
+        toggle(
             "read-only rootfs",
             Relaxation::WritableRootfs,
             "on (writable tmpfs: /tmp, /var/tmp, /run)",

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The shapes of every relaxation name, for error messages.
-pub const SHAPES: &str = "run-as-root, capability:NAME, host-network, host-network-stack, host-path:/PREFIX, writable-rootfs, unconfined-seccomp, no-user-namespace, device:/dev/NAME, runtime:runc";
+pub const SHAPES: &str = "run-as-root, capability:NAME, host-network, host-network-stack, host-path:/PREFIX, writable-rootfs, unconfined-seccomp, 32-bit-syscalls, no-user-namespace, device:/dev/NAME, runtime:runc";
 
 /// The Linux capability names `capability:NAME` accepts (without `CAP_`).
 pub const CAPABILITIES: &[&str] = &[
@@ -65,6 +65,10 @@ pub enum Relaxation {
     HostPath(String),
     WritableRootfs,
     UnconfinedSeccomp,
+    /// The kernel's 32-bit system call ABIs (i386, x32) besides x86_64,
+    /// for programs built for them: the default seccomp profile admits
+    /// only 64-bit calls (a 32-bit program is killed by `SIGSYS`).
+    Syscalls32Bit,
     NoUserNamespace,
     /// A device node under `/dev/`.
     Device(String),
@@ -100,6 +104,7 @@ impl FromStr for Relaxation {
             "host-network-stack" => return Ok(Relaxation::HostNetworkStack),
             "writable-rootfs" => return Ok(Relaxation::WritableRootfs),
             "unconfined-seccomp" => return Ok(Relaxation::UnconfinedSeccomp),
+            "32-bit-syscalls" => return Ok(Relaxation::Syscalls32Bit),
             "no-user-namespace" => return Ok(Relaxation::NoUserNamespace),
             "runtime:runc" => return Ok(Relaxation::RuntimeRunc),
             _ => {}
@@ -177,6 +182,7 @@ impl fmt::Display for Relaxation {
             Relaxation::HostPath(path) => write!(f, "host-path:{path}"),
             Relaxation::WritableRootfs => f.write_str("writable-rootfs"),
             Relaxation::UnconfinedSeccomp => f.write_str("unconfined-seccomp"),
+            Relaxation::Syscalls32Bit => f.write_str("32-bit-syscalls"),
             Relaxation::NoUserNamespace => f.write_str("no-user-namespace"),
             Relaxation::Device(path) => write!(f, "device:{path}"),
             Relaxation::RuntimeRunc => f.write_str("runtime:runc"),

@@ -28,6 +28,7 @@ fn every_plain_name_round_trips() {
         "host-network-stack",
         "writable-rootfs",
         "unconfined-seccomp",
+        "32-bit-syscalls",
         "no-user-namespace",
         "runtime:runc",
         "capability:NET_BIND_SERVICE",
@@ -141,6 +142,7 @@ fn no_ask_no_policy_is_the_default_sandbox() {
             "capabilities",
             "no_new_privs",
             "seccomp",
+            "32-bit system calls",
             "read-only rootfs",
             "masked /proc",
             "devices",
@@ -240,6 +242,7 @@ fn every_toggle_flips_when_granted() {
     let all = [
         "no-user-namespace",
         "unconfined-seccomp",
+        "32-bit-syscalls",
         "writable-rootfs",
         "host-network",
     ];
@@ -248,6 +251,7 @@ fn every_toggle_flips_when_granted() {
     for (knob, value) in [
         ("user namespace", "off (container uids are host uids)"),
         ("seccomp", "unconfined"),
+        ("32-bit system calls", "allowed (i386, x32)"),
         ("read-only rootfs", "off"),
         ("host network", "on"),
         ("no_new_privs", "on"),

@@ -10,12 +10,14 @@ mod spec;
 
 use std::path::PathBuf;
 
-pub use oci_spec::runtime::{Capability, LinuxSeccomp, Spec};
+pub use oci_spec::runtime::{Arch, Capability, LinuxSeccomp, Spec};
 pub use process::{
     DEFAULT_PATH, MergedProcess, ProcessError, ProcessOverrides, UserIds, merge_process,
     resolve_user, resolve_user_in_rootfs,
 };
-pub use seccomp::{CLONE_NAMESPACE_FLAGS, SeccompError, default_allowed_syscalls, default_profile};
+pub use seccomp::{
+    CLONE_NAMESPACE_FLAGS, SeccompError, SyscallAbis, default_allowed_syscalls, default_profile,
+};
 pub use spec::{BundleError, generate_spec, write_bundle};
 
 /// Everything the runtime needs to know to run one container.

@@ -68,10 +68,25 @@ fn rule(names: Vec<String>, action: LinuxSeccompAction) -> Result<LinuxSyscall, 
         .build()
 }
 
+/// Which system call ABIs a profile admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyscallAbis {
+    /// x86_64 alone: a call through a 32-bit ABI (`int 0x80`, an i386 or
+    /// x32 program) kills the thread with `SIGSYS`. The default: the
+    /// compat ABIs are kernel attack surface most containers never use
+    /// (gVisor does not offer them at all), and the runtime compiles the
+    /// filter for every listed ABI at every container start.
+    Native,
+    /// x86_64, i386 and x32, each with the same allowlist (the
+    /// `32-bit-syscalls` relaxation).
+    With32Bit,
+}
+
 /// The default profile: the allowlist, `clone` without namespace flags,
 /// `clone3` answered with `ENOSYS` (so libc falls back to `clone`, whose
-/// flags the filter can see), everything else `EPERM`.
-pub fn default_profile() -> Result<LinuxSeccomp, SeccompError> {
+/// flags the filter can see), everything else `EPERM`; for the system
+/// call ABIs `abis` names.
+pub fn default_profile(abis: SyscallAbis) -> Result<LinuxSeccomp, SeccompError> {
     let data = data()?;
     let mut syscalls = vec![rule(
         default_allowed_syscalls()?,
@@ -97,11 +112,12 @@ pub fn default_profile() -> Result<LinuxSeccomp, SeccompError> {
     Ok(LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActErrno)
         .default_errno_ret(EPERM)
-        .architectures(vec![
-            Arch::ScmpArchX86_64,
-            Arch::ScmpArchX86,
-            Arch::ScmpArchX32,
-        ])
+        .architectures(match abis {
+            SyscallAbis::Native => vec![Arch::ScmpArchX86_64],
+            SyscallAbis::With32Bit => {
+                vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86, Arch::ScmpArchX32]
+            }
+        })
         .syscalls(syscalls)
         .build()?)
 }
@@ -174,7 +190,7 @@ mod tests {
 
     #[test]
     fn clone_is_allowed_only_without_namespace_flags_and_clone3_gets_enosys() {
-        let profile = default_profile().expect("profile");
+        let profile = default_profile(SyscallAbis::Native).expect("profile");
         assert_eq!(profile.default_action(), LinuxSeccompAction::ScmpActErrno);
         assert_eq!(profile.default_errno_ret(), Some(EPERM));
         let syscalls = profile.syscalls().clone().expect("rules");
@@ -191,5 +207,20 @@ mod tests {
             .find(|rule| rule.names() == &["clone3".to_string()])
             .expect("clone3 rule");
         assert_eq!(clone3.errno_ret(), Some(ENOSYS));
+    }
+
+    #[test]
+    fn only_the_relaxed_profile_admits_the_32_bit_abis_with_the_same_rules() {
+        let native = default_profile(SyscallAbis::Native).expect("profile");
+        let wide = default_profile(SyscallAbis::With32Bit).expect("profile");
+        assert_eq!(
+            native.architectures().as_deref(),
+            Some(&[Arch::ScmpArchX86_64][..])
+        );
+        assert_eq!(
+            wide.architectures().as_deref(),
+            Some(&[Arch::ScmpArchX86_64, Arch::ScmpArchX86, Arch::ScmpArchX32][..])
+        );
+        assert_eq!(native.syscalls(), wide.syscalls());
     }
 }
