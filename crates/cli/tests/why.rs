@@ -755,3 +755,45 @@ spec:
         },
     );
 }
+
+#[test]
+fn a_pending_pod_fixed_and_applied_again_is_placed_and_runs() {
+    let cluster = Node::start();
+    let huge = "kind: Pod
+metadata: {name: pending, namespace: default}
+spec:
+  containers:
+    - {name: app, image: local/busybox:1, command: [sleep, '3600'], resources: {memory: 1000Ti}}
+";
+    cluster.ok(&["apply", "-f", &cluster.write("huge.yaml", huge)]);
+    let line = common::wait_for(
+        "the pod to be called unschedulable",
+        Duration::from_secs(30),
+        || {
+            let line = why_line(&cluster, "pod/pending");
+            line.contains("insufficient memory").then_some(line)
+        },
+    );
+    assert!(line.contains("scheduler/place"), "{line}");
+
+    // The request fixed: the new revision is placed, not left waiting for
+    // node steps of a node nobody chose.
+    let fixed = huge.replace(", resources: {memory: 1000Ti}", "");
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.write("fixed.yaml", &fixed),
+        "-m",
+        "ask for less memory",
+    ]);
+    common::wait_for("the fixed pod to run", Duration::from_secs(60), || {
+        let row = get_row(&cluster, "pending");
+        (row[2] == "Running").then_some(())
+    });
+    let row = get_row(&cluster, "pending");
+    assert_eq!(row[1], "2", "{row:?}");
+    assert_eq!(row[5], cluster.node_name(), "{row:?}");
+    let why = cluster.ok(&["why", "pod/pending"]);
+    assert!(why.contains("start workflow start-2"), "{why}");
+    assert!(line_with(&why, "scheduler/place").contains('✓'), "{why}");
+}

@@ -60,6 +60,7 @@ async fn creating_a_pod_creates_its_start_instance_in_the_same_write() {
 async fn a_spec_change_adds_an_update_instance_and_cancels_the_running_start() {
     let h = Harness::new().await;
     h.create_pod("web", "img:1").await;
+    h.bind("web", "node-1").await;
     h.clock.advance(TimeDelta::seconds(5));
     h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:2")))
         .await;
@@ -79,6 +80,31 @@ async fn a_spec_change_adds_an_update_instance_and_cancels_the_running_start() {
         Some(json!({"to": 1})),
     )
     .await;
+    let status = h.workflows("web").await;
+    assert_eq!(status.latest().map(|i| i.id.as_str()), Some("update-3"));
+}
+
+#[tokio::test]
+async fn a_spec_change_of_a_pod_on_no_node_starts_it_again_from_placement() {
+    // A pod waiting for a node (too big for every node, say) whose spec is
+    // fixed: an update's node steps would wait for a node nobody chose.
+    let h = Harness::new().await;
+    h.create_pod("web", "img:1").await;
+    h.clock.advance(TimeDelta::seconds(5));
+    h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:2")))
+        .await;
+    let status = h.workflows("web").await;
+    let ids: Vec<&str> = status.instances.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["start-1", "start-2"]);
+    assert_eq!(status.instances[0].outcome.as_str(), "cancelled");
+    let latest = &status.instances[1];
+    assert_eq!(latest.revision, 2);
+    assert_eq!(phase(latest, "scheduler/place"), "ready");
+    assert_eq!(phase(latest, "node/pull-image"), "waiting");
+    // Once bound, a change is an update in place again.
+    h.bind("web", "node-1").await;
+    h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:3")))
+        .await;
     let status = h.workflows("web").await;
     assert_eq!(status.latest().map(|i| i.id.as_str()), Some("update-3"));
 }
@@ -380,13 +406,7 @@ async fn a_step_delegated_to_the_node_is_moved_by_the_bound_nodes_agent() {
     );
 
     // Bound to node-1: its agent may, another node's may not.
-    let scheduler = h.token("scheduler", Role::Controller).await;
-    let mut pod = h.ok("GET", &format!("{PODS}/web"), None).await;
-    pod["status"]["node"] = json!("node-1");
-    let (status, value) = h
-        .call("PUT", &format!("{PODS}/web/status"), &scheduler, Some(pod))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{value}");
+    h.bind("web", "node-1").await;
     let stranger = h.token("node-2", Role::Node).await;
     let (status, value) = h.step("web", &stranger, claim.clone()).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{value}");

@@ -96,7 +96,8 @@ pub async fn create(
 
 /// Replaces `current` by `next` if its `resourceVersion` is still
 /// `expected`. When the spec changes (a new revision), `next` gets an
-/// `update` instance in the same write; a running instance is cancelled.
+/// `update` instance in the same write (a `start` one while a pod or VM is
+/// bound to no node); a running instance is cancelled.
 pub async fn update(
     server: &Server,
     current: &Object,
@@ -145,6 +146,13 @@ pub async fn update(
         // `corral vm migrate`: the running guest moves to another node.
         let revision = current.metadata.revision + 1;
         begin(server, &mut next, "migrate", revision).await?
+    } else if unplaced(current, &next) {
+        // Not on a node yet (pending placement, or moving off one): an
+        // update's node steps would have no node to run them, so the new
+        // revision is placed and started from the beginning — a pending
+        // pod whose request is fixed and applied again is placed again.
+        let revision = current.metadata.revision + 1;
+        begin(server, &mut next, "start", revision).await?
     } else {
         let revision = current.metadata.revision + 1;
         begin(server, &mut next, "update", revision).await?
@@ -154,6 +162,14 @@ pub async fn update(
         .update_logged(next, expected, &change, &logs)
         .await?;
     Ok(updated)
+}
+
+/// Whether a pod or VM is bound to no node before and after a write: a
+/// new revision of it starts with `scheduler/place`, not with node steps.
+fn unplaced(current: &Object, next: &Object) -> bool {
+    matches!(current.kind, Kind::Pod | Kind::VirtualMachine)
+        && bound_node(current).is_none()
+        && bound_node(next).is_none()
 }
 
 /// Whether `next` carries a self-fence report (`status.lastFence`) that

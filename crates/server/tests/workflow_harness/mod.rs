@@ -123,6 +123,22 @@ impl Harness {
         serde_json::from_value(self.ok("POST", PODS, Some(body)).await).expect("an object")
     }
 
+    /// Binds pod `name` to `node` as the scheduler does (`status.node`).
+    pub async fn bind(&self, name: &str, node: &str) {
+        let scheduler = self.token("scheduler", Role::Controller).await;
+        let mut pod = self.ok("GET", &format!("{PODS}/{name}"), None).await;
+        pod["status"]["node"] = json!(node);
+        let (status, value) = self
+            .call(
+                "PUT",
+                &format!("{PODS}/{name}/status"),
+                &scheduler,
+                Some(pod),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{value}");
+    }
+
     pub async fn register_slow_mount(&self) {
         let body = json!({
             "kind": "Controller",
