@@ -6,8 +6,10 @@
 //! - corral apply: `Client::apply` of a pod whose env changes every time, so
 //!   every request is a new revision (an fsynced SQLite transaction plus the
 //!   history record), through HTTP with a keep-alive connection pool, to
-//!   `corral server` with its built-in controllers and no node (the pod waits
-//!   at `scheduler/place`);
+//!   `corral server` with its built-in controllers and one hollow node that
+//!   works on none of its pods: each pod is placed and addressed once, before
+//!   timing, then every revision's node steps wait for that node, as on a
+//!   node busy elsewhere — the API's write path with no node reacting;
 //! - corral apply (on etcd): the same, through `corral server --datastore
 //!   etcd://…` on the benchmark's etcd (one raft-committed transaction per
 //!   write, plus the reads that build the history delta);
@@ -35,10 +37,11 @@ use anyhow::{Context, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use clap::Args;
-use corral_api::{Kind, Object};
-use corral_client::Client;
+use corral_api::{Kind, Object, ObjectKey};
+use corral_client::{Client, ClientConfig};
 use serde_json::json;
 
+use crate::hollow::{HollowCluster, HollowOptions, NodeSettings};
 use crate::processes::{CorralProcess, EtcdProcess};
 use crate::report::{self, Row};
 use crate::{load, machine};
@@ -49,6 +52,8 @@ const ETCD_HTTP: &str = "etcd v3 HTTP put";
 const ETCDCTL: &str = "etcdctl put (process per op)";
 const FLOOR: &str = "floor: write+fdatasync";
 const NAMESPACE: &str = "default";
+/// How long the busy node may take to be Ready, and a pod to be placed.
+const PLACED_WITHIN: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
@@ -90,6 +95,12 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let mut corral_etcd =
         CorralProcess::start_with(&corral_binary, &["server", "--datastore", &datastore]).await?;
     let client_etcd = Client::new(&corral_etcd.config)?;
+    // A pod on no node is placed again at each revision; one on a node is
+    // updated in place, which is what this measures.
+    let _nodes = tokio::try_join!(
+        busy_node(&client, &corral.config),
+        busy_node(&client_etcd, &corral_etcd.config)
+    )?;
     let http = reqwest::Client::builder()
         .timeout(corral_client::REQUEST_TIMEOUT)
         .build()?;
@@ -265,12 +276,16 @@ async fn corral_apply(
     clients: usize,
 ) -> anyhow::Result<crate::stats::Summary> {
     let name = move |client_index: usize| format!("bench-c{clients}-{client_index}");
-    // Create every pod first, unmeasured, so each measured request is an update.
+    // Create every pod first, unmeasured, so each measured request is an
+    // update, and wait until each is placed and addressed.
     for client_index in 0..clients {
         client
             .apply(&pod(&name(client_index), 0), Some("bench: create"))
             .await
             .context("cannot create the benchmark pods")?;
+    }
+    for client_index in 0..clients {
+        wait_placed(client, &pod(&name(client_index), 0).key()).await?;
     }
     let api = client.clone();
     let summary = load::run(requests, clients, move |client_index, sequence| {
@@ -295,6 +310,39 @@ async fn corral_apply(
         }
     }
     Ok(summary)
+}
+
+/// One hollow node, Ready, that works on none of its pods.
+async fn busy_node(admin: &Client, config: &ClientConfig) -> anyhow::Result<HollowCluster> {
+    let options = HollowOptions {
+        nodes: 1,
+        name_prefix: "bench-busy".into(),
+        node: NodeSettings {
+            index: 0,
+            pod_capacity: 1_000,
+            heartbeat: Duration::from_secs(5),
+            parallel_pods: 0,
+        },
+    };
+    let node = HollowCluster::start(admin, config, &options).await?;
+    node.wait_ready(admin, PLACED_WITHIN).await?;
+    Ok(node)
+}
+
+/// Waits until pod `key` is bound to a node and has its address.
+async fn wait_placed(client: &Client, key: &ObjectKey) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let pod = client.get(key).await?;
+        let set = |field: &str| pod.status.get(field).is_some_and(|v| v.is_string());
+        if set("node") && set("address") {
+            return Ok(());
+        }
+        if started.elapsed() > PLACED_WITHIN {
+            bail!("{key} was not placed and addressed within {PLACED_WITHIN:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn etcd_key(clients: usize, client_index: usize) -> String {

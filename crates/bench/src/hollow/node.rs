@@ -34,7 +34,8 @@ pub struct NodeSettings {
     pub pod_capacity: u32,
     /// Time between heartbeats (the agent's default is 5 s).
     pub heartbeat: Duration,
-    /// Pods the node works on at once.
+    /// Pods the node works on at once; 0: none at all (its pods wait at
+    /// their first node step, as on a node busy elsewhere).
     pub parallel_pods: usize,
 }
 
@@ -81,9 +82,11 @@ pub async fn run(api: NodeApi, settings: NodeSettings, counters: Arc<Counters>) 
         if join(&api, &counters).await {
             Counters::add(&counters.joined);
         }
-        PodFollower::new(api.clone(), counters.clone(), settings.parallel_pods)
-            .run()
-            .await;
+        if settings.parallel_pods > 0 {
+            PodFollower::new(api.clone(), counters.clone(), settings.parallel_pods)
+                .run()
+                .await;
+        }
     };
     tokio::join!(heartbeat_loop(&api, settings.heartbeat, &counters), work,);
 }
