@@ -27,6 +27,36 @@ struct Split {
 }
 
 impl Split {
+    /// A server with node-1's token and the busybox image in the agent's
+    /// store; its agent running.
+    fn start(prefix: &str) -> Split {
+        require_root();
+        require_tool("runc");
+        let mut split = Split {
+            dir: tempfile::Builder::new().prefix(prefix).tempdir().unwrap(),
+            port: free_port(),
+            server: None,
+            agent: None,
+            node_token: String::new(),
+        };
+        split.start_server();
+        split.node_token = split
+            .corral(&["token", "create", "--node", "node-1"])
+            .trim()
+            .to_string();
+        let tar = busybox_image_tar(split.dir.path(), ImageFormat::DockerArchive);
+        let agent_dir = split.agent_dir();
+        split.corral(&[
+            "image",
+            "import",
+            tar.to_str().unwrap(),
+            "--data-dir",
+            agent_dir.to_str().unwrap(),
+        ]);
+        split.start_agent();
+        split
+    }
+
     fn server_dir(&self) -> PathBuf {
         self.dir.path().join("server")
     }
@@ -173,33 +203,8 @@ fn alive(pid: u64) -> bool {
 
 #[test]
 fn pods_survive_without_the_control_plane() {
-    require_root();
-    require_tool("runc");
-    let mut split = Split {
-        dir: tempfile::Builder::new()
-            .prefix("corral-autonomy-")
-            .tempdir()
-            .unwrap(),
-        port: free_port(),
-        server: None,
-        agent: None,
-        node_token: String::new(),
-    };
-    split.start_server();
-    split.node_token = split
-        .corral(&["token", "create", "--node", "node-1"])
-        .trim()
-        .to_string();
-    let tar = busybox_image_tar(split.dir.path(), ImageFormat::DockerArchive);
+    let mut split = Split::start("corral-autonomy-");
     let agent_dir = split.agent_dir();
-    split.corral(&[
-        "image",
-        "import",
-        tar.to_str().unwrap(),
-        "--data-dir",
-        agent_dir.to_str().unwrap(),
-    ]);
-    split.start_agent();
     let manifest = split.dir.path().join("web.yaml");
     std::fs::write(
         &manifest,
@@ -265,4 +270,60 @@ fn pods_survive_without_the_control_plane() {
         (restarted_id, restarted_pid)
     );
     assert_eq!(local_container(&agent_dir, "side"), (side_after, side_pid));
+}
+
+#[test]
+fn an_update_made_before_the_node_made_the_sandbox_starts_the_pod_when_it_returns() {
+    let mut split = Split::start("corral-late-node-");
+    wait_for("node-1 to be Ready", Duration::from_secs(30), || {
+        let nodes: Value =
+            serde_json::from_str(&split.corral(&["get", "nodes", "-o", "json"])).ok()?;
+        (nodes["items"][0]["status"]["phase"] == "Ready").then_some(())
+    });
+    // The agent is away (its node still Ready): the pod is placed and
+    // addressed, and its node steps wait.
+    Split::kill(&mut split.agent);
+    let manifest = split.dir.path().join("web.yaml");
+    let write = |value: &str| {
+        std::fs::write(
+            &manifest,
+            format!("kind: Pod\nmetadata: {{name: web}}\nspec:\n  containers:\n    - {{name: web, image: local/busybox:1, command: [sleep, \"3600\"], env: {{V: \"{value}\"}}}}\n"),
+        )
+        .unwrap();
+    };
+    write("1");
+    split.corral(&["apply", "-f", manifest.to_str().unwrap()]);
+    wait_for("pod/web to be placed", Duration::from_secs(30), || {
+        let pod = split.pod();
+        (pod["status"]["node"] == "node-1" && pod["status"]["address"].is_string()).then_some(())
+    });
+    // Changed before the node made its sandbox: an update in place of a
+    // pod that has no sandbox yet.
+    write("2");
+    split.corral(&["apply", "-f", manifest.to_str().unwrap()]);
+    let why = split.corral(&["why", "pod/web"]);
+    assert!(why.contains("update workflow update-2"), "{why}");
+
+    split.start_agent();
+    let pod = wait_for("pod/web to run revision 2", Duration::from_secs(60), || {
+        let pod = split.pod();
+        (pod["status"]["phase"] == "Running" && pod["status"]["observedRevision"] == 2)
+            .then_some(pod)
+    });
+    assert_eq!(container_ids(&pod).len(), 1, "{pod}");
+    let value = split.corral(&["exec", "pod/web", "--", "sh", "-c", "echo $V"]);
+    assert_eq!(value.trim(), "2");
+    let why = split.corral(&["why", "pod/web"]);
+    assert!(why.contains("update workflow update-2"), "{why}");
+    assert!(
+        line_of(&why, "node/start-changed-containers").contains('✓'),
+        "{why}"
+    );
+}
+
+/// The line of `text` that mentions `needle`.
+fn line_of<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines()
+        .find(|line| line.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle} in:\n{text}"))
 }
