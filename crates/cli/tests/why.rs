@@ -797,3 +797,114 @@ spec:
     assert!(why.contains("start workflow start-2"), "{why}");
     assert!(line_with(&why, "scheduler/place").contains('✓'), "{why}");
 }
+
+#[test]
+fn why_names_the_cancelled_updates_step_the_node_is_still_finishing() {
+    let cluster = Node::start();
+    // `sleep` as PID 1 ignores SIGTERM: stopping it takes the grace period.
+    let pod = |value: &str| {
+        format!(
+            "kind: Pod
+metadata: {{name: stubborn, namespace: default}}
+spec:
+  terminationGraceSeconds: 8
+  containers:
+    - {{name: app, image: local/busybox:1, command: [sleep, '3600'], env: {{V: '{value}'}}}}
+"
+        )
+    };
+    let apply = |value: &str| {
+        let path = cluster.write(&format!("stubborn-{value}.yaml"), &pod(value));
+        cluster.ok(&["apply", "-f", &path]);
+    };
+    apply("0");
+    common::wait_for("the pod to run", Duration::from_secs(60), || {
+        (get_row(&cluster, "stubborn")[2] == "Running").then_some(())
+    });
+    apply("1");
+    common::wait_for(
+        "the node to stop the container for update-2",
+        Duration::from_secs(30),
+        || {
+            let why = cluster.ok(&["why", "pod/stubborn"]);
+            line_with(&why, "node/stop-changed-containers")
+                .contains("running")
+                .then_some(())
+        },
+    );
+    apply("2");
+    let why = cluster.ok(&["why", "pod/stubborn"]);
+    assert!(why.contains("update workflow update-3"), "{why}");
+    assert!(why.contains("Held up by a cancelled operation:"), "{why}");
+    let held = line_with(&why, "of update-2");
+    assert!(
+        held.contains("node/stop-changed-containers of update-2 (cancelled"),
+        "{why}"
+    );
+    assert!(
+        held.contains("claimed by node") && held.contains("a step of update-3"),
+        "{why}"
+    );
+    let json: Value =
+        serde_json::from_str(&cluster.ok(&["why", "pod/stubborn", "-o", "json"])).expect("json");
+    assert_eq!(json["heldUpBy"][0]["workflowId"], "update-2", "{json}");
+    assert_eq!(
+        json["heldUpBy"][0]["step"], "node/stop-changed-containers",
+        "{json}"
+    );
+    // The dashboard's object page says the same under its verdict.
+    let part = dashboard_part(&cluster, "why/pods/stubborn");
+    assert!(part.contains("id=\"held-up\""), "{part}");
+    assert!(
+        part.contains("node/stop-changed-containers of update-2"),
+        "{part}"
+    );
+
+    // Once the node has stopped it, the newest revision runs and nothing
+    // is held up any more.
+    common::wait_for("revision 3 to run", Duration::from_secs(60), || {
+        let row = get_row(&cluster, "stubborn");
+        (row[1] == "3" && row[2] == "Running").then_some(())
+    });
+    let why = common::wait_for("update-3 to finish", Duration::from_secs(30), || {
+        let why = cluster.ok(&["why", "pod/stubborn"]);
+        why.contains("finished").then_some(why)
+    });
+    assert!(!why.contains("Held up"), "{why}");
+}
+
+/// A dashboard fragment (`/ui/part/PART`), signed in with the admin token.
+fn dashboard_part(cluster: &Node, part: &str) -> String {
+    let config = cluster.client_config();
+    let (server, token) = (
+        config["server"].as_str().expect("server"),
+        config["token"].as_str().expect("token"),
+    );
+    let ca = config["ca"].as_str().expect("a CA in the config");
+    let http = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("CA"))
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let signed = http
+        .post(format!("{server}/ui/login"))
+        .form(&[("token", token)])
+        .send()
+        .expect("sign in");
+    assert_eq!(signed.status(), 303);
+    let cookie = signed.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let response = http
+        .get(format!("{server}/ui/part/{part}"))
+        .header("cookie", cookie)
+        .send()
+        .expect("part");
+    assert!(response.status().is_success(), "{}", response.status());
+    response.text().expect("part text")
+}

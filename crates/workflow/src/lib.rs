@@ -55,7 +55,10 @@ pub use stored::{
     definition_from_spec, definition_name, definition_spec, dehydrate, hydrate, stored_deadline,
 };
 pub use transition::{TransitionError, append_log, claim, complete, fail};
-pub use verdict::{DEFAULT_STUCK_AFTER_SECS, Verdict, VerdictState, verdict};
+pub use verdict::{
+    DEFAULT_STUCK_AFTER_SECS, Unfinished, Verdict, VerdictState, unfinished_before,
+    unfinished_text, verdict,
+};
 
 #[cfg(test)]
 mod tests;

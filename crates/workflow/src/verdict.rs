@@ -1,8 +1,13 @@
 //! The one-line verdict on an instance: running (and on what), stuck,
 //! succeeded, failed (and why), or cancelled.
 
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
 use chrono::{DateTime, TimeDelta, Utc};
-use corral_api::workflow::{StepInstance, StepState, WorkflowInstance, WorkflowOutcome};
+use corral_api::workflow::{
+    StepInstance, StepState, WorkflowInstance, WorkflowOutcome, WorkflowStatus,
+};
 
 use crate::duration::format_duration;
 use crate::engine::tick;
@@ -192,4 +197,97 @@ fn running(instance: &WorkflowInstance, now: DateTime<Utc>, stuck_after: TimeDel
         VerdictState::Running,
         format!("{} workflow is waiting", instance.workflow),
     )
+}
+
+/// A step of an earlier instance, cancelled while its owner was at it, that
+/// the owner never reported ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfinished {
+    /// The cancelled instance (`update-2`).
+    pub workflow_id: String,
+    pub step: String,
+    pub owner: String,
+    /// When the owner claimed it.
+    pub claimed_at: DateTime<Utc>,
+    /// When its instance was cancelled.
+    pub cancelled_at: Option<DateTime<Utc>>,
+}
+
+/// The steps of cancelled instances in `status` whose owner claimed them
+/// and has not reported them ended (before their timeout), where that
+/// owner has a ready step in `latest` and is at work on none of it. An
+/// owner finishes a step it began — a node stopping containers honours
+/// their grace period — before it takes the next instance's, so those
+/// steps are what `latest`'s ready steps wait for.
+pub fn unfinished_before(
+    status: &WorkflowStatus,
+    latest: &WorkflowInstance,
+    now: DateTime<Utc>,
+) -> Vec<Unfinished> {
+    if latest.outcome != WorkflowOutcome::Running {
+        return Vec::new();
+    }
+    let owners = |phase: fn(&StepState) -> bool| -> BTreeSet<&str> {
+        latest
+            .steps
+            .iter()
+            .filter(|step| phase(&step.state))
+            .map(|step| step.definition.owner.as_str())
+            .collect()
+    };
+    let waiting = owners(|state| matches!(state, StepState::Ready { .. }));
+    let working = owners(|state| matches!(state, StepState::Running { .. }));
+    let mut found = Vec::new();
+    for older in &status.instances {
+        if older.id == latest.id || older.outcome != WorkflowOutcome::Cancelled {
+            continue;
+        }
+        for step in &older.steps {
+            let StepState::Running {
+                since, deadline, ..
+            } = &step.state
+            else {
+                continue;
+            };
+            let owner = step.definition.owner.as_str();
+            let expired = deadline.is_some_and(|deadline| deadline <= now);
+            if waiting.contains(owner) && !working.contains(owner) && !expired {
+                found.push(Unfinished {
+                    workflow_id: older.id.clone(),
+                    step: step.definition.name.clone(),
+                    owner: owner.to_string(),
+                    claimed_at: *since,
+                    cancelled_at: older.finished_at,
+                });
+            }
+        }
+    }
+    found
+}
+
+/// `why`'s lines about [`unfinished_before`]'s steps, one each:
+/// `  node/stop-changed-containers of update-2 (cancelled 4.6s ago): claimed by node 4.7s ago, not reported ended; node finishes it before it claims a step of update-3`.
+pub fn unfinished_text(
+    unfinished: &[Unfinished],
+    latest: &WorkflowInstance,
+    now: DateTime<Utc>,
+) -> String {
+    let mut out = String::new();
+    for step in unfinished {
+        let cancelled = step
+            .cancelled_at
+            .map(|at| format!(" (cancelled {} ago)", format_duration(now - at)))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {} of {}{cancelled}: claimed by {} {} ago, not reported ended; {} finishes it before it claims a step of {}",
+            step.step,
+            step.workflow_id,
+            step.owner,
+            format_duration(now - step.claimed_at),
+            step.owner,
+            latest.id
+        );
+    }
+    out
 }

@@ -238,8 +238,19 @@ async fn why_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiE
         state = "stopped".into();
         line = corral_api::health::stopped_line(&name, &object, by.as_ref());
     }
+    // A step of a cancelled instance its owner is still finishing, as
+    // `corral why` lists it.
+    let held = corral_workflow::unfinished_before(&workflows, instance, now);
+    let held = if held.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "<p class=\"hint\" id=\"held-up\">Held up by a cancelled operation: {}</p>",
+            escape(corral_workflow::unfinished_text(&held, instance, now).trim())
+        )
+    };
     Ok(format!(
-        "<p id=\"verdict\" class=\"verdict {}\">{}</p><div class=\"graph\">{}</div>",
+        "<p id=\"verdict\" class=\"verdict {}\">{}</p>{held}<div class=\"graph\">{}</div>",
         escape(&state),
         escape(&line),
         corral_workflow::svg(&name, instance, now)

@@ -6,8 +6,8 @@ use corral_api::workflow::{StepState, WorkflowOutcome, WorkflowStatus};
 
 use super::*;
 use crate::{
-    DefinitionError, VerdictState, backoff, fail, instantiate, next_deadline, record, tick,
-    validate, verdict,
+    DefinitionError, Unfinished, VerdictState, backoff, fail, instantiate, next_deadline, record,
+    tick, unfinished_before, unfinished_text, validate, verdict,
 };
 
 #[test]
@@ -599,4 +599,51 @@ fn the_owner_may_retry_a_failed_step_before_its_backoff_ends() {
         matches!(error, crate::TransitionError::Finished { .. }),
         "{error}"
     );
+}
+
+#[test]
+fn a_step_a_cancelled_instance_left_running_is_what_the_newest_waits_for() {
+    let mut slow = step("x/a");
+    slow.timeout_ms = Some(60_000);
+    slow.wanted_by = Some("end".into());
+    let mut other = step("y/b");
+    other.wanted_by = Some("end".into());
+    let defined = definition("end", vec![slow, other, target("end")]);
+    let x = controller("x");
+    let mut status = WorkflowStatus::default();
+    let (mut first, _) = instantiate(&defined, "update-2", "uid", 2, at(0));
+    claim(&mut first, "x/a", &x, None, at(1_000)).expect("claim");
+    record(&mut status, first, 5, at(0));
+    let (second, _) = instantiate(&defined, "update-3", "uid", 3, at(2_000));
+    record(&mut status, second.clone(), 5, at(2_000));
+    assert_eq!(status.instances[0].outcome, WorkflowOutcome::Cancelled);
+
+    // x claimed x/a of update-2 and never ended it; update-3's x/a waits.
+    let found = unfinished_before(&status, &second, at(6_000));
+    assert_eq!(
+        found,
+        [Unfinished {
+            workflow_id: "update-2".into(),
+            step: "x/a".into(),
+            owner: "x".into(),
+            claimed_at: at(1_000),
+            cancelled_at: Some(at(2_000)),
+        }]
+    );
+    assert_eq!(
+        unfinished_text(&found, &second, at(6_000)),
+        "  x/a of update-2 (cancelled 4s ago): claimed by x 5s ago, not reported ended; x finishes it before it claims a step of update-3\n"
+    );
+    // Past the old claim's timeout, the owner is not taken to be at it.
+    assert!(unfinished_before(&status, &second, at(61_000)).is_empty());
+    // Once x works on update-3, nothing is held up.
+    let mut working = second.clone();
+    claim(&mut working, "x/a", &x, None, at(7_000)).expect("claim");
+    assert!(unfinished_before(&status, &working, at(8_000)).is_empty());
+    // An owner with no ready step in the newest is not what it waits for.
+    let y = controller("y");
+    let mut other = second;
+    claim(&mut other, "x/a", &x, None, at(7_000)).expect("claim");
+    claim(&mut other, "y/b", &y, None, at(7_000)).expect("claim");
+    assert!(unfinished_before(&status, &other, at(8_000)).is_empty());
 }

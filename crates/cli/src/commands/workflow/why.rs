@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use corral_api::kinds::{NodeStatus, PodStatus};
-use corral_api::workflow::WorkflowOutcome;
+use corral_api::workflow::{StepState, WorkflowInstance, WorkflowOutcome};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::Client;
+use corral_workflow::Unfinished;
 use serde_json::json;
 
 use super::{display_name, load_instance};
@@ -35,6 +36,12 @@ pub struct ObjectArgs {
   ✓ done (how long it took)      ● running (for how long, time left)
   ✗ failed (the error)           ⊘ blocked (which failed dependency)
   ○ waiting (on what) or ready (not yet claimed, by whom it should be)
+
+Below the steps: what running steps' owners last said (At work now), a step
+of a cancelled operation its owner is still finishing while this one waits
+(Held up by a cancelled operation: after quick successive updates the node
+stops a container with its grace period before it takes the newest), and
+containers restarted in place.
 
 Examples:
   corral why pod/web                  the newest operation on pod/web
@@ -77,6 +84,23 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     };
     if !fenced.is_empty() {
         json["selfFencing"] = json!(fenced);
+    }
+    let held_up = if args.workflow.is_none() {
+        held_up_by(&client, &key, &instance, now).await
+    } else {
+        Vec::new()
+    };
+    if !held_up.is_empty() {
+        json["heldUpBy"] = json!(
+            held_up
+                .iter()
+                .map(
+                    |step| json!({"workflowId": step.workflow_id, "step": step.step,
+                    "owner": step.owner, "claimedAt": step.claimed_at,
+                    "cancelledAt": step.cancelled_at})
+                )
+                .collect::<Vec<_>>()
+        );
     }
     if let Some(problem) = &unhealthy {
         let line = format!(
@@ -122,6 +146,12 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
     if !lines.is_empty() {
         print!("\nAt work now:\n{}", super::running_lines_text(&lines));
     }
+    if !held_up.is_empty() {
+        print!(
+            "\nHeld up by a cancelled operation:\n{}",
+            corral_workflow::unfinished_text(&held_up, &instance, now)
+        );
+    }
     let restarted = restarted_in_place(&object);
     if !restarted.is_empty() {
         print!("\nRestarted in place:\n{restarted}");
@@ -142,6 +172,29 @@ pub async fn why(config: Option<PathBuf>, args: WhyArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Steps of cancelled instances whose owner has not ended them while it
+/// leaves the newest instance's ready steps unclaimed
+/// ([`corral_workflow::unfinished_before`]): after quick successive
+/// updates, the node may still be stopping a container for one of them.
+async fn held_up_by(
+    client: &Client,
+    key: &ObjectKey,
+    instance: &WorkflowInstance,
+    now: DateTime<Utc>,
+) -> Vec<Unfinished> {
+    let ready = instance
+        .steps
+        .iter()
+        .any(|step| matches!(step.state, StepState::Ready { .. }));
+    if instance.outcome != WorkflowOutcome::Running || !ready {
+        return Vec::new();
+    }
+    match client.workflows(key).await {
+        Ok(status) => corral_workflow::unfinished_before(&status, instance, now),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// `  envy: restarted: secret/db revision 2 changed DB_PASS` per container
