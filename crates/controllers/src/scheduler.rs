@@ -285,7 +285,7 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
             move |change| match change {
                 Change::Applied { key, old, new, .. } => {
                     shared.follow_binding(key, new.bound.as_ref());
-                    if wants_attention(new) {
+                    if wants_attention(new) || just_failed(*old, new) {
                         queue.add((*key).clone());
                     }
                     // A node being drained waits for this one to leave.
@@ -346,6 +346,16 @@ pub async fn run(client: Client, timing: Timing, shutdown: CancellationToken) {
         },
     )
     .await;
+}
+
+/// Whether this change records a placement that just failed: it is tried
+/// once more on the newest view of the nodes (and writes nothing if it
+/// still fits nowhere). A node that became Ready while the failure was
+/// being written was announced before the workload waited for a retry,
+/// and would otherwise be noticed only at the end of the backoff — the
+/// first pod applied right after `corral up` waited a whole second so.
+fn just_failed(old: Option<&Workload>, new: &Workload) -> bool {
+    new.retrying.is_some() && old.is_some_and(|old| old.placing.is_some())
 }
 
 /// Whether a workload's change may need the scheduler: its place step is
@@ -532,5 +542,46 @@ async fn retry(
     match written {
         Err(error) if error.status() == Some(409) => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(placing: bool, retrying: bool) -> Workload {
+        let spec = serde_json::json!({"containers": [{"name": "c", "image": "img:1"}]});
+        let pod = Object::new(Kind::Pod, Some("default"), "web", spec);
+        let request = Request::from_object(&pod).expect("a request");
+        Workload {
+            bound: None,
+            placing: placing.then(|| ("start-1".to_string(), Ok(request.clone()))),
+            retrying: retrying.then(|| ("start-1".to_string(), request)),
+            releasing: None,
+            rebinding: None,
+            node: None,
+            leaving: None,
+        }
+    }
+
+    #[test]
+    fn a_placement_is_tried_once_more_right_after_it_failed() {
+        // Ready, then failed and waiting for its retry: once more now.
+        assert!(just_failed(
+            Some(&workload(true, false)),
+            &workload(false, true)
+        ));
+        // Still waiting (another field changed): node changes and the
+        // backoff bring it back, not every write.
+        assert!(!just_failed(
+            Some(&workload(false, true)),
+            &workload(false, true)
+        ));
+        // Placed: nothing to try.
+        assert!(!just_failed(
+            Some(&workload(true, false)),
+            &workload(false, false)
+        ));
+        assert!(!just_failed(None, &workload(true, false)));
     }
 }
