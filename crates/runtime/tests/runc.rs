@@ -321,3 +321,57 @@ fn containers_of_a_pod_share_its_network_namespace() {
     netns.remove(&pod).expect("remove netns");
     assert!(!netns_path.exists());
 }
+
+#[test]
+fn a_pods_user_namespace_maps_its_ids_owns_its_network_and_leaves_no_helper() {
+    corral_testkit::require_root();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let netns = NetnsManager::new(dir.path().join("netns"));
+    let name = unique_name("userns");
+    let ids = corral_runtime::oci::userns::IdRange {
+        host_base: 3_000_000_000,
+        size: 65_536,
+    };
+    let pinned = netns
+        .create_with_user_namespace(&name, ids)
+        .expect("create the pod's namespaces");
+    let cleanup = netns.clone();
+    let cleanup_name = name.clone();
+    let _guard = Defer::new(move || {
+        let _ = cleanup.remove(&cleanup_name);
+    });
+    // A process entering the pinned user namespace sees the mapping.
+    let nsenter = |args: &[&str]| {
+        let output = std::process::Command::new("nsenter")
+            .arg(format!("--user={}", pinned.user.display()))
+            .arg(format!("--net={}", pinned.net.display()))
+            .args(args)
+            .output()
+            .expect("nsenter");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let map = nsenter(&["cat", "/proc/self/uid_map"]);
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    assert_eq!(fields, ["0", "3000000000", "65536"], "{map}");
+    // The network namespace is the pod's own, with `lo` up.
+    let links = nsenter(&["ip", "-o", "link"]);
+    assert_eq!(links.lines().count(), 1, "{links}");
+    assert!(links.contains("lo:") && links.contains("UP"), "{links}");
+    // The helper that made them is gone and reaped.
+    let helpers: Vec<String> = fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| fs::read_to_string(entry.path().join("stat")).ok())
+        .filter(|stat| {
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .nth(1);
+            ppid == Some(&std::process::id().to_string())
+        })
+        .collect();
+    assert!(helpers.is_empty(), "children left: {helpers:?}");
+}

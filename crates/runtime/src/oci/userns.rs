@@ -5,18 +5,16 @@
 //! pod's user namespace: `runc exec` joins the user namespace first, and
 //! from inside it a network namespace owned by the host's would be out of
 //! reach. A thread cannot create a user namespace in a threaded process,
-//! so a short-lived helper process does (`unshare(2)` between fork and
-//! exec); this process writes its id maps, pins both namespaces and ends
-//! the helper.
+//! so a short-lived helper process does (util-linux's `unshare`, under
+//! `setpriv --pdeathsig`); this process writes its id maps, pins both
+//! namespaces and ends the helper.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, ErrorKind};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use nix::mount::MsFlags;
-use nix::sched::CloneFlags;
 
 use super::netns::{self, LinuxNetns, NetnsError, NetnsManager, NetnsSyscalls, failed as syscall};
 use super::reap;
@@ -61,6 +59,43 @@ fn bind(source: &Path, target: &Path) -> Result<(), NetnsError> {
         None::<&str>,
     )
     .map_err(|e| syscall("bind-mount", target)(e.into()))
+}
+
+/// How long the helper may take to enter its namespaces.
+const UNSHARE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until `helper` is in a user namespace other than this process's
+/// (its `unshare(2)` made both namespaces at once), or fails with what it
+/// said if it exits or takes too long.
+fn await_unshare(helper: &mut std::process::Child, net: &Path) -> Result<(), NetnsError> {
+    let ours =
+        fs::read_link("/proc/self/ns/user").map_err(syscall("read our user namespace", net))?;
+    let theirs = PathBuf::from(format!("/proc/{}/ns/user", helper.id()));
+    let began = std::time::Instant::now();
+    loop {
+        if fs::read_link(&theirs).is_ok_and(|ns| ns != ours) {
+            return Ok(());
+        }
+        let exited = helper
+            .try_wait()
+            .map_err(syscall("wait for the namespace helper of", net))?;
+        if exited.is_some() || began.elapsed() > UNSHARE_WITHIN {
+            let mut said = String::new();
+            if exited.is_some()
+                && let Some(stderr) = helper.stderr.as_mut()
+            {
+                let _ = io::Read::read_to_string(stderr, &mut said);
+            }
+            let why = match exited {
+                Some(status) => format!("it exited ({status}): {}", said.trim()),
+                None => format!("it did not within {UNSHARE_WITHIN:?}"),
+            };
+            return Err(syscall("enter new namespaces in the helper for", net)(
+                io::Error::other(format!("setpriv/unshare: {why}")),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
 }
 
 /// Brings `lo` up inside the network namespace pinned at `net`.
@@ -118,24 +153,19 @@ impl NetnsManager<LinuxNetns> {
 
 /// Runs the helper, maps its ids, pins its namespaces, ends it.
 fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
-    let mut command = Command::new("sleep");
+    // util-linux's `setpriv` and `unshare` do in the helper what a
+    // `pre_exec` hook would: with no hook, the helper is spawned without a
+    // fork of this (large, threaded) process — no copy of its page tables
+    // under the spawn lock, no copy-on-write faults in its threads after.
+    // The helper gets SIGKILL if this thread dies first (the agent killed
+    // mid-pin): it never outlives the agent.
+    let mut command = Command::new("setpriv");
     command
-        .arg("60")
+        .args(["--pdeathsig", "KILL", "--", "unshare", "--user", "--net"])
+        .args(["--", "sleep", "60"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: between fork and exec only async-signal-safe work happens:
-    // one prctl(2) and one unshare(2) system call. The helper gets SIGKILL
-    // if this thread dies first (the agent killed mid-pin): it never
-    // outlives the agent.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                .map_err(io::Error::from)?;
-            nix::sched::unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
-                .map_err(io::Error::from)
-        });
-    }
+        .stderr(Stdio::piped());
     // Tracked from its spawn (so the orphan sweep leaves it to us); the
     // lock is not held while the helper lives, so sandboxes are made side
     // by side and runtime commands go on meanwhile.
@@ -147,6 +177,12 @@ fn pin(net: &Path, user: &Path, ids: IdRange) -> Result<(), NetnsError> {
         reap::track(helper.id());
         helper
     };
+    if let Err(error) = await_unshare(&mut helper, net) {
+        let _ = helper.kill();
+        let _ = helper.wait();
+        reap::untrack(helper.id());
+        return Err(error);
+    }
     let proc_dir = PathBuf::from(format!("/proc/{}", helper.id()));
     let map = format!("0 {} {}\n", ids.host_base, ids.size);
     let result = fs::write(proc_dir.join("uid_map"), &map)
