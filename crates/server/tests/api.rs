@@ -287,6 +287,64 @@ async fn an_apply_is_decided_on_the_stores_copy_when_its_cache_is_behind() {
     assert_eq!(stored["metadata"]["revision"], json!(81));
 }
 
+/// The node writes a pod's status at any moment; a rollback that loses
+/// the race to a status write is made again on the newer object (it asks
+/// for no resourceVersion, so a status write is no one's conflicting
+/// change). Seen in CI as "resourceVersion 30 is stale, the current one is
+/// 31" from `corral rollback` while the agent reported on the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_is_not_refused_for_a_status_written_meanwhile() {
+    let (server, token) = server().await;
+    for image in ["a", "b"] {
+        let (status, _) = call(&server, "PUT", WEB, Some(&token), Some(pod(image))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporter = {
+        let (server, stop) = (server.clone(), stop.clone());
+        tokio::spawn(async move {
+            let key = corral_api::ObjectKey::new(corral_api::Kind::Pod, Some("default"), "web");
+            let mut written = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let mut object = server.store.get(&key).await.unwrap().unwrap();
+                let expected = object.metadata.resource_version;
+                object.status = json!({"phase": "Running", "report": written});
+                let change = corral_store::ChangeMeta {
+                    author: "node".into(),
+                    class: corral_api::AuthorClass::System,
+                    message: String::new(),
+                    time: chrono::Utc::now(),
+                    always_record: false,
+                };
+                if server.store.update(object, expected, &change).await.is_ok() {
+                    written += 1;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            written
+        })
+    };
+    for round in 0..40u64 {
+        let to = 1 + round % 2;
+        let (status, rolled) = call(
+            &server,
+            "POST",
+            &format!("{WEB}/rollback"),
+            Some(&token),
+            Some(json!({"to": to})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "rollback {round} to {to}: {rolled}");
+        assert_eq!(rolled["metadata"]["revision"], json!(3 + round));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let reports = reporter.await.unwrap();
+    assert!(
+        reports >= 10,
+        "the status writer raced the rollbacks ({reports} writes)"
+    );
+}
+
 #[tokio::test]
 async fn diff_rollback_and_cluster_history() {
     let (server, token) = server().await;

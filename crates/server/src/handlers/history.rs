@@ -99,12 +99,50 @@ pub async fn rollback(
     Json(request): Json<RollbackRequest>,
 ) -> Result<Json<Object>, ApiError> {
     let key = Target::from_params(&params)?.key()?;
-    let current = server
-        .store
-        .get(&key)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
-    let target = server.store.revision(&key, request.to).await?;
+    // The node and the controllers write an object's status at any moment;
+    // a rollback is a spec change, so a write that lost the race to a status
+    // write is made again on the newer object. A newer *spec* is someone
+    // else's change: refused, not overwritten.
+    let mut revision_read = None;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = server
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("{key} not found")))?;
+        if let Some(read) = revision_read
+            && read != current.metadata.revision
+        {
+            return Err(ApiError::Conflict(format!(
+                "{key} changed meanwhile (revision {read} → {}); run the rollback again",
+                current.metadata.revision
+            )));
+        }
+        revision_read = Some(current.metadata.revision);
+        let (next, message) = rolled_back(&server, &key, &current, &request).await?;
+        let change = change(&server, &caller, Some(&message));
+        let expected = current.metadata.resource_version;
+        match crate::ownership::update(&server, &caller, &current, next, expected, &change).await {
+            Ok(updated) => return Ok(Json(updated)),
+            Err(crate::workflows::WriteError::Store(corral_store::StoreError::Conflict {
+                ..
+            })) if attempt < super::objects::APPLY_ATTEMPTS => continue,
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// `current` with the spec of the revision asked for, and the history
+/// message saying so; refused when that changes nothing.
+async fn rolled_back(
+    server: &crate::Server,
+    key: &corral_api::ObjectKey,
+    current: &Object,
+    request: &RollbackRequest,
+) -> Result<(Object, String), ApiError> {
+    let target = server.store.revision(key, request.to).await?;
     if target.uid != current.metadata.uid {
         return Err(ApiError::Conflict(format!(
             "revision {} belongs to an earlier {key} that was deleted",
@@ -120,7 +158,7 @@ pub async fn rollback(
             current.metadata.revision, request.to
         )));
     }
-    crate::secrets::check_restorable(&server, &key, &spec).await?;
+    crate::secrets::check_restorable(server, key, &spec).await?;
     let (spec, kept) = keep_grown_disks(key.kind, &current.spec, spec);
     if spec == current.spec {
         return Err(ApiError::Conflict(format!(
@@ -128,20 +166,16 @@ pub async fn rollback(
             current.metadata.revision, request.to
         )));
     }
-    let mut message = match request.message.filter(|m| !m.is_empty()) {
+    let mut message = match request.message.as_deref().filter(|m| !m.is_empty()) {
         Some(message) => format!("rollback to revision {}: {message}", request.to),
         None => format!("rollback to revision {}", request.to),
     };
     if !kept.is_empty() {
         message = format!("{message} (kept {}: a disk only grows)", kept.join(", "));
     }
-    let change = change(&server, &caller, Some(&message));
     let mut next = current.clone();
     next.spec = spec;
-    let expected = current.metadata.resource_version;
-    let updated =
-        crate::ownership::update(&server, &caller, &current, next, expected, &change).await?;
-    Ok(Json(updated))
+    Ok((next, message))
 }
 
 /// A VM's rollback target with its disks at least as large as they are

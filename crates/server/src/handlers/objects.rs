@@ -21,7 +21,7 @@ use crate::workflows::WriteError;
 /// How many times an unconditional apply retries when a concurrent writer
 /// got in between its read and its write (one more for an apply whose
 /// first read, from the watch cache, was behind the store).
-const APPLY_ATTEMPTS: usize = 6;
+pub(super) const APPLY_ATTEMPTS: usize = 6;
 
 pub async fn get_one(
     State(server): State<SharedServer>,
