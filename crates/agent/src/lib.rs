@@ -228,7 +228,8 @@ pub fn context(
     check_data_dir(data)?;
     traversable(data)?;
     traversable(&pods_dir)?;
-    let runc: Arc<dyn OciRuntime> = Arc::new(RuncCli::new("runc", data.join("runc")));
+    let runc: Arc<dyn OciRuntime> =
+        Arc::new(RuncCli::new("runc", data.join("runc")).with_sealed_binary());
     // Two runsc command lines over one state directory: gVisor's own
     // network stack (netstack) by default, the host kernel's for pods
     // granted `host-network-stack` (and `host-network` pods). Only `start`

@@ -80,6 +80,27 @@ fn echo_goes_to_the_log_and_exit_code_is_collected() {
     assert_eq!(runc.state(&id).expect("state"), None);
 }
 
+/// runc runs from a sealed in-memory copy of itself, and a container's
+/// process starts as `runc init` from that very copy: runc saw the seals
+/// and skipped its own read-only bind mount and second exec.
+#[test]
+fn a_container_process_starts_from_the_sealed_copy_of_runc() {
+    let fixture = busybox_fixture();
+    reap::become_subreaper().expect("subreaper");
+    let runc = fixture.runc();
+    assert!(runc.sealed.is_some(), "runc was found and copied");
+    let id = container_id("sealed");
+    let rootfs = fixture.mount(&id);
+    let config = config_for(&fixture, &id, &rootfs, &["true"]);
+    let container = create(&runc, &rootfs, &config);
+    // Created, not started: its process is still `runc init`.
+    let exe = fs::read_link(format!("/proc/{}/exe", container.pid)).expect("its executable");
+    assert!(
+        exe.to_string_lossy().starts_with("/memfd:corral-runc"),
+        "runc init runs {exe:?}, not the sealed copy"
+    );
+}
+
 #[test]
 fn failing_command_reports_its_exit_code() {
     let fixture = busybox_fixture();

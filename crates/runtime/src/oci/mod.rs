@@ -6,6 +6,7 @@
 pub mod netns;
 pub mod reap;
 mod runc;
+pub mod sealed;
 pub mod userns;
 
 use std::io;

@@ -8,10 +8,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::reap::{self, ExitStatus};
+use super::sealed::{self, SealedBinary};
 use super::{ContainerIo, ContainerState, ExecSpec, OciError, OciRuntime, Signal, Status};
 use crate::bundle::UserIds;
 
@@ -30,6 +32,9 @@ pub struct RuncCli {
     /// Runs `start` in a private mount namespace whose `/proc/sys/net` is
     /// an empty read-only tmpfs (see [`RuncCli::with_netstack_start`]).
     pub hide_proc_sys_net_on_start: bool,
+    /// The sealed in-memory copy the binary runs from, if any (see
+    /// [`RuncCli::with_sealed_binary`]).
+    pub sealed: Option<Arc<SealedBinary>>,
 }
 
 impl RuncCli {
@@ -40,7 +45,24 @@ impl RuncCli {
             root: root.into(),
             global_args: Vec::new(),
             hide_proc_sys_net_on_start: false,
+            sealed: None,
         }
+    }
+
+    /// Runs the binary from a sealed in-memory copy of it, for runc: its
+    /// `runc init` then skips the read-only bind mount and second exec it
+    /// makes per container process otherwise (see [`super::sealed`]).
+    /// Unchanged when the binary is not found or no copy can be made
+    /// (the copy is an optimisation, never a requirement).
+    pub fn with_sealed_binary(mut self) -> Self {
+        match SealedBinary::of(&self.binary) {
+            Ok(Some(sealed)) => self.sealed = Some(Arc::new(sealed)),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(binary = %self.binary.display(), %error, "runs from its file: no sealed copy");
+            }
+        }
+        self
     }
 
     /// For `runsc --network=sandbox` (gVisor's own network stack): runsc
@@ -115,7 +137,7 @@ impl RuncCli {
         let _ = fs::remove_file(pid_file(bundle));
         // The container inherits these descriptors: never pipe them, or
         // waiting for the runtime would wait for the container too.
-        let mut command = self.command(args);
+        let (mut command, _copy) = self.command(args);
         command.stdout(stdout).stderr(stderr);
         let status = spawn_tracked(&mut command)
             .and_then(|mut child| {
@@ -182,10 +204,26 @@ impl RuncCli {
         args
     }
 
-    fn command(&self, args: &[String]) -> Command {
-        let mut command = Command::new(&self.binary);
+    /// The command line, and the sealed copy it executes, which must live
+    /// until the child has been spawned.
+    fn command(&self, args: &[String]) -> (Command, Option<Arc<sealed::Copy>>) {
+        let copy = self.sealed.as_ref().and_then(|sealed| match sealed.current() {
+            Ok(copy) => Some(copy),
+            Err(error) => {
+                tracing::warn!(binary = %sealed.source().display(), %error, "runs from its file: no sealed copy");
+                None
+            }
+        });
+        let mut command = match &copy {
+            Some(copy) => {
+                let mut command = Command::new(copy.program());
+                command.arg0(&self.binary);
+                command
+            }
+            None => Command::new(&self.binary),
+        };
         command.args(args).stdin(Stdio::null());
-        command
+        (command, copy)
     }
 
     /// Runs a subcommand to completion, failing on a non-zero exit.
@@ -197,7 +235,7 @@ impl RuncCli {
     fn run_with(&self, subcommand: &[&str], hide_proc_sys_net: bool) -> Result<Vec<u8>, OciError> {
         let mut args = self.base_args();
         args.extend(subcommand.iter().map(|s| s.to_string()));
-        let mut command = self.command(&args);
+        let (mut command, _copy) = self.command(&args);
         if hide_proc_sys_net {
             hide_proc_sys_net_in_child(&mut command);
         }
@@ -403,9 +441,9 @@ impl OciRuntime for RuncCli {
             spec.user = self.process_user(id);
         }
         let args = self.exec_args(id, &spec);
+        let (mut command, _copy) = self.command(&args);
         let _guard = reap::spawn_lock();
-        let child = self
-            .command(&args)
+        let child = command
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -59,7 +59,8 @@ impl Fixture {
 
     pub fn runc(&self) -> RuncCli {
         corral_testkit::require_tool("runc");
-        RuncCli::new("runc", self.dir.path().join("runc-state"))
+        // As the agent runs it: from a sealed in-memory copy.
+        RuncCli::new("runc", self.dir.path().join("runc-state")).with_sealed_binary()
     }
 }
 
