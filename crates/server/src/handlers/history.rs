@@ -103,6 +103,7 @@ pub async fn rollback(
     // a rollback is a spec change, so a write that lost the race to a status
     // write is made again on the newer object. A newer *spec* is someone
     // else's change: refused, not overwritten.
+    let target = server.store.revision(&key, request.to).await?;
     let mut revision_read = None;
     let mut attempt = 0;
     loop {
@@ -121,7 +122,7 @@ pub async fn rollback(
             )));
         }
         revision_read = Some(current.metadata.revision);
-        let (next, message) = rolled_back(&server, &key, &current, &request).await?;
+        let (next, message) = rolled_back(&server, &key, &current, &target, &request).await?;
         let change = change(&server, &caller, Some(&message));
         let expected = current.metadata.resource_version;
         match crate::ownership::update(&server, &caller, &current, next, expected, &change).await {
@@ -134,22 +135,22 @@ pub async fn rollback(
     }
 }
 
-/// `current` with the spec of the revision asked for, and the history
-/// message saying so; refused when that changes nothing.
+/// `current` with the spec of `target` (the revision asked for), and the
+/// history message saying so; refused when that changes nothing.
 async fn rolled_back(
     server: &crate::Server,
     key: &corral_api::ObjectKey,
     current: &Object,
+    target: &RevisionRecord,
     request: &RollbackRequest,
 ) -> Result<(Object, String), ApiError> {
-    let target = server.store.revision(key, request.to).await?;
     if target.uid != current.metadata.uid {
         return Err(ApiError::Conflict(format!(
             "revision {} belongs to an earlier {key} that was deleted",
             request.to
         )));
     }
-    let spec = target.spec.ok_or_else(|| {
+    let spec = target.spec.clone().ok_or_else(|| {
         ApiError::Internal(format!("revision {} of {key} has no spec", request.to))
     })?;
     if spec == current.spec {

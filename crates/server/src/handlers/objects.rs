@@ -18,9 +18,9 @@ use crate::ownership;
 use crate::query::Params;
 use crate::workflows::WriteError;
 
-/// How many times an unconditional apply retries when a concurrent writer
-/// got in between its read and its write (one more for an apply whose
-/// first read, from the watch cache, was behind the store).
+/// How many times an unconditional apply (or a rollback) retries when a
+/// concurrent writer got in between its read and its write (one more for
+/// an apply whose first read, from the watch cache, was behind the store).
 pub(super) const APPLY_ATTEMPTS: usize = 6;
 
 pub async fn get_one(
