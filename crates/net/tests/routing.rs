@@ -160,3 +160,57 @@ fn persistent_namespaces_are_idempotent() {
         "{err}"
     );
 }
+
+/// A pod's veth is made in one request with its pod end already inside the
+/// pod's namespace under its final name. A namespace that cannot take it
+/// (here one that has an `eth0` already) leaves nothing on the node; the
+/// pair used to be made on the node, then moved and renamed, so a failure
+/// in between, or an agent killed between those requests, left the node's
+/// end behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_veth_whose_namespace_cannot_take_it_leaves_nothing_on_the_node() {
+    common::require_root_and_tools(&["nsenter", "ip"]);
+    let lab = common::lab(1).await;
+    let node = lab.nodes()[0].clone();
+    let ops = Netlink::connect(Some(&node.netns)).await.unwrap();
+    let in_netns = |netns: &std::path::Path, args: &[&str]| {
+        std::process::Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .args(args)
+            .output()
+            .expect("run ip in a namespace")
+    };
+    let pod_ns = lab.dir().join("spare");
+    netns::create(&pod_ns).unwrap();
+    let taken = in_netns(
+        &pod_ns,
+        &[
+            "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "other",
+        ],
+    );
+    assert!(taken.status.success(), "{taken:?}");
+    let host = host_interface_name("default/spare");
+
+    let made = ops.create_spare_interface(&host, &pod_ns).await;
+    assert!(made.is_err(), "a second eth0 was made: {made:?}");
+    let links = in_netns(&node.netns, &["ip", "-o", "link", "show"]);
+    assert!(links.status.success(), "{links:?}");
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains(&host),
+        "a veth end was left on the node:\n{links}"
+    );
+
+    // Once the name is free the namespace takes it, as `eth0`.
+    let freed = in_netns(&pod_ns, &["ip", "link", "del", "eth0"]);
+    assert!(freed.status.success(), "{freed:?}");
+    ops.create_spare_interface(&host, &pod_ns).await.unwrap();
+    let inside = in_netns(&pod_ns, &["ip", "-o", "link", "show", "eth0"]);
+    assert!(
+        inside.status.success(),
+        "no eth0 in the namespace: {inside:?}"
+    );
+    let inside = String::from_utf8_lossy(&inside.stdout);
+    assert!(inside.contains("eth0@"), "eth0 is no veth end: {inside}");
+    ops.remove_pod_interface(&host).await.unwrap();
+}

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use ipnet::Ipv6Net;
-use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
 };
@@ -69,48 +69,36 @@ impl Netlink {
             .collect())
     }
 
-    /// Creates the veth pair with the pod end moved into the pod namespace
-    /// and named `inner` (`eth0` for a pod); returns the host end's index.
-    async fn create_veth(
-        &self,
-        pod: &PodInterface,
-        pod_handle: &Handle,
-        inner: &str,
-    ) -> Result<u32, DatapathError> {
+    /// Creates the veth pair with the pod end made in the pod namespace as
+    /// `inner` (`eth0` for a pod); returns the host end's index.
+    async fn create_veth(&self, pod: &PodInterface, inner: &str) -> Result<u32, DatapathError> {
         let host = pod.host_interface.as_str();
+        // A peer an agent before this one left on the node, half-made.
         let peer = format!("{host}p");
         if let Some(stale) = find_link(&self.handle, &peer).await? {
             self.delete_link(stale.header.index, &peer).await?;
         }
-        self.handle
-            .link()
-            .add(LinkVeth::new(host, &peer).build())
-            .execute()
-            .await
-            .map_err(netlink_error(format!("add veth {host} with peer {peer}")))?;
-        let peer_index = link_index(&self.handle, &peer, self.netns()).await?;
+        // One request makes both ends, the pod's already in its namespace
+        // under its final name: a process killed at any moment leaves
+        // either no veth or a whole one, never a pair on the node.
         let pod_ns = netns::open(&pod.netns)?;
+        let pod_end = LinkUnspec::new_with_name(inner)
+            .setns_by_fd(pod_ns.as_raw_fd())
+            .build();
         self.handle
             .link()
-            .set(
-                LinkUnspec::new_with_index(peer_index)
-                    .setns_by_fd(pod_ns.as_raw_fd())
+            .add(
+                LinkVeth::new(host, inner)
+                    .set_info_data(InfoData::Veth(InfoVeth::Peer(pod_end)))
                     .build(),
             )
             .execute()
             .await
             .map_err(netlink_error(format!(
-                "move {peer} into {}",
+                "add veth {host} with peer {inner} in {}",
                 pod.netns.display()
             )))?;
         drop(pod_ns);
-        let moved = link_index(pod_handle, &peer, Some(&pod.netns)).await?;
-        pod_handle
-            .link()
-            .set(LinkUnspec::new_with_index(moved).name(inner).build())
-            .execute()
-            .await
-            .map_err(netlink_error(format!("rename {peer} to {inner}")))?;
         link_index(&self.handle, host, self.netns()).await
     }
 
@@ -132,7 +120,7 @@ impl Netlink {
                     self.delete_link(host.header.index, &pod.host_interface)
                         .await?;
                 }
-                self.create_veth(pod, pod_handle, inner).await
+                self.create_veth(pod, inner).await
             }
         }
     }
@@ -382,10 +370,7 @@ impl NetworkOps for Netlink {
             ipv6: Ipv6Addr::UNSPECIFIED,
             egress: None,
         };
-        let spare_handle = connect(Some(netns)).await?;
-        self.create_veth(&spare, &spare_handle, POD_INTERFACE)
-            .await
-            .map(drop)
+        self.create_veth(&spare, POD_INTERFACE).await.map(drop)
     }
 
     async fn rename_interface(&self, from: &str, to: &str) -> Result<(), DatapathError> {
