@@ -559,6 +559,13 @@ mod tests {
         let cache = Arc::new(WatchCache::default());
         let stopping = CancellationToken::new();
         cache.start(store.clone(), stopping.clone());
+        // Loaded first, so every write below reaches the cache as a change
+        // (a write made before its first list would come in that list, and
+        // keep no decoded object: seen once in a loaded run).
+        cache
+            .caught_up(0, Duration::from_secs(10))
+            .await
+            .expect("loaded");
         let mut versions = Vec::new();
         for index in 0..RECENT_DECODED + 20 {
             let spec = json!({"containers": [{"name": "a", "image": "i", "env": {"N": index.to_string()}}],
