@@ -258,7 +258,7 @@ pub enum StoreError {
     Expired { requested: u64, compacted: u64 },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
-    #[error("sqlite")]
+    #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("store task failed")]
     Join(#[from] tokio::task::JoinError),

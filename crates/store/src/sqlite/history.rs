@@ -30,19 +30,39 @@ pub(super) struct NewRevision<'a> {
     pub seq: u64,
 }
 
-/// Appends a revision whose spec is `bytes` (JSON), as a delta against
+/// A revision ready to insert: encoded, with nothing written yet, so that
+/// what can fail about it (the codec) fails before its write changes
+/// anything.
+pub(super) struct EncodedRevision<'a> {
+    new: &'a NewRevision<'a>,
+    payload: Vec<u8>,
+    keyframe: bool,
+    raw_len: usize,
+}
+
+/// Encodes a revision whose spec is `bytes` (JSON) as a delta against
 /// `previous` (the bytes of the revision before, as history decodes them)
 /// where the codec wants one.
-pub(super) fn append(
-    conn: &Connection,
-    new: &NewRevision<'_>,
+pub(super) fn encode<'a>(
+    new: &'a NewRevision<'a>,
     bytes: &[u8],
     previous: Option<&[u8]>,
-) -> Result<(), StoreError> {
+) -> Result<EncodedRevision<'a>, StoreError> {
     let payload = codec::encode(new.revision, previous, bytes)
         .map_err(|error| codec_error(new.uid, new.revision, &error))?;
     let keyframe =
         codec::is_keyframe(&payload).map_err(|error| codec_error(new.uid, new.revision, &error))?;
+    Ok(EncodedRevision {
+        new,
+        payload,
+        keyframe,
+        raw_len: bytes.len(),
+    })
+}
+
+/// Appends an encoded revision.
+pub(super) fn insert(conn: &Connection, encoded: &EncodedRevision<'_>) -> Result<(), StoreError> {
+    let new = encoded.new;
     conn.prepare_cached(
         "INSERT INTO revisions (uid, revision, kind, namespace, name, time, author, class,
                                 message, deleted, keyframe, payload, raw_len, seq)
@@ -59,9 +79,9 @@ pub(super) fn append(
         new.change.class.as_str(),
         new.change.message,
         new.deleted,
-        keyframe,
-        payload,
-        to_i64(bytes.len() as u64),
+        encoded.keyframe,
+        encoded.payload,
+        to_i64(encoded.raw_len as u64),
         to_i64(new.seq),
     ])?;
     Ok(())

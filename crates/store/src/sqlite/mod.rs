@@ -3,9 +3,9 @@
 //!
 //! **Writes** (create, update, delete, step-log appends) go to one writer
 //! thread through a queue ([`writer`]). The thread takes whatever has
-//! queued up and applies it in one transaction, each write in its own
-//! savepoint so one write's failure (`Conflict`, `AlreadyExists`,
-//! `NotFound`) rolls back only that write; then it commits — one fsync for
+//! queued up and applies it in one transaction; a write checks before it
+//! writes, so one write's failure (`Conflict`, `AlreadyExists`,
+//! `NotFound`) leaves the others alone; then it commits — one fsync for
 //! the whole group, like etcd's batch_tx — broadcasts the group's watch
 //! events in store-revision order, and only then answers each caller. A
 //! write is acknowledged only once the commit that holds it is durable.

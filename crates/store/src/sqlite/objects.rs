@@ -1,7 +1,15 @@
 //! Object reads, and the object writes the writer thread applies inside
-//! its group transaction (each in a savepoint): they bump the store
-//! revision, write the object, append its watch event and, when the spec
-//! changed, a history revision. They never commit.
+//! its group transaction: they bump the store revision, write the object,
+//! append its watch event and, when the spec changed, a history revision.
+//! They never commit.
+//!
+//! Each write first reads, checks and encodes everything it will write,
+//! and only then writes: a write that fails for its own reasons (a
+//! conflict, a missing or existing object, unreadable history) has changed
+//! nothing, so the rest of its group goes on without it and without a
+//! savepoint per write (whose sub-journal copied every page a write
+//! touched). A statement failing once the rows are being written fails
+//! the whole group ([`Failure::Group`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -10,7 +18,7 @@ use corral_api::{Kind, Object, ObjectKey};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::events;
-use super::history::{self, NewRevision};
+use super::history::{self, EncodedRevision, NewRevision};
 use super::schema::{self, META_REVISION, corrupt_json, to_i64};
 use super::specs::SpecCache;
 use super::writer::Written;
@@ -47,23 +55,40 @@ impl Specs<'_> {
         Ok(history::spec_bytes(conn, uid, revision)?.map(Cow::Owned))
     }
 
-    /// Appends revision `new.revision` with `spec`, delta-encoded against
+    /// Encodes revision `new.revision` with `spec`, delta-encoded against
     /// the previous revision, and stages its bytes for the next write.
-    fn append(
+    fn encode<'n>(
         &mut self,
         conn: &Connection,
-        new: &NewRevision<'_>,
+        new: &'n NewRevision<'n>,
         spec: &serde_json::Value,
-    ) -> Result<(), StoreError> {
+    ) -> Result<EncodedRevision<'n>, StoreError> {
         let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
         let previous = if codec::is_keyframe_revision(new.revision) {
             None
         } else {
             self.bytes(conn, new.uid, new.revision - 1)?
         };
-        history::append(conn, new, &bytes, previous.as_deref())?;
+        let encoded = history::encode(new, &bytes, previous.as_deref())?;
         self.staged.stage(new.uid, new.revision, bytes);
-        Ok(())
+        Ok(encoded)
+    }
+}
+
+/// How a write of a group failed.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// Before it wrote anything: the write fails alone.
+    Alone(StoreError),
+    /// While it was writing its rows: what it wrote cannot be taken back
+    /// alone, so the whole group rolls back and fails.
+    Group(StoreError),
+}
+
+impl From<StoreError> for Failure {
+    /// Errors are the write's own unless mapped to [`Failure::Group`].
+    fn from(error: StoreError) -> Self {
+        Failure::Alone(error)
     }
 }
 
@@ -193,29 +218,39 @@ pub(super) fn create(
     specs: &mut Specs<'_>,
     mut object: Object,
     change: &ChangeMeta,
-) -> Result<Applied, StoreError> {
+) -> Result<Applied, Failure> {
     let key = object.key();
     if exists(conn, &key)? {
-        return Err(StoreError::AlreadyExists { key });
+        return Err(StoreError::AlreadyExists { key }.into());
     }
     let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
     object.metadata.revision = 1;
     object.metadata.resource_version = resource_version;
-    specs.append(
-        conn,
-        &NewRevision {
-            uid: &object.metadata.uid,
-            revision: 1,
-            key: &key,
-            change,
-            deleted: false,
-            seq: resource_version,
-        },
-        &object.spec,
-    )?;
-    let body = put(conn, &key, &object)?;
-    with_event(conn, &key, EventType::Added, object, &body, change)
+    let uid = object.metadata.uid.clone();
+    let new = NewRevision {
+        uid: &uid,
+        revision: 1,
+        key: &key,
+        change,
+        deleted: false,
+        seq: resource_version,
+    };
+    let revision = specs.encode(conn, &new, &object.spec)?;
+    let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
+    // Nothing is written before this point.
+    Rows {
+        resource_version,
+        revision: Some(&revision),
+        key: &key,
+        object: ObjectRow::Put(&object),
+        body: &body,
+        event_type: EventType::Added,
+        change,
+    }
+    .write(conn)
+    .map_err(Failure::Group)?;
+    Ok(applied(EventType::Added, object, body))
 }
 
 /// What an update needs of the stored object: its metadata and spec. Its
@@ -247,7 +282,7 @@ pub(super) fn update(
     mut object: Object,
     expected: u64,
     change: &ChangeMeta,
-) -> Result<Applied, StoreError> {
+) -> Result<Applied, Failure> {
     let key = object.key();
     let stored = load_head(conn, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     check_version(&key, expected, stored.metadata.resource_version)?;
@@ -257,23 +292,38 @@ pub(super) fn update(
     object.metadata.created_at = stored.metadata.created_at;
     object.metadata.revision = stored.metadata.revision;
     object.metadata.resource_version = resource_version;
-    if object.spec != stored.spec || change.always_record {
+    let spec_changed = object.spec != stored.spec || change.always_record;
+    if spec_changed {
         object.metadata.revision += 1;
-        specs.append(
-            conn,
-            &NewRevision {
-                uid: &object.metadata.uid,
-                revision: object.metadata.revision,
-                key: &key,
-                change,
-                deleted: false,
-                seq: resource_version,
-            },
-            &object.spec,
-        )?;
     }
-    let body = put(conn, &key, &object)?;
-    with_event(conn, &key, EventType::Modified, object, &body, change)
+    let uid = object.metadata.uid.clone();
+    let new = NewRevision {
+        uid: &uid,
+        revision: object.metadata.revision,
+        key: &key,
+        change,
+        deleted: false,
+        seq: resource_version,
+    };
+    let revision = if spec_changed {
+        Some(specs.encode(conn, &new, &object.spec)?)
+    } else {
+        None
+    };
+    let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
+    // Nothing is written before this point.
+    Rows {
+        resource_version,
+        revision: revision.as_ref(),
+        key: &key,
+        object: ObjectRow::Put(&object),
+        body: &body,
+        event_type: EventType::Modified,
+        change,
+    }
+    .write(conn)
+    .map_err(Failure::Group)?;
+    Ok(applied(EventType::Modified, object, body))
 }
 
 pub(super) fn delete(
@@ -282,31 +332,39 @@ pub(super) fn delete(
     key: &ObjectKey,
     expected: Option<u64>,
     change: &ChangeMeta,
-) -> Result<Applied, StoreError> {
+) -> Result<Applied, Failure> {
     let mut object = load(conn, key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     if let Some(expected) = expected {
         check_version(key, expected, object.metadata.resource_version)?;
     }
     let resource_version = next_revision(conn)?;
+    let uid = object.metadata.uid.clone();
     // The deletion record repeats the last spec under the next revision.
-    specs.append(
-        conn,
-        &NewRevision {
-            uid: &object.metadata.uid,
-            revision: object.metadata.revision + 1,
-            key,
-            change,
-            deleted: true,
-            seq: resource_version,
-        },
-        &object.spec,
-    )?;
-    specs.staged.stage_removal(&object.metadata.uid);
-    conn.prepare_cached("DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3")?
-        .execute(params![key.kind.as_str(), key.namespace, key.name])?;
+    let new = NewRevision {
+        uid: &uid,
+        revision: object.metadata.revision + 1,
+        key,
+        change,
+        deleted: true,
+        seq: resource_version,
+    };
+    let revision = specs.encode(conn, &new, &object.spec)?;
+    specs.staged.stage_removal(&uid);
     object.metadata.resource_version = resource_version;
     let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
-    with_event(conn, key, EventType::Deleted, object, &body, change)
+    // Nothing is written before this point.
+    Rows {
+        resource_version,
+        revision: Some(&revision),
+        key,
+        object: ObjectRow::Delete,
+        body: &body,
+        event_type: EventType::Deleted,
+        change,
+    }
+    .write(conn)
+    .map_err(Failure::Group)?;
+    Ok(applied(EventType::Deleted, object, body))
 }
 
 fn exists(conn: &Connection, key: &ObjectKey) -> Result<bool, StoreError> {
@@ -331,11 +389,9 @@ fn check_version(key: &ObjectKey, expected: u64, actual: u64) -> Result<(), Stor
     }
 }
 
-/// Bumps and returns the store revision.
+/// The store revision the next write takes ([`Rows::write`] records it).
 fn next_revision(conn: &Connection) -> Result<u64, StoreError> {
-    let next = schema::get_meta(conn, META_REVISION)? + 1;
-    schema::set_meta(conn, META_REVISION, next)?;
-    Ok(next)
+    Ok(schema::get_meta(conn, META_REVISION)? + 1)
 }
 
 /// Stores the namespace the key uses, so `get` returns what `list` filters on.
@@ -343,9 +399,56 @@ fn normalize_namespace(object: &mut Object, key: &ObjectKey) {
     object.metadata.namespace = key.kind.is_namespaced().then(|| key.namespace.clone());
 }
 
-/// Writes the object row; returns its body, which the event reuses.
-fn put(conn: &Connection, key: &ObjectKey, object: &Object) -> Result<String, StoreError> {
-    let body = serde_json::to_string(object).map_err(corrupt_json("object"))?;
+/// What a write does to the object's row.
+enum ObjectRow<'a> {
+    Put(&'a Object),
+    Delete,
+}
+
+/// Everything a checked and encoded write changes.
+struct Rows<'a> {
+    /// The store revision it takes.
+    resource_version: u64,
+    /// Its history revision, when the spec changed.
+    revision: Option<&'a EncodedRevision<'a>>,
+    key: &'a ObjectKey,
+    object: ObjectRow<'a>,
+    /// The object as JSON: the row's body and the watch event's.
+    body: &'a str,
+    event_type: EventType,
+    change: &'a ChangeMeta,
+}
+
+impl Rows<'_> {
+    /// Writes the rows. An error here leaves the transaction partly written.
+    fn write(&self, conn: &Connection) -> Result<(), StoreError> {
+        let key = self.key;
+        schema::set_meta(conn, META_REVISION, self.resource_version)?;
+        if let Some(revision) = self.revision {
+            history::insert(conn, revision)?;
+        }
+        match self.object {
+            ObjectRow::Put(object) => put(conn, key, object, self.body)?,
+            ObjectRow::Delete => {
+                conn.prepare_cached(
+                    "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+                )?
+                .execute(params![key.kind.as_str(), key.namespace, key.name])?;
+            }
+        }
+        events::insert(
+            conn,
+            self.resource_version,
+            key,
+            self.event_type,
+            self.body,
+            self.change.time,
+        )
+    }
+}
+
+/// Writes the object row with its encoded `body`.
+fn put(conn: &Connection, key: &ObjectKey, object: &Object, body: &str) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO objects (kind, namespace, name, uid, revision, resource_version, body)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -362,29 +465,20 @@ fn put(conn: &Connection, key: &ObjectKey, object: &Object) -> Result<String, St
         to_i64(object.metadata.resource_version),
         body
     ])?;
-    Ok(body)
+    Ok(())
 }
 
-/// Appends the watch event of a write; the writer broadcasts it after the
-/// commit.
-fn with_event(
-    conn: &Connection,
-    key: &ObjectKey,
-    event_type: EventType,
-    object: Object,
-    body: &str,
-    change: &ChangeMeta,
-) -> Result<Applied, StoreError> {
-    let resource_version = object.metadata.resource_version;
-    events::insert(conn, resource_version, key, event_type, body, change.time)?;
-    Ok(Applied {
+/// A written object: the caller's answer and the watch event the writer
+/// broadcasts after the commit.
+fn applied(event_type: EventType, object: Object, body: String) -> Applied {
+    Applied {
         event: Some(Arc::new(WatchEvent {
             event_type,
             object: object.clone(),
             encoded: Some(Arc::from(body)),
         })),
         written: Written::Object(Box::new(object)),
-    })
+    }
 }
 
 /// The `body` column (the first selected) of a row, borrowed.

@@ -146,9 +146,8 @@ pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreE
     // Every commit is fsynced before it returns: an acknowledged write
     // survives kill -9 and power loss.
     conn.pragma_update(None, "synchronous", "FULL")?;
-    // Each write of a group commit runs in its own savepoint, whose
-    // sub-journal keeps the pages it changes: in memory, not in a temp file
-    // opened, written and deleted for every group.
+    // Temporary structures (a large sort, a statement journal) stay in
+    // memory, not in a temp file opened, written and deleted each time.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     // The pages a group touches (the newest rows of the history, event and
     // step-log tables and their indexes, the object rows) stay in the

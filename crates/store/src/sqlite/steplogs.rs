@@ -10,30 +10,43 @@ use serde_json::Value;
 use super::schema::{corrupt_json, time_from_text, time_to_text};
 use crate::{StepLogFilter, StoreError};
 
-/// Appends entries inside the writer's transaction (all or none: the
-/// writer runs each append in a savepoint).
-pub(super) fn append(conn: &Connection, entries: &[StepLogEntry]) -> Result<(), StoreError> {
-    {
-        let mut insert = conn.prepare_cached(
-            "INSERT INTO step_logs
-             (object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        )?;
-        for entry in entries {
-            let fields =
-                serde_json::to_string(&entry.fields).map_err(corrupt_json("step log fields"))?;
-            insert.execute(params![
-                entry.object_uid,
-                time_to_text(entry.time),
-                entry.workflow_id,
-                entry.workflow,
-                entry.step,
-                entry.owner,
-                entry.level.as_str(),
-                entry.message,
-                fields,
-            ])?;
-        }
+/// Entries ready to append: each with its fields as JSON, encoded before
+/// anything is written.
+pub(super) struct EncodedEntries<'a> {
+    entries: &'a [StepLogEntry],
+    fields: Vec<String>,
+}
+
+pub(super) fn encode(entries: &[StepLogEntry]) -> Result<EncodedEntries<'_>, StoreError> {
+    let fields = entries
+        .iter()
+        .map(|entry| serde_json::to_string(&entry.fields).map_err(corrupt_json("step log fields")))
+        .collect::<Result<_, _>>()?;
+    Ok(EncodedEntries { entries, fields })
+}
+
+/// Appends encoded entries inside the writer's transaction.
+pub(super) fn insert(conn: &Connection, encoded: &EncodedEntries<'_>) -> Result<(), StoreError> {
+    if encoded.entries.is_empty() {
+        return Ok(());
+    }
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO step_logs
+         (object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+    )?;
+    for (entry, fields) in encoded.entries.iter().zip(&encoded.fields) {
+        insert.execute(params![
+            entry.object_uid,
+            time_to_text(entry.time),
+            entry.workflow_id,
+            entry.workflow,
+            entry.step,
+            entry.owner,
+            entry.level.as_str(),
+            entry.message,
+            fields,
+        ])?;
     }
     Ok(())
 }

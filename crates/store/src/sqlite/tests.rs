@@ -193,25 +193,7 @@ async fn a_group_commits_together_and_its_writes_fail_alone() {
             .map(|done| done.map(|()| None))
             .boxed(),
     ];
-    let mut all = futures::future::join_all(writes);
-    // Hold the write connection (from a thread of its own) so the writer
-    // cannot commit while every write is queued; the first poll of each
-    // write queues it.
-    let db = std::sync::Arc::clone(&store.shared.db);
-    let (locked, is_locked) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        let held = db.writer();
-        locked.send(()).expect("report the lock");
-        let _ = released.recv();
-        drop(held);
-    });
-    is_locked.recv().expect("the connection is held");
-    assert!(futures::poll!(&mut all).is_pending());
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    release.send(()).expect("release the connection");
-    holder.join().expect("holder thread");
-    let results = all.await;
+    let results = queued_together(&store, futures::future::join_all(writes)).await;
     let summary: Vec<String> = results
         .iter()
         .map(|result| match result {
@@ -281,6 +263,124 @@ async fn a_group_commits_together_and_its_writes_fail_alone() {
             .expect("step logs"),
         vec![entry]
     );
+}
+
+/// Runs `writes` (whose first poll queues them) while the write connection
+/// is held, from a thread of its own, so the writer cannot commit until
+/// every write is queued and takes them as one group.
+async fn queued_together<F: std::future::Future>(store: &SqliteStore, writes: F) -> F::Output {
+    let mut writes = std::pin::pin!(writes);
+    let db = std::sync::Arc::clone(&store.shared.db);
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let held = db.writer();
+        locked.send(()).expect("report the lock");
+        let _ = released.recv();
+        drop(held);
+    });
+    is_locked.recv().expect("the connection is held");
+    assert!(futures::poll!(&mut writes).is_pending());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    release.send(()).expect("release the connection");
+    holder.join().expect("holder thread");
+    writes.await
+}
+
+/// A write whose statement fails once it has begun writing its rows cannot
+/// be taken back alone: its whole group fails, nothing of the group is
+/// committed, every caller hears why, and the store goes on from where it
+/// was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_failing_while_it_writes_fails_its_group_and_leaves_nothing() {
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(&dir.path().join("group.db")).expect("open");
+    let change = change();
+    store
+        .create(object_named("before", "img:1"), &change)
+        .await
+        .expect("create before");
+    // The watch event of pod "poison" cannot be inserted: its write fails
+    // after its store revision, history revision and object row.
+    store
+        .shared
+        .db
+        .writer()
+        .execute_batch(
+            "CREATE TRIGGER poison BEFORE INSERT ON events WHEN NEW.name = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END;",
+        )
+        .expect("trigger");
+    let mut before_edited = object_named("before", "img:2");
+    before_edited.metadata.namespace = Some("default".into());
+    let writes: Vec<BoxFuture<'_, Result<Object, StoreError>>> = vec![
+        store.create(object_named("a", "img:1"), &change).boxed(),
+        store
+            .create(object_named("poison", "img:1"), &change)
+            .boxed(),
+        store.update(before_edited, 1, &change).boxed(),
+    ];
+    let results = queued_together(&store, futures::future::join_all(writes)).await;
+    for result in &results {
+        match result {
+            Err(StoreError::Unavailable(message)) => assert!(
+                message.contains("injected failure") && message.contains("group of 3 writes"),
+                "{message}"
+            ),
+            other => panic!("every write of the group fails, got {other:?}"),
+        }
+    }
+    let key = |name: &str| crate::ObjectKey::new(Kind::Pod, Some("default"), name);
+    assert_eq!(store.current_revision().await.expect("revision"), 1);
+    for name in ["a", "poison"] {
+        assert!(
+            store.get(&key(name)).await.expect("get").is_none(),
+            "{name} was not created"
+        );
+        assert!(
+            matches!(
+                store.history(&key(name)).await,
+                Err(StoreError::NotFound { .. })
+            ),
+            "{name} has no history"
+        );
+    }
+    let before = store
+        .get(&key("before"))
+        .await
+        .expect("get")
+        .expect("before exists");
+    assert_eq!(before.spec, json!({"image": "img:1"}));
+    assert_eq!(
+        store.history(&key("before")).await.expect("history").len(),
+        1
+    );
+
+    store
+        .shared
+        .db
+        .writer()
+        .execute_batch("DROP TRIGGER poison;")
+        .expect("drop trigger");
+    let after = store
+        .create(object_named("poison", "img:1"), &change)
+        .await
+        .expect("the store goes on");
+    assert_eq!(after.metadata.resource_version, 2);
+    let mut watch = store.watch(WatchFilter::default(), 0).await.expect("watch");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
+            .await
+            .expect("an event in time")
+            .expect("stream goes on")
+            .expect("event");
+        seen.push((event.object.metadata.name.clone(), event.resource_version()));
+    }
+    assert_eq!(seen, [("before".to_string(), 1), ("poison".to_string(), 2)]);
 }
 
 fn version(result: Result<Object, StoreError>) -> Result<Option<u64>, StoreError> {

@@ -2,9 +2,11 @@
 //!
 //! Callers queue [`Request`]s. The thread blocks for the first, takes
 //! whatever else has queued up meanwhile (up to [`MAX_GROUP`]) and applies
-//! the group in one `BEGIN IMMEDIATE` transaction, each write inside its
-//! own savepoint: a write that fails is rolled back alone and answered
-//! with its error, the others go on. Then the watch-event window is
+//! the group in one `BEGIN IMMEDIATE` transaction. A write checks and
+//! encodes everything before it writes a row, so one that fails for its
+//! own reasons has changed nothing and is answered with its error while
+//! the others go on (a statement failing mid-write fails the group: see
+//! [`objects::Failure`]). Then the watch-event window is
 //! applied, the transaction commits (`synchronous=FULL`: one fsync for the
 //! group), the group's events are broadcast in store-revision order, and
 //! every caller is answered. While one group is being fsynced the next one
@@ -24,7 +26,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
 use super::events::{self, EventPruner};
-use super::objects::{self, Applied};
+use super::objects::{self, Applied, Failure};
 use super::specs::SpecCache;
 use super::{Database, steplogs};
 use crate::{ChangeMeta, StoreError};
@@ -184,28 +186,23 @@ fn apply_group(
     state: &mut WriterState,
     writes: Vec<Write>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(writes.len());
     let mut newest_time = None;
     for write in writes {
         let time = write.time();
-        let mut savepoint = tx.savepoint()?;
         let mut staged = SpecCache::default();
-        let applied = apply(&savepoint, &state.specs, &mut staged, write);
-        match applied {
+        match apply(&tx, &state.specs, &mut staged, write) {
             Ok(applied) => {
-                savepoint.commit()?;
                 state.specs.take_staged(&mut staged);
                 if applied.event.is_some() {
                     newest_time = newest_time.max(time);
                 }
                 results.push(Ok(applied));
             }
-            Err(error) => {
-                savepoint.rollback()?;
-                savepoint.commit()?;
-                results.push(Err(error));
-            }
+            Err(Failure::Alone(error)) => results.push(Err(error)),
+            // Dropping the transaction rolls the whole group back.
+            Err(Failure::Group(error)) => return Err(error),
         }
     }
     events::prune(&tx, db.window(), newest_time, &mut state.pruner)?;
@@ -218,7 +215,7 @@ fn apply(
     cache: &SpecCache,
     staged: &mut SpecCache,
     write: Write,
-) -> Result<Applied, StoreError> {
+) -> Result<Applied, Failure> {
     let mut specs = objects::Specs { cache, staged };
     match write {
         Write::Create {
@@ -226,8 +223,9 @@ fn apply(
             change,
             logs,
         } => {
+            let logs = steplogs::encode(&logs)?;
             let applied = objects::create(conn, &mut specs, object, &change)?;
-            steplogs::append(conn, &logs)?;
+            steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(applied)
         }
         Write::Update {
@@ -236,8 +234,9 @@ fn apply(
             change,
             logs,
         } => {
+            let logs = steplogs::encode(&logs)?;
             let applied = objects::update(conn, &mut specs, object, expected, &change)?;
-            steplogs::append(conn, &logs)?;
+            steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(applied)
         }
         Write::Delete {
@@ -246,7 +245,8 @@ fn apply(
             change,
         } => objects::delete(conn, &mut specs, &key, expected, &change),
         Write::StepLogs(entries) => {
-            steplogs::append(conn, &entries)?;
+            let logs = steplogs::encode(&entries)?;
+            steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(Applied {
                 written: Written::StepLogs,
                 event: None,
