@@ -9,7 +9,8 @@
 //! endpoint (`POST /v1/images/prune`, what `corral image prune` reaches
 //! through the API server).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, PoisonError};
 
 use axum::Json;
 use axum::extract::State;
@@ -19,16 +20,48 @@ use corral_runtime::image::{GcReport, ImageError, ImageStore, Reference};
 use crate::serve::{EndpointError, Shared};
 use crate::state::PodRecord;
 
+/// The images each pod pulls for a revision it has not admitted yet, kept
+/// from collection until the pod runs that revision or leaves the node.
+/// In memory only: collection runs in this process, and after a restart
+/// nothing is being pulled (a pod pulls again when it resumes), so a pod
+/// start writes no record for it.
+#[derive(Debug, Default)]
+pub struct Pulls {
+    by_pod: Mutex<BTreeMap<String, Vec<String>>>,
+}
+
+impl Pulls {
+    /// Pod `uid` needs `images` from now until [`Pulls::end`].
+    pub fn begin(&self, uid: &str, images: Vec<String>) {
+        self.lock().insert(uid.to_string(), images);
+    }
+
+    /// Pod `uid` runs what it pulled, or left the node.
+    pub fn end(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
+    /// Every image being pulled.
+    pub fn images(&self) -> Vec<String> {
+        self.lock().values().flatten().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<String>>> {
+        self.by_pod.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// The images to keep: every pod's current spec, images being pulled for a
-/// revision not yet admitted, the recent revisions' images, and every
-/// image with no registry to pull it from again.
-pub fn roots(records: &[PodRecord], stored: &[String]) -> BTreeSet<String> {
-    let mut keep = BTreeSet::new();
+/// revision not yet admitted (`pulling`), the recent revisions' images, and
+/// every image with no registry to pull it from again.
+pub fn roots(records: &[PodRecord], pulling: &[String], stored: &[String]) -> BTreeSet<String> {
+    let mut keep: BTreeSet<String> = pulling.iter().cloned().collect();
     for record in records {
         if let Ok(spec) = record.pod.typed_spec::<PodSpec>() {
             keep.extend(spec.containers.iter().map(|c| c.image.clone()));
         }
         keep.extend(record.recent_images.iter().flatten().cloned());
+        // Written by agents before the in-memory [`Pulls`].
         keep.extend(record.pulling.iter().cloned());
     }
     // A name with no registry host was pulled (and is stored) under its
@@ -52,9 +85,13 @@ pub fn roots(records: &[PodRecord], stored: &[String]) -> BTreeSet<String> {
 }
 
 /// Deletes every image outside [`roots`]. Blocking.
-pub fn collect(images: &ImageStore, records: &[PodRecord]) -> Result<GcReport, ImageError> {
+pub fn collect(
+    images: &ImageStore,
+    records: &[PodRecord],
+    pulls: &Pulls,
+) -> Result<GcReport, ImageError> {
     let stored: Vec<String> = images.list()?.into_iter().map(|i| i.reference).collect();
-    let keep = roots(records, &stored);
+    let keep = roots(records, &pulls.images(), &stored);
     let keep: Vec<&str> = keep.iter().map(String::as_str).collect();
     images.retain(&keep)
 }
@@ -70,7 +107,7 @@ pub(crate) async fn prune(
             .state
             .load_all()
             .map_err(|error| EndpointError::Internal(crate::chain(&error)))?;
-        collect(&ctx.runner.images, &records)
+        collect(&ctx.runner.images, &records, &ctx.pulls)
             .map_err(|error| EndpointError::Internal(crate::chain(&error)))
     })
     .await
@@ -124,14 +161,26 @@ mod tests {
             "reg:5000/app:2".to_string(),
             "local/busybox:1".to_string(),
         ];
-        let keep = roots(&records, &stored);
+        let pulls = Pulls::default();
+        pulls.begin("uid-other", vec!["reg:5000/app:5".into()]);
+        let keep = roots(&records, &pulls.images(), &stored);
         assert!(keep.contains("reg:5000/app:2"), "a recent revision's image");
         assert!(keep.contains("reg:5000/app:3"), "the current image");
-        assert!(keep.contains("reg:5000/app:4"), "an image being pulled");
+        assert!(
+            keep.contains("reg:5000/app:4"),
+            "an image an older agent recorded as being pulled"
+        );
+        assert!(keep.contains("reg:5000/app:5"), "an image being pulled");
         assert!(keep.contains("local/busybox:1"), "a hand import");
         assert!(
             !keep.contains("reg:5000/app:1"),
             "an old pulled image is garbage"
+        );
+        pulls.end("uid-other");
+        let keep = roots(&records, &pulls.images(), &stored);
+        assert!(
+            !keep.contains("reg:5000/app:5"),
+            "a pull is no root once its pod runs it or left"
         );
     }
 
@@ -143,7 +192,7 @@ mod tests {
             "docker.io/library/nginx:latest".to_string(),
             "docker.io/library/redis:7".to_string(),
         ];
-        let keep = roots(&records, &stored);
+        let keep = roots(&records, &[], &stored);
         assert!(keep.contains("docker.io/library/busybox:1.37"));
         assert!(keep.contains("docker.io/library/nginx:latest"));
         assert!(!keep.contains("docker.io/library/redis:7"));

@@ -86,6 +86,8 @@ pub struct AgentContext {
     pub network: Option<Arc<network::PodNetwork>>,
     /// Revisions whose images stay on the node (rollback without a pull).
     pub image_revisions: usize,
+    /// Images pods are pulling, kept from collection ([`images::Pulls`]).
+    pub pulls: images::Pulls,
     /// The node's volume plugins.
     pub plugins: plugins::Plugins,
     /// The self-fencing clock and the fence in force ([`fencing`]).
@@ -275,6 +277,7 @@ pub fn context(
         network: None,
         image_revisions: config.image_revisions,
         fence: Arc::new(fencing::Fence::open(&data.join("agent"))),
+        pulls: images::Pulls::default(),
         plugins: plugins::Plugins::new(vec![
             data.join("plugins"),
             config
@@ -422,7 +425,7 @@ async fn image_gc_loop(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
         let gc = ctx.clone();
         let result = tokio::task::spawn_blocking(move || {
             let records = gc.state.load_all().unwrap_or_default();
-            images::collect(&gc.runner.images, &records)
+            images::collect(&gc.runner.images, &records, &gc.pulls)
         })
         .await;
         match result {

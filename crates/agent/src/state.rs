@@ -46,7 +46,9 @@ pub struct PodRecord {
     pub recent_images: Vec<Vec<String>>,
     #[serde(default)]
     pub containers: BTreeMap<String, ContainerRecord>,
-    /// Images pulled for a revision not yet admitted (kept from GC).
+    /// Images pulled for a revision not yet admitted (kept from GC), as
+    /// agents before [`crate::images::Pulls`] recorded them: read, no
+    /// longer written (cleared when the pod admits a revision).
     #[serde(default)]
     pub pulling: Vec<String>,
     /// The last generation started per container name, kept when a

@@ -162,9 +162,8 @@ impl PodWorkload {
             .chain(&spec.containers)
             .map(|c| c.image.clone())
             .collect();
-        // Recorded first, so image GC never takes what is being pulled.
-        self.record.pulling.clone_from(&images);
-        self.save();
+        // Registered first, so image GC never takes what is being pulled.
+        self.ctx.pulls.begin(&self.uid(), images.clone());
         let pull_secret = spec.image_pull_secret.clone();
         let data = self.data_step();
         Box::pin(async move {

@@ -263,6 +263,7 @@ impl PodWorkload {
                 tracing::error!(pod = %self.key(), %error, "pod removed from this node incompletely");
             }
         }
+        self.ctx.pulls.end(&self.uid());
         if let Err(error) = self.ctx.state.remove_if_uid(&self.key(), &self.uid()) {
             tracing::error!(pod = %self.key(), error = %crate::chain(&error), "cannot forget the pod");
         }

@@ -124,6 +124,7 @@ impl PodWorkload {
         self.record.pod = self.desired.clone();
         self.record.admitted_revision = self.desired.metadata.revision;
         self.record.pulling.clear();
+        self.ctx.pulls.end(&self.uid());
         self.save();
     }
 
