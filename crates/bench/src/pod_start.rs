@@ -3,7 +3,9 @@
 //! busybox `sleep 3600` started by bare `runc run -d` (the floor), by `runc
 //! run -d` of a bundle with corral's default sandbox (seccomp allowlist, no
 //! capabilities, unprivileged user, own user namespace: the runtime's price
-//! of the sandbox) and by `podman run -d` (a peer), and corral's gVisor pods next to bare `runsc
+//! of the sandbox; once more with the pause between starts that corral's
+//! one-at-a-time starts leave, to show what that pause costs runc on the
+//! machine) and by `podman run -d` (a peer), and corral's gVisor pods next to bare `runsc
 //! run -detach` (their floor). N containers one after another, then M at once,
 //! for each system in turn (removing the N before the M), each after one
 //! untimed warm-up start (reported apart). Then corral's
@@ -37,6 +39,7 @@ const GVISOR: &str = "corral, runtime: gvisor";
 const FLOOR: &str = "floor: runc run -d";
 const RUNSC_FLOOR: &str = "floor: runsc run -d";
 const SANDBOXED_FLOOR: &str = "floor: runc run -d, corral's sandbox";
+const SPACED_FLOOR: &str = "floor: runc run -d, corral's sandbox, spaced as corral's starts";
 const PODMAN: &str = "peer: podman run -d";
 const UPDATE: &str = "corral: in-place update (env)";
 const RECREATE: &str = "corral: delete + create";
@@ -93,6 +96,7 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
         .await?;
     breakdowns.push(times.table("the first pod after launch (warm-up), start workflow"));
     let summary = one_after_another(n, |i| node.start_pod(format!("seq-{i}"))).await?;
+    let corral_one_at_a_time = summary.median;
     starts.push(row(CORRAL, 1, summary));
     let mut times = StepTimes::default();
     for i in 0..n {
@@ -172,7 +176,26 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     ));
     let summary =
         one_after_another(n, |i| floor.run(format!("{prefix}-sandboxed-seq-{i}"))).await?;
+    // The same starts with the pause a corral start leaves between its
+    // `runc run`s (the rest of its median): on some machines a runc started
+    // after a pause takes far longer than one started right after another.
+    let spacing = corral_one_at_a_time.saturating_sub(summary.median);
     starts.push(row(SANDBOXED_FLOOR, 1, summary));
+    floor.remove_all().await?;
+    println!(
+        "{SPACED_FLOOR}: {n} one after another, {} apart …",
+        report::millis(spacing)
+    );
+    let summary = one_after_another(n, |i| {
+        let id = format!("{prefix}-spaced-{i}");
+        let floor = &floor;
+        async move {
+            tokio::time::sleep(spacing).await;
+            floor.run(id).await
+        }
+    })
+    .await?;
+    starts.push(row(SPACED_FLOOR, 1, summary));
     floor.remove_all().await?;
     let summary = at_once(m, |i| floor.run(format!("{prefix}-sandboxed-con-{i}"))).await?;
     starts.push(row(SANDBOXED_FLOOR, m, summary));
