@@ -232,7 +232,10 @@ impl ContainerRunner {
         let runtime = self
             .runtimes
             .for_start(spec.runtime, stack, &config.network)?;
-        config.cgroup_path = Some(format!("/corral/{uid}/{}", container.name));
+        config.cgroup_path = Some(format!(
+            "/{}",
+            cgroup_path(uid, &container.name, generation)
+        ));
         // The node's DNS server for the pod (written by the network setup).
         let resolv = pod_dir(&self.pods_dir, uid).join(RESOLV_CONF);
         if resolv.is_file() {
@@ -341,10 +344,9 @@ impl ContainerRunner {
         halted.and(cleaned)
     }
 
-    /// Stops a container: SIGTERM, up to `grace` for its init process to
-    /// exit (watched by pid, so one that exits at once is not waited for),
-    /// then SIGKILL; then deletes it from the runtime. Its files stay for
-    /// [`cleanup`](Self::cleanup). Safe to call for a container that is gone.
+    /// Stops a container: [`end_process`](Self::end_process), then deletes
+    /// it from the runtime. Its files stay for [`cleanup`](Self::cleanup).
+    /// Safe to call for a container that is gone.
     pub fn halt(
         &self,
         spec: &PodSpec,
@@ -352,12 +354,27 @@ impl ContainerRunner {
         grace: Duration,
     ) -> Result<(), ContainerError> {
         let began = Instant::now();
+        self.end_process(spec, record, grace)?;
+        let signalled = began.elapsed();
+        let deleted = self.delete(spec, record);
+        tracing::debug!(container = %record.runtime_id, ?signalled, deleted = ?began.elapsed(), "container stopped");
+        deleted
+    }
+
+    /// Ends a container's process: SIGTERM, up to `grace` for its init
+    /// process to exit (watched by pid, so one that exits at once is not
+    /// waited for), then SIGKILL. True when its process is known to be
+    /// gone (it had a pid, now dead), so that deleting the container from
+    /// the runtime can wait; false when only the runtime's forced delete
+    /// can be sure to end it.
+    pub fn end_process(
+        &self,
+        spec: &PodSpec,
+        record: &ContainerRecord,
+        grace: Duration,
+    ) -> Result<bool, ContainerError> {
         let runtime = self.runtimes.for_class(spec.runtime)?;
         let id = &record.runtime_id;
-        let runtime_error = |source| ContainerError::Runtime {
-            container: id.clone(),
-            source,
-        };
         match record.pid {
             Some(pid) => {
                 if !grace.is_zero() && process_alive(pid) {
@@ -384,21 +401,34 @@ impl ContainerRunner {
                     Err(_) => {}
                 }
                 wait_for_exit(pid, Instant::now() + KILL_WAIT);
+                Ok(!process_alive(pid))
             }
             // Without a pid, ask the runtime.
-            None if !grace.is_zero() && self.is_running(spec, record) => {
-                let _ = runtime.kill(id, Signal::SIGTERM);
-                let deadline = Instant::now() + grace;
-                while Instant::now() < deadline && self.is_running(spec, record) {
-                    std::thread::sleep(Duration::from_millis(50));
+            None => {
+                if !grace.is_zero() && self.is_running(spec, record) {
+                    let _ = runtime.kill(id, Signal::SIGTERM);
+                    let deadline = Instant::now() + grace;
+                    while Instant::now() < deadline && self.is_running(spec, record) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
                 }
+                Ok(false)
             }
-            None => {}
         }
-        let signalled = began.elapsed();
-        let deleted = runtime.delete(id, true).map_err(runtime_error);
-        tracing::debug!(container = %id, ?signalled, deleted = ?began.elapsed(), "container stopped");
-        deleted
+    }
+
+    /// Deletes a container from the runtime (its state and its cgroup),
+    /// forcing it to stop if it still runs. Safe to call for a container
+    /// that is gone.
+    pub fn delete(&self, spec: &PodSpec, record: &ContainerRecord) -> Result<(), ContainerError> {
+        let id = &record.runtime_id;
+        self.runtimes
+            .for_class(spec.runtime)?
+            .delete(id, true)
+            .map_err(|source| ContainerError::Runtime {
+                container: id.clone(),
+                source,
+            })
     }
 
     /// Unmounts and removes a container's files after it stopped.
@@ -418,15 +448,24 @@ impl ContainerRunner {
         remove_container_dir(&dir)
     }
 
-    /// Unmounts and removes what is left in the pod's container
-    /// directories (files of stopped containers not removed yet, say after
-    /// the agent stopped during an update).
-    pub fn cleanup_all(&self, uid: &str) {
+    /// Removes what is left of the pod's containers once they are all
+    /// stopped: each directory under the pod's `containers`, with the
+    /// container of that id deleted from the runtime first. A container
+    /// stopped for a new revision is deleted from the runtime after the
+    /// record that forgets it is saved (`pods/revision.rs`); an agent
+    /// stopped in between leaves it to this sweep, since its directory
+    /// goes only after that delete.
+    pub fn cleanup_all(&self, uid: &str, spec: &PodSpec) {
         let containers = pod_dir(&self.pods_dir, uid).join("containers");
         let Ok(entries) = std::fs::read_dir(&containers) else {
             return;
         };
+        let runtime = self.runtimes.for_class(spec.runtime).ok();
         for entry in entries.flatten() {
+            if let (Some(runtime), Some(id)) = (runtime, entry.file_name().to_str()) {
+                // A container the runtime no longer knows is fine.
+                let _ = runtime.delete(id, true);
+            }
             if let Err(error) = remove_container_dir(&entry.path()) {
                 tracing::warn!(error = %crate::chain(&error), "cannot remove a container's files");
             }
@@ -485,17 +524,30 @@ pub fn runtime_id(uid: &str, container: &str, generation: u64) -> String {
     format!("c{short}-{container}-{generation}")
 }
 
+/// A container's cgroup below each hierarchy's root: one per generation,
+/// so a container stopped for a new revision can be deleted from the
+/// runtime while its successor already starts.
+pub fn cgroup_path(uid: &str, container: &str, generation: u64) -> String {
+    format!("corral/{uid}/{container}-{generation}")
+}
+
 /// Whether the kernel's OOM killer killed a process of the container's
-/// memory cgroup (`/corral/<uid>/<container>`): the `oom_kill` count of
-/// cgroup v2's `memory.events` or v1's `memory.oom_control`. Read when the
-/// container's exit is noticed, before runc removes the cgroup.
-pub fn oom_killed(uid: &str, container: &str) -> bool {
-    let path = format!("corral/{uid}/{container}");
-    let v2 = format!("/sys/fs/cgroup/{path}/memory.events");
-    let v1 = format!("/sys/fs/cgroup/memory/{path}/memory.oom_control");
-    [v2, v1]
-        .iter()
-        .any(|file| std::fs::read_to_string(file).is_ok_and(|text| oom_kill_count(&text) > 0))
+/// memory cgroup ([`cgroup_path`], or `corral/<uid>/<container>` for one an
+/// older agent started): the `oom_kill` count of cgroup v2's
+/// `memory.events` or v1's `memory.oom_control`. Read when the container's
+/// exit is noticed, before runc removes the cgroup.
+pub fn oom_killed(uid: &str, container: &str, generation: u64) -> bool {
+    let paths = [
+        cgroup_path(uid, container, generation),
+        format!("corral/{uid}/{container}"),
+    ];
+    paths.iter().any(|path| {
+        let v2 = format!("/sys/fs/cgroup/{path}/memory.events");
+        let v1 = format!("/sys/fs/cgroup/memory/{path}/memory.oom_control");
+        [v2, v1]
+            .iter()
+            .any(|file| std::fs::read_to_string(file).is_ok_and(|text| oom_kill_count(&text) > 0))
+    })
 }
 
 /// The `oom_kill N` line of a memory controller's counters.

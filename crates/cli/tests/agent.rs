@@ -92,13 +92,31 @@ fn pods_run_update_in_place_and_restart() {
         container(&second, "side")["startedAt"],
         container(&first, "side")["startedAt"]
     );
+    // The stopped container is deleted from runc after the new one started,
+    // and each generation has a cgroup of its own.
+    let root = cluster.data_dir.path().join("runc");
+    let old_id = container(&first, "web")["containerId"].as_str().unwrap();
+    wait_for(
+        "runc to forget the stopped container",
+        Duration::from_secs(30),
+        || (!runc_ids(&root).contains(&old_id.to_string())).then_some(()),
+    );
+    let new_id = container(&second, "web")["containerId"].as_str().unwrap();
+    assert!(runc_ids(&root).contains(&new_id.to_string()));
+    let generation = new_id.rsplit('-').next().unwrap();
+    let uid = second["metadata"]["uid"].as_str().unwrap();
+    let cgroups =
+        std::fs::read_to_string(format!("/proc/{}/cgroup", runc_pid(&root, new_id))).unwrap();
+    assert!(
+        cgroups.contains(&format!("/corral/{uid}/web-{generation}")),
+        "{cgroups}"
+    );
 
     // Kill the web container's process: it restarts, restarts counts it.
     let id = container(&second, "web")["containerId"]
         .as_str()
         .unwrap()
         .to_string();
-    let root = cluster.data_dir.path().join("runc");
     let status = std::process::Command::new("runc")
         .arg(format!("--root={}", root.display()))
         .args(["kill", &id, "KILL"])
@@ -134,6 +152,32 @@ fn pods_run_update_in_place_and_restart() {
         container(&pod, "web")["containerId"],
         container(&third, "web")["containerId"]
     );
+}
+
+/// The ids of the containers runc knows under `root`.
+fn runc_ids(root: &std::path::Path) -> Vec<String> {
+    let out = std::process::Command::new("runc")
+        .arg(format!("--root={}", root.display()))
+        .args(["list", "-q"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The pid of container `id`'s init process, as `runc state` reports it.
+fn runc_pid(root: &std::path::Path, id: &str) -> u64 {
+    let out = std::process::Command::new("runc")
+        .arg(format!("--root={}", root.display()))
+        .args(["state", id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let state: Value = serde_json::from_slice(&out.stdout).unwrap();
+    state["pid"].as_u64().unwrap()
 }
 
 /// The processes whose parent is `pid` and that are zombies (exited,

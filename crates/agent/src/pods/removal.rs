@@ -130,7 +130,7 @@ impl PodWorkload {
         let pods_dir = runner.pods_dir.clone();
         let own = spec.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            runner.cleanup_all(&uid);
+            runner.cleanup_all(&uid, &own);
             crate::volumes::release_own(&pods_dir, &uid, &own);
         })
         .await;

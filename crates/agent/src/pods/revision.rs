@@ -27,18 +27,33 @@ impl PodWorkload {
             // Forgotten only once stopped: a failed stop keeps it tracked.
             if let Some(record) = self.record.containers.get(name).cloned() {
                 stopped = true;
-                let runner = self.ctx.runner.clone();
-                let old_spec = old_spec.clone();
-                let halted = record.clone();
-                tokio::task::spawn_blocking(move || runner.halt(&old_spec, &halted, grace))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| crate::chain(&e))?;
+                let (runner, ending, halted) =
+                    (self.ctx.runner.clone(), old_spec.clone(), record.clone());
+                let ended = tokio::task::spawn_blocking(move || {
+                    runner.end_process(&ending, &halted, grace)
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| crate::chain(&e))?;
+                if !ended {
+                    // Only the runtime's forced delete can end it: here.
+                    let (runner, old_spec, halted) =
+                        (self.ctx.runner.clone(), old_spec.clone(), record.clone());
+                    tokio::task::spawn_blocking(move || runner.delete(&old_spec, &halted))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| crate::chain(&e))?;
+                }
                 self.record.containers.remove(name);
-                // Its files go while the new container starts; removal
+                // Its runtime state and cgroup (its generation's own) and
+                // its files go while the new container starts; removal
                 // waits for that (and sweeps what an agent stop left).
-                let (runner, uid) = (self.ctx.runner.clone(), self.uid());
+                let (runner, uid, old_spec) =
+                    (self.ctx.runner.clone(), self.uid(), old_spec.clone());
                 self.cleanups.push(tokio::task::spawn_blocking(move || {
+                    if ended && let Err(error) = runner.delete(&old_spec, &record) {
+                        tracing::warn!(container = %record.runtime_id, error = %crate::chain(&error), "cannot delete a stopped container from the runtime");
+                    }
                     if let Err(error) = runner.cleanup(&uid, &record) {
                         tracing::warn!(container = %record.runtime_id, error = %crate::chain(&error), "cannot remove a stopped container's files");
                     }
