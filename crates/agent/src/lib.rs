@@ -36,6 +36,7 @@ pub mod node_tls;
 pub mod plan;
 pub mod plugin_volumes;
 pub mod plugins;
+pub mod pod_cgroups;
 pub mod pod_data;
 pub mod pods;
 mod port_forward;

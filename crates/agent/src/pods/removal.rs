@@ -209,7 +209,7 @@ impl PodWorkload {
             if unmounted {
                 let _ = std::fs::remove_dir_all(crate::containers::pod_dir(&pods_dir, &uid));
             }
-            crate::containers::remove_pod_cgroups(&uid);
+            crate::pod_cgroups::remove_pod(&uid);
             (unmounted, ranges.release(&uid))
         })
         .await;

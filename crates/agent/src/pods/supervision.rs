@@ -55,7 +55,7 @@ impl PodWorkload {
                 };
                 let restart = restart_at(spec.restart_policy, exit_code, record.restarts, now);
                 let out_of_memory = exit_code == Some(137)
-                    && crate::containers::oom_killed(&self.uid(), &name, record.generation);
+                    && crate::pod_cgroups::oom_killed(&self.uid(), &name, record.generation);
                 let limit = spec
                     .containers
                     .iter()

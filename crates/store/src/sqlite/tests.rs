@@ -229,16 +229,7 @@ async fn a_group_commits_together_and_its_writes_fail_alone() {
         "eight queued writes take at most two commits (the writer may have taken the first alone), got {stats:?}"
     );
 
-    let mut watch = store.watch(WatchFilter::default(), 0).await.expect("watch");
-    let mut seen = Vec::new();
-    for _ in 0..4 {
-        let event = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
-            .await
-            .expect("an event in time")
-            .expect("stream goes on")
-            .expect("event");
-        seen.push((event.object.metadata.name.clone(), event.resource_version()));
-    }
+    let seen = first_events(&store, 4).await;
     assert_eq!(
         seen,
         [
@@ -370,9 +361,15 @@ async fn a_write_failing_while_it_writes_fails_its_group_and_leaves_nothing() {
         .await
         .expect("the store goes on");
     assert_eq!(after.metadata.resource_version, 2);
+    let seen = first_events(&store, 2).await;
+    assert_eq!(seen, [("before".to_string(), 1), ("poison".to_string(), 2)]);
+}
+
+/// The name and revision of the store's first `count` watch events.
+async fn first_events(store: &SqliteStore, count: usize) -> Vec<(String, u64)> {
     let mut watch = store.watch(WatchFilter::default(), 0).await.expect("watch");
     let mut seen = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..count {
         let event = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
             .await
             .expect("an event in time")
@@ -380,7 +377,7 @@ async fn a_write_failing_while_it_writes_fails_its_group_and_leaves_nothing() {
             .expect("event");
         seen.push((event.object.metadata.name.clone(), event.resource_version()));
     }
-    assert_eq!(seen, [("before".to_string(), 1), ("poison".to_string(), 2)]);
+    seen
 }
 
 fn version(result: Result<Object, StoreError>) -> Result<Option<u64>, StoreError> {
