@@ -52,7 +52,10 @@ impl PodWorkload {
                     (self.ctx.runner.clone(), self.uid(), old_spec.clone());
                 self.cleanups.push(tokio::task::spawn_blocking(move || {
                     if ended && let Err(error) = runner.delete(&old_spec, &record) {
+                        // Its directory stays, so the pod's removal tries
+                        // the delete again (`ContainerRunner::cleanup_all`).
                         tracing::warn!(container = %record.runtime_id, error = %crate::chain(&error), "cannot delete a stopped container from the runtime");
+                        return;
                     }
                     if let Err(error) = runner.cleanup(&uid, &record) {
                         tracing::warn!(container = %record.runtime_id, error = %crate::chain(&error), "cannot remove a stopped container's files");
