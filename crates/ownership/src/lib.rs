@@ -38,7 +38,7 @@ pub use check::{
     check_delete_object, check_owner_reference,
 };
 pub use convergence::{Convergence, Cycle, Edge, MAX_CYCLES};
-pub use mask::{overlay, segment_count, strip, strip_owned};
+pub use mask::{Mask, overlay, segment_count, strip, strip_owned};
 pub use owner::{
     BadFieldRef, DefaultOwner, FieldRef, IPAM, JOB, NODE_LIFECYCLE, Owner, PER_NODE,
     PINNED_DEPLOYMENT, SCHEDULER, Subject, WORKFLOW, Writer, carvable, default_owners, managers,

@@ -6,6 +6,8 @@
 //! `spec` and `status`. Patterns are field paths (`spec.containers`,
 //! `spec.containers[*].image`, `status.node`); a pattern covers its subtree.
 
+use std::collections::HashMap;
+
 use corral_api::Object;
 use serde_json::{Map, Value};
 
@@ -79,12 +81,15 @@ fn descend(patterns: &[Vec<Segment>], step: &Segment) -> Vec<Vec<Segment>> {
 
 /// `object` with `spec` and `status` cut down to `patterns` (full paths,
 /// `spec.…` or `status.…`). A part nothing reaches becomes `null`.
+/// Only what is kept is copied: an object shared by several readers is
+/// served to each without a copy of the fields it may not see.
 pub fn strip(object: &Object, patterns: &[String]) -> Object {
-    let mut stripped = object.clone();
-    stripped.spec = strip_value(&object.spec, &under("spec", patterns)).unwrap_or(Value::Null);
-    stripped.status =
-        strip_value(&object.status, &under("status", patterns)).unwrap_or(Value::Null);
-    stripped
+    Object {
+        kind: object.kind,
+        metadata: object.metadata.clone(),
+        spec: strip_value(&object.spec, &under("spec", patterns)).unwrap_or(Value::Null),
+        status: strip_value(&object.status, &under("status", patterns)).unwrap_or(Value::Null),
+    }
 }
 
 /// [`strip`] of an object the caller gives away: what is kept is moved,
@@ -156,6 +161,123 @@ fn strip_value(value: &Value, patterns: &[Vec<Segment>]) -> Option<Value> {
                 .collect(),
         )),
         _ => None,
+    }
+}
+
+/// Field patterns compiled once for serving many objects through them:
+/// [`Mask::strip`] serves what [`strip`] serves, walking a tree of the
+/// patterns instead of matching every pattern at every field.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mask {
+    /// A pattern ends here: the whole subtree is served.
+    whole: bool,
+    keys: HashMap<String, Mask>,
+    /// `[*]`: what every item of an array is served through.
+    items: Option<Box<Mask>>,
+    /// `[n]`, each with the `[*]` patterns merged in.
+    indexes: HashMap<usize, Mask>,
+}
+
+impl Mask {
+    /// The mask of `patterns` (full paths, `spec.…` or `status.…`).
+    pub fn new(patterns: &[String]) -> Mask {
+        let mut root = Mask::default();
+        for pattern in patterns {
+            root.insert(&segments(pattern));
+        }
+        root.spread_items();
+        root
+    }
+
+    fn insert(&mut self, path: &[Segment]) {
+        let Some((first, rest)) = path.split_first() else {
+            self.whole = true;
+            return;
+        };
+        let child = match first {
+            Segment::Key(key) => self.keys.entry(key.clone()).or_default(),
+            Segment::Index(index) => self.indexes.entry(*index).or_default(),
+            Segment::AnyIndex => self.items.get_or_insert_with(Box::default),
+        };
+        child.insert(rest);
+    }
+
+    fn merge(&mut self, other: &Mask) {
+        self.whole |= other.whole;
+        for (key, child) in &other.keys {
+            self.keys.entry(key.clone()).or_default().merge(child);
+        }
+        if let Some(items) = &other.items {
+            self.items.get_or_insert_with(Box::default).merge(items);
+        }
+        for (index, child) in &other.indexes {
+            self.indexes.entry(*index).or_default().merge(child);
+        }
+    }
+
+    /// Item `n` is served through both `[n]` and `[*]` patterns.
+    fn spread_items(&mut self) {
+        if let Some(items) = &mut self.items {
+            items.spread_items();
+        }
+        for child in self.keys.values_mut() {
+            child.spread_items();
+        }
+        if let Some(items) = self.items.as_deref() {
+            for child in self.indexes.values_mut() {
+                child.merge(items);
+            }
+        }
+        for child in self.indexes.values_mut() {
+            child.spread_items();
+        }
+    }
+
+    /// `object` with `spec` and `status` cut down to the mask, copying
+    /// only what is kept.
+    pub fn strip(&self, object: &Object) -> Object {
+        let part = |root: &str, value: &Value| {
+            self.keys
+                .get(root)
+                .and_then(|mask| mask.keep(value))
+                .unwrap_or(Value::Null)
+        };
+        Object {
+            kind: object.kind,
+            metadata: object.metadata.clone(),
+            spec: part("spec", &object.spec),
+            status: part("status", &object.status),
+        }
+    }
+
+    fn keep(&self, value: &Value) -> Option<Value> {
+        if self.whole {
+            return Some(value.clone());
+        }
+        match value {
+            Value::Object(map) => Some(Value::Object(
+                map.iter()
+                    .filter_map(|(key, child)| {
+                        let kept = self.keys.get(key)?.keep(child)?;
+                        Some((key.clone(), kept))
+                    })
+                    .collect(),
+            )),
+            Value::Array(items) => Some(Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(index, child)| {
+                        self.indexes
+                            .get(&index)
+                            .or(self.items.as_deref())
+                            .and_then(|mask| mask.keep(child))
+                            .unwrap_or(Value::Null)
+                    })
+                    .collect(),
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -244,6 +366,50 @@ mod tests {
 
     fn paths(list: &[&str]) -> Vec<String> {
         list.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn a_compiled_mask_serves_what_strip_serves() {
+        let object = pod(
+            json!({
+                "containers": [
+                    {"name": "web", "image": "a", "env": {"A": "1"}, "ports": [80, 443]},
+                    {"name": "log", "image": "b", "ports": [9090]}
+                ],
+                "runtime": "runc",
+                "volumes": [{"name": "data", "size": "1Gi"}]
+            }),
+            json!({
+                "node": "n1",
+                "workflow": {"instances": [{"id": "start-1", "steps": {"a": {"phase": "done"}}}]},
+                "containers": [{"name": "web", "ready": true}]
+            }),
+        );
+        let cases: &[&[&str]] = &[
+            &[],
+            &["spec", "status"],
+            &["spec.*"],
+            &["spec.containers"],
+            &["spec.containers[*].image", "status.node"],
+            &["spec.containers[1].name", "spec.containers[*].image"],
+            &["spec.containers[0]", "spec.containers[*].ports[1]"],
+            &["spec.containers[*].ports[*]", "spec.volumes[0].size"],
+            &["spec.runtime.deeper", "status.workflow.instances[*].steps"],
+            &[
+                "status.workflow",
+                "status.workflow.instances[*].id",
+                "metadata.labels",
+            ],
+            &["spec.missing", "status.containers[3]"],
+        ];
+        for case in cases {
+            let patterns = paths(case);
+            assert_eq!(
+                Mask::new(&patterns).strip(&object),
+                strip(&object, &patterns),
+                "patterns {case:?}"
+            );
+        }
     }
 
     #[test]

@@ -563,3 +563,26 @@ fn field_refs_parse_and_print() {
         ownable("metadata.annotations.x") && !ownable("metadata.annotations") && !ownable("kind")
     );
 }
+
+#[test]
+fn each_builtin_controller_is_served_the_same_through_its_compiled_mask() {
+    let registry = builtins();
+    let stored = pod(json!({
+        "node": "node-1",
+        "address": "fd00::5",
+        "phase": "Running",
+        "containers": [{"name": "web", "ready": true}],
+        "workflow": {"instances": [{"id": "start-1", "steps": {"node/start": {"phase": "done"}}}]}
+    }));
+    for controller in builtin_controllers() {
+        let paths = registry
+            .visible_paths(&controller.name, Kind::Pod, "web")
+            .expect("a mask");
+        assert_eq!(
+            crate::Mask::new(&paths).strip(&stored),
+            strip(&stored, &paths),
+            "{} sees {paths:?}",
+            controller.name
+        );
+    }
+}
