@@ -172,20 +172,21 @@ impl LocalReads for InProcessReads {
     }
 }
 
-/// `object` as `view` may see it: copied from the change the cache keeps
-/// decoded, else decoded from its cached JSON.
+/// `object` as `view` may see it: what the view sees of the change the
+/// cache keeps decoded (copied, not the rest), else decoded from its cached
+/// JSON.
 fn served(
     cache: &crate::watchcache::WatchCache,
     view: &ReadView,
     object: &CachedObject,
 ) -> Result<Object, ApiError> {
-    let decoded = cache.decoded(object).map_err(|error| {
+    let decoded = cache.shared(object).map_err(|error| {
         ApiError::Internal(format!(
             "the cached object {}/{} is unreadable: {error}",
             object.namespace, object.name
         ))
     })?;
-    Ok(view.serve(decoded))
+    Ok(view.serve_shared(&decoded))
 }
 
 /// The error as a client of the HTTP API would have received it.

@@ -19,6 +19,7 @@ pub mod dump;
 pub mod sqlite;
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -67,6 +68,11 @@ impl WatchFilter {
 
 /// A stream of changes in store-revision order.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, StoreError>> + Send>>;
+
+/// A [`WatchStream`] whose events are shared with the store's other
+/// watchers ([`Store::watch_shared`]).
+pub type SharedWatchStream =
+    Pin<Box<dyn Stream<Item = Result<Arc<WatchEvent>, StoreError>> + Send>>;
 
 /// The objects of a list and the store revision they were read at; a watch
 /// started from that revision misses nothing.
@@ -349,6 +355,18 @@ pub trait Store: Send + Sync + 'static {
     /// Every change after store revision `after` that passes the filter,
     /// then live changes, in order, until the stream is dropped.
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError>;
+
+    /// [`Store::watch`], each event shared with the store's other watchers
+    /// instead of copied for this one, where the backend can (one that
+    /// broadcasts its changes hands out the broadcast's event).
+    async fn watch_shared(
+        &self,
+        filter: WatchFilter,
+        after: u64,
+    ) -> Result<SharedWatchStream, StoreError> {
+        use futures::TryStreamExt;
+        Ok(Box::pin(self.watch(filter, after).await?.map_ok(Arc::new)))
+    }
 
     /// The revisions of the object at `key` (the live one, or the last one
     /// deleted under that key), oldest first, without specs.

@@ -16,6 +16,7 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::ownership;
 use crate::query::Params;
+use crate::watchcache::Shared;
 use crate::workflows::WriteError;
 
 /// How many times an unconditional apply (or a rollback) retries when a
@@ -99,7 +100,11 @@ pub async fn apply(
         let from_cache = cached.is_some();
         let current = match cached {
             Some(object) => Some(object),
-            None => server.store.get(&key).await?,
+            None => server
+                .store
+                .get(&key)
+                .await?
+                .map(|object| Shared::Decoded(Box::new(object))),
         };
         let Some(current) = current else {
             if pinned_version != 0 {
@@ -127,7 +132,7 @@ pub async fn apply(
                 current.metadata.uid, desired.metadata.uid
             )));
         }
-        let mut next = current.clone();
+        let mut next = Object::clone(&current);
         next.spec = desired.spec.clone();
         next.metadata.labels = desired.metadata.labels.clone();
         next.metadata.annotations = desired.metadata.annotations.clone();
@@ -141,14 +146,14 @@ pub async fn apply(
         } else {
             current.metadata.resource_version
         };
-        if next == current && expected == current.metadata.resource_version {
+        if next == *current && expected == current.metadata.resource_version {
             if from_cache {
                 continue;
             }
             // Applying it again asks again: a failed start (an image that
             // was missing, say) runs its failed steps once more.
             let retried = crate::workflows::retry_failed(&server, &caller, &current).await?;
-            return Ok(Json(retried.unwrap_or(current)));
+            return Ok(Json(retried.unwrap_or_else(|| current.into_object())));
         }
         match ownership::update(&server, &caller, &current, next, expected, &change).await {
             // Someone wrote in between: read it and apply again.

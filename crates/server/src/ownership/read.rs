@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use corral_api::{Identity, Kind, Object, Role};
-use corral_ownership::{Registry, strip_owned};
+use corral_ownership::{Mask, Registry, strip_owned};
 
 use crate::Server;
 use crate::error::ApiError;
 
-/// The field patterns a controller is served, per kind.
-type Masks = Arc<HashMap<Kind, Vec<String>>>;
+/// The field patterns a controller is served, per kind, and the same
+/// compiled for serving shared objects.
+type Masks = Arc<HashMap<Kind, (Vec<String>, Mask)>>;
 
 /// The mask of one caller, cheap to clone into a watch stream.
 #[derive(Debug, Clone)]
@@ -31,7 +32,8 @@ impl ReadView {
                     let paths = registry
                         .visible_paths(&caller.name, kind, "")
                         .unwrap_or_default();
-                    (kind, paths)
+                    let mask = Mask::new(&paths);
+                    (kind, (paths, mask))
                 })
                 .collect();
             (caller.name.clone(), Arc::new(paths))
@@ -46,18 +48,44 @@ impl ReadView {
 
     /// `object` as this caller may see it.
     pub fn serve(&self, object: Object) -> Object {
-        let Some((name, paths)) = &self.controller else {
-            return object;
+        match self.mask(&object) {
+            Masked::Whole => object,
+            Masked::Through(paths, _) => strip_owned(object, paths),
+            Masked::Nothing => strip_owned(object, &[]),
+        }
+    }
+
+    /// [`ReadView::serve`] of an object others share: only what this
+    /// caller sees is copied.
+    pub fn serve_shared(&self, object: &Object) -> Object {
+        match self.mask(object) {
+            Masked::Whole => object.clone(),
+            Masked::Through(_, mask) => mask.strip(object),
+            Masked::Nothing => Mask::default().strip(object),
+        }
+    }
+
+    fn mask(&self, object: &Object) -> Masked<'_> {
+        let Some((name, masks)) = &self.controller else {
+            return Masked::Whole;
         };
         if object.kind == Kind::Controller && object.metadata.name == *name {
-            return object;
+            return Masked::Whole;
         }
-        let paths = paths
-            .get(&object.kind)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        strip_owned(object, paths)
+        match masks.get(&object.kind) {
+            Some((paths, mask)) => Masked::Through(paths, mask),
+            None => Masked::Nothing,
+        }
     }
+}
+
+/// How a caller is served an object.
+enum Masked<'a> {
+    Whole,
+    /// Through these patterns (and their compiled mask).
+    Through(&'a [String], &'a Mask),
+    /// No registration for its kind: metadata only.
+    Nothing,
 }
 
 /// The mask for `caller`, with the registry in effect now.

@@ -135,6 +135,35 @@ impl CachedObject {
     }
 }
 
+/// A cached object decoded: the one a recent change carries, shared with
+/// everyone who reads it, or one parsed for this reader.
+#[derive(Debug)]
+pub enum Shared {
+    Kept(Arc<corral_api::watch::WatchEvent>),
+    Decoded(Box<Object>),
+}
+
+impl Shared {
+    /// The object, copied only when others share it.
+    pub fn into_object(self) -> Object {
+        match self {
+            Shared::Kept(event) => Arc::unwrap_or_clone(event).object,
+            Shared::Decoded(object) => *object,
+        }
+    }
+}
+
+impl std::ops::Deref for Shared {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        match self {
+            Shared::Kept(event) => &event.object,
+            Shared::Decoded(object) => object,
+        }
+    }
+}
+
 /// The facts of the version a change replaced, to tell when an object left
 /// or entered a scope.
 #[derive(Debug, Clone)]
@@ -193,8 +222,9 @@ pub struct WatchCache {
     progress: watch::Sender<Option<u64>>,
     /// The newest revision this server wrote (see [`Tracked`]).
     written: Arc<AtomicU64>,
-    /// The objects of the newest changes, by store revision, oldest first.
-    recent: Mutex<VecDeque<Arc<Object>>>,
+    /// The newest changes as the store sent them (their objects decoded),
+    /// by store revision, oldest first.
+    recent: Mutex<VecDeque<Arc<corral_api::watch::WatchEvent>>>,
 }
 
 impl Default for WatchCache {
@@ -287,7 +317,7 @@ impl WatchCache {
             }
             kinds.insert(kind, objects);
         }
-        let mut events = match store.watch(WatchFilter::default(), start).await {
+        let mut events = match store.watch_shared(WatchFilter::default(), start).await {
             Ok(events) => events,
             Err(error) => return error,
         };
@@ -329,7 +359,11 @@ impl WatchCache {
 
     /// Applies one store change; once `ready`, it joins the window and
     /// goes out to live watchers.
-    fn apply(&self, event: corral_api::watch::WatchEvent, ready: bool) -> Result<(), StoreError> {
+    fn apply(
+        &self,
+        event: Arc<corral_api::watch::WatchEvent>,
+        ready: bool,
+    ) -> Result<(), StoreError> {
         let kind = event.object.kind;
         let cached = CachedObject::from_event(&event)
             .map_err(|error| StoreError::Corrupt(format!("{}: {error}", event.object.key())))?;
@@ -379,51 +413,65 @@ impl WatchCache {
         }
         drop(state);
         // Kept before the watchers hear of it, so they find it.
-        self.remember_decoded(event.object);
+        self.remember_decoded(event);
         // No receiver is fine: nobody is watching.
         let _ = self.live.send(Live::Change(kind, change));
         Ok(())
     }
 
-    /// Keeps `object`, just applied, for [`WatchCache::decoded`].
-    fn remember_decoded(&self, object: Object) {
+    /// Keeps the object of `event`, just applied, for
+    /// [`WatchCache::decoded`] (shared with the store's other watchers).
+    fn remember_decoded(&self, event: Arc<corral_api::watch::WatchEvent>) {
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         // A replayed change older than the newest kept would break the
         // order `decoded` searches by; it is not needed anyway.
-        if recent.back().is_some_and(|newest| {
-            newest.metadata.resource_version >= object.metadata.resource_version
-        }) {
+        if recent
+            .back()
+            .is_some_and(|newest| newest.resource_version() >= event.resource_version())
+        {
             return;
         }
         if recent.len() == RECENT_DECODED {
             recent.pop_front();
         }
-        recent.push_back(Arc::new(object));
+        recent.push_back(event);
     }
 
     /// `cached` as an object: a copy of the one the store sent when it is
     /// among the newest changes, else parsed from its JSON.
     pub fn decoded(&self, cached: &CachedObject) -> Result<Object, serde_json::Error> {
-        let kept = {
-            let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-            // Store revisions are unique and the deque is in their order.
-            recent
-                .binary_search_by_key(&cached.resource_version, |object| {
-                    object.metadata.resource_version
-                })
-                .ok()
-                .and_then(|index| recent.get(index).cloned())
-        };
-        match kept {
-            Some(object)
-                if object.metadata.name == cached.name
-                    && object.metadata.namespace.as_deref().unwrap_or_default()
-                        == cached.namespace =>
-            {
-                Ok(Object::clone(&object))
-            }
-            _ => cached.decode(),
+        self.shared(cached).map(Shared::into_object)
+    }
+
+    /// [`WatchCache::decoded`] without the copy, for readers that only
+    /// look at it (or copy part of it).
+    pub fn shared(&self, cached: &CachedObject) -> Result<Shared, serde_json::Error> {
+        match self.kept(cached) {
+            Some(event) => Ok(Shared::Kept(event)),
+            None => cached
+                .decode()
+                .map(|object| Shared::Decoded(Box::new(object))),
         }
+    }
+
+    /// The change the store sent for `cached`, when it is among the
+    /// newest.
+    fn kept(&self, cached: &CachedObject) -> Option<Arc<corral_api::watch::WatchEvent>> {
+        let recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        // Store revisions are unique and the deque is in their order.
+        let index = recent
+            .binary_search_by_key(&cached.resource_version, |event| event.resource_version())
+            .ok()?;
+        recent.get(index).cloned().filter(|event| {
+            event.object.metadata.name == cached.name
+                && event
+                    .object
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .unwrap_or_default()
+                    == cached.namespace
+        })
     }
 
     /// Object `key` as the cache has it, when the cache has applied every
@@ -432,7 +480,7 @@ impl WatchCache {
     /// its way, so only a write made conditional on exactly this version
     /// may rest on the answer (the store refuses it if the object moved
     /// on); any other decision reads the store.
-    pub fn current(&self, key: &ObjectKey) -> Option<Object> {
+    pub fn current(&self, key: &ObjectKey) -> Option<Shared> {
         let written = self.written.load(Ordering::SeqCst);
         if !self.progress.borrow().is_some_and(|seen| seen >= written) {
             return None;
@@ -443,7 +491,7 @@ impl WatchCache {
             .get(&key.kind)?
             .get(&(key.namespace.clone(), key.name.clone()))?
             .clone();
-        self.decoded(&cached).ok()
+        self.shared(&cached).ok()
     }
 
     /// Waits until the cache reflects store revision `revision`, for at

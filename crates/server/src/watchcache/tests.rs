@@ -45,15 +45,15 @@ async fn current_answers_only_with_this_servers_writes_applied() {
     let revision = written.metadata.resource_version;
     cached(&cache, "web", revision).await;
     let key = written.key();
-    assert_eq!(cache.current(&key), Some(written.clone()));
+    assert_eq!(cache.current(&key).as_deref(), Some(&written));
     let mut missing = key.clone();
     missing.name = "missing".into();
-    assert_eq!(cache.current(&missing), None);
+    assert!(cache.current(&missing).is_none());
     // This server wrote something newer the cache has not applied.
     cache
         .written
         .store(revision + 1, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(cache.current(&key), None);
+    assert!(cache.current(&key).is_none());
     stopping.cancel();
 }
 
@@ -96,8 +96,15 @@ async fn in_process_readers_get_the_same_object_kept_or_parsed() {
         let name = &written.metadata.name;
         let cached = cached(&cache, name, written.metadata.resource_version).await;
         assert_eq!(&cache.decoded(&cached).expect("decoded"), written);
+        assert_eq!(&*cache.shared(&cached).expect("shared"), written);
         assert_eq!(&cached.decode().expect("parsed"), written);
     }
+    // The newest is the very event the store broadcast, not a copy.
+    let newest_cached = cached(&cache, &versions[versions.len() - 1].metadata.name, newest).await;
+    assert!(matches!(
+        cache.shared(&newest_cached).expect("shared"),
+        super::Shared::Kept(_)
+    ));
     // A kept object is only handed out for its own name and revision.
     let newest_name = &versions[versions.len() - 1].metadata.name;
     let mut other = super::CachedObject::from_object(&versions[1]).expect("cached");

@@ -17,7 +17,8 @@ use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::{
     ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListContinue, ListPage, ListResult,
-    SealedRecord, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter, WatchStream,
+    SealedRecord, SharedWatchStream, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter,
+    WatchStream,
 };
 
 /// A store that remembers the newest object write made through it.
@@ -119,6 +120,14 @@ impl Store for Tracked {
 
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
         self.inner.watch(filter, after).await
+    }
+
+    async fn watch_shared(
+        &self,
+        filter: WatchFilter,
+        after: u64,
+    ) -> Result<SharedWatchStream, StoreError> {
+        self.inner.watch_shared(filter, after).await
     }
 
     async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError> {

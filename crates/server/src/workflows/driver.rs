@@ -163,7 +163,8 @@ fn key_of(kind: Kind, object: &CachedObject) -> ObjectKey {
 /// Files the object's nearest deadline; a pod whose update failed and that
 /// asked for automatic rollback is rolled back.
 async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &CachedObject) {
-    let object = match cached.decode() {
+    // Among the newest changes the cache keeps it decoded: no parse.
+    let object = match server.cache.shared(cached) {
         Ok(object) => object,
         Err(error) => {
             tracing::warn!(object = %key_of(kind, cached), %error, "unreadable cached object");
@@ -189,7 +190,7 @@ async fn note(server: &Server, deadlines: &mut Deadlines, kind: Kind, cached: &C
     let key = object.key();
     let deadline = object_deadline(&object);
     if object.metadata.deleting.is_some() {
-        match crate::deletion::finish(server, object).await {
+        match crate::deletion::finish(server, object.into_object()).await {
             Ok(crate::deletion::Outcome::Removed(_)) => return,
             Ok(crate::deletion::Outcome::Stopping(_)) => {}
             Err(error) => tracing::warn!(object = %key, %error, "cannot remove a stopped object"),

@@ -47,8 +47,8 @@ use tokio::sync::{broadcast, oneshot};
 use crate::conformance::EventRetention;
 use crate::{
     ChangeMeta, CompactionReport, EventWindow, HistorySize, LeaseRecord, ListContinue, ListPage,
-    ListResult, SealedRecord, StepLogFilter, Store, StoreError, TokenRecord, WatchEvent,
-    WatchFilter, WatchStream,
+    ListResult, SealedRecord, SharedWatchStream, StepLogFilter, Store, StoreError, TokenRecord,
+    WatchEvent, WatchFilter, WatchStream,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -355,6 +355,14 @@ impl Store for SqliteStore {
 
     async fn watch(&self, filter: WatchFilter, after: u64) -> Result<WatchStream, StoreError> {
         watch::watch(Arc::clone(&self.shared.db), filter, after).await
+    }
+
+    async fn watch_shared(
+        &self,
+        filter: WatchFilter,
+        after: u64,
+    ) -> Result<SharedWatchStream, StoreError> {
+        watch::watch_shared(Arc::clone(&self.shared.db), filter, after).await
     }
 
     async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError> {

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use futures::TryStreamExt;
 use rusqlite::{Connection, params};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
@@ -18,7 +19,7 @@ use super::events::event_type_from_text;
 use super::objects::parse_object;
 use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
 use super::{Database, read};
-use crate::{StoreError, WatchEvent, WatchFilter, WatchStream};
+use crate::{SharedWatchStream, StoreError, WatchEvent, WatchFilter, WatchStream};
 
 /// Events read from the table at a time while catching up.
 const BATCH: usize = 512;
@@ -47,6 +48,17 @@ pub(super) async fn watch(
     filter: WatchFilter,
     after: u64,
 ) -> Result<WatchStream, StoreError> {
+    // A live event is copied out of the broadcast (other watchers share
+    // it); one read from the table is this watcher's own.
+    let shared = watch_shared(db, filter, after).await?;
+    Ok(Box::pin(shared.map_ok(Arc::unwrap_or_clone)))
+}
+
+pub(super) async fn watch_shared(
+    db: Arc<Database>,
+    filter: WatchFilter,
+    after: u64,
+) -> Result<SharedWatchStream, StoreError> {
     let receiver = db.events.subscribe();
     let compacted = read(Arc::clone(&db), |conn| {
         schema::get_meta(conn, META_EVENTS_COMPACTED)
@@ -70,14 +82,16 @@ pub(super) async fn watch(
     Ok(Box::pin(futures::stream::unfold(state, next_event)))
 }
 
-async fn next_event(mut state: WatchState) -> Option<(Result<WatchEvent, StoreError>, WatchState)> {
+async fn next_event(
+    mut state: WatchState,
+) -> Option<(Result<Arc<WatchEvent>, StoreError>, WatchState)> {
     loop {
         if state.finished {
             return None;
         }
         if let Some(event) = state.pending.pop_front() {
             state.cursor = state.cursor.max(event.resource_version());
-            return Some((Ok(event), state));
+            return Some((Ok(Arc::new(event)), state));
         }
         if state.catching_up {
             let (filter, cursor) = (state.filter.clone(), state.cursor);
@@ -110,7 +124,7 @@ async fn next_event(mut state: WatchState) -> Option<(Result<WatchEvent, StoreEr
                 }
                 state.cursor = resource_version;
                 if state.filter.admits(&event.object) {
-                    return Some((Ok(WatchEvent::clone(&event)), state));
+                    return Some((Ok(event), state));
                 }
             }
             Err(RecvError::Lagged(_)) => state.catching_up = true,
