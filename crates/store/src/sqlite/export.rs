@@ -49,7 +49,7 @@ pub(super) fn export(conn: &mut Connection) -> Result<Dump, StoreError> {
     )?;
     let mut rows = statement.query([])?;
     while let Some(row) = rows.next()? {
-        dump.tokens.push(super::token_from_row(row)?);
+        dump.tokens.push(super::tokens::from_row(row)?);
     }
     drop(rows);
     drop(statement);

@@ -27,6 +27,7 @@ mod readers;
 mod schema;
 mod specs;
 mod steplogs;
+mod tokens;
 mod watch;
 mod writer;
 
@@ -411,24 +412,7 @@ impl Store for SqliteStore {
     }
 
     async fn put_token(&self, token: TokenRecord) -> Result<(), StoreError> {
-        self.maintain(move |conn| {
-            let identity = serde_json::to_string(&token.identity)
-                .map_err(schema::corrupt_json("token identity"))?;
-            conn.execute(
-                "INSERT INTO tokens (hash, identity, created_at, last_used) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (hash) DO UPDATE
-                 SET identity = excluded.identity, created_at = excluded.created_at,
-                     last_used = excluded.last_used",
-                params![
-                    token.hash,
-                    identity,
-                    schema::time_to_text(token.created_at),
-                    token.last_used_at.map(schema::time_to_text)
-                ],
-            )?;
-            Ok(())
-        })
-        .await
+        self.maintain(move |conn| tokens::put(conn, &token)).await
     }
 
     async fn renew_lease(&self, lease: LeaseRecord) -> Result<(), StoreError> {
@@ -452,54 +436,23 @@ impl Store for SqliteStore {
 
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         let hash = hash.to_string();
-        self.read(move |conn| {
-            let mut statement = conn.prepare_cached(
-                "SELECT hash, identity, created_at, last_used FROM tokens WHERE hash = ?1",
-            )?;
-            let mut rows = statement.query([&hash])?;
-            rows.next()?.map(token_from_row).transpose()
-        })
-        .await
+        self.read(move |conn| tokens::find(conn, &hash)).await
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
-        self.read(move |conn| {
-            let mut statement = conn.prepare(
-                "SELECT hash, identity, created_at, last_used FROM tokens ORDER BY created_at, hash",
-            )?;
-            let mut rows = statement.query([])?;
-            let mut tokens = Vec::new();
-            while let Some(row) = rows.next()? {
-                tokens.push(token_from_row(row)?);
-            }
-            Ok(tokens)
-        })
-        .await
+        self.read(tokens::list).await
     }
 
     async fn touch_token(&self, hash: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
         let hash = hash.to_string();
-        self.maintain(move |conn| {
-            conn.execute(
-                "UPDATE tokens SET last_used = ?2 WHERE hash = ?1",
-                params![hash, schema::time_to_text(at)],
-            )?;
-            Ok(())
-        })
-        .await
+        self.maintain(move |conn| tokens::touch(conn, &hash, at))
+            .await
     }
 
     async fn delete_tokens(&self, hashes: &[String]) -> Result<(), StoreError> {
         let hashes = hashes.to_vec();
-        self.maintain(move |conn| {
-            let tx = conn.transaction()?;
-            for hash in &hashes {
-                tx.execute("DELETE FROM tokens WHERE hash = ?1", [hash])?;
-            }
-            tx.commit()?;
-            Ok(())
-        })
-        .await
+        self.maintain(move |conn| tokens::delete(conn, &hashes))
+            .await
     }
 
     async fn get_sealed(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -588,20 +541,3 @@ impl EventRetention for SqliteStore {
 
 #[cfg(test)]
 mod tests;
-
-/// A token from a row of `hash, identity, created_at, last_used`.
-pub(crate) fn token_from_row(row: &rusqlite::Row<'_>) -> Result<TokenRecord, StoreError> {
-    let identity: String = row.get(1)?;
-    let created_at: String = row.get(2)?;
-    let last_used: Option<String> = row.get(3)?;
-    Ok(TokenRecord {
-        hash: row.get(0)?,
-        identity: serde_json::from_str(&identity)
-            .map_err(schema::corrupt_json("token identity"))?,
-        created_at: schema::time_from_text(&created_at)?,
-        last_used_at: last_used
-            .as_deref()
-            .map(schema::time_from_text)
-            .transpose()?,
-    })
-}
