@@ -18,7 +18,7 @@
 //!
 //! In-process readers (the built-in controllers, `crate::local_reads`)
 //! need the object itself, not its JSON: the newest changes keep the
-//! object the store sent along ([`WatchCache::decoded`]), so the several
+//! object the store sent along ([`WatchCache::shared`]), so the several
 //! controllers that hear a change copy it instead of each parsing it.
 //!
 //! When the store's watch breaks (its window moved on, the backend went
@@ -147,7 +147,9 @@ impl Shared {
     /// The object, copied only when others share it.
     pub fn into_object(self) -> Object {
         match self {
-            Shared::Kept(event) => Arc::unwrap_or_clone(event).object,
+            // Not the whole event: its JSON stays with the other readers.
+            Shared::Kept(event) => Arc::try_unwrap(event)
+                .map_or_else(|event| event.object.clone(), |event| event.object),
             Shared::Decoded(object) => *object,
         }
     }
@@ -420,11 +422,11 @@ impl WatchCache {
     }
 
     /// Keeps the object of `event`, just applied, for
-    /// [`WatchCache::decoded`] (shared with the store's other watchers).
+    /// [`WatchCache::shared`] (shared with the store's other watchers).
     fn remember_decoded(&self, event: Arc<corral_api::watch::WatchEvent>) {
         let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
         // A replayed change older than the newest kept would break the
-        // order `decoded` searches by; it is not needed anyway.
+        // order `shared` searches by; it is not needed anyway.
         if recent
             .back()
             .is_some_and(|newest| newest.resource_version() >= event.resource_version())
@@ -437,14 +439,8 @@ impl WatchCache {
         recent.push_back(event);
     }
 
-    /// `cached` as an object: a copy of the one the store sent when it is
+    /// `cached` as an object: the one the store sent, shared, when it is
     /// among the newest changes, else parsed from its JSON.
-    pub fn decoded(&self, cached: &CachedObject) -> Result<Object, serde_json::Error> {
-        self.shared(cached).map(Shared::into_object)
-    }
-
-    /// [`WatchCache::decoded`] without the copy, for readers that only
-    /// look at it (or copy part of it).
     pub fn shared(&self, cached: &CachedObject) -> Result<Shared, serde_json::Error> {
         match self.kept(cached) {
             Some(event) => Ok(Shared::Kept(event)),
