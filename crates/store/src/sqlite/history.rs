@@ -135,9 +135,13 @@ fn uid_for_key(conn: &Connection, key: &ObjectKey) -> Result<Option<String>, Sto
     if live.is_some() {
         return Ok(live);
     }
+    // Every uid under the key is deleted. A deleted uid's newest revision
+    // is its deletion record, and compaction drops a uid's revisions oldest
+    // first, so a uid with any history left still has that record.
     Ok(conn
         .query_row(
-            "SELECT uid FROM revisions WHERE kind = ?1 AND namespace = ?2 AND name = ?3
+            "SELECT uid FROM revisions INDEXED BY revisions_deleted_key
+             WHERE kind = ?1 AND namespace = ?2 AND name = ?3 AND deleted = 1
              ORDER BY seq DESC LIMIT 1",
             key_params,
             |row| row.get(0),

@@ -247,7 +247,10 @@ impl SqliteStore {
 
     async fn write_object(&self, write: writer::Write) -> Result<Object, StoreError> {
         match self.write(write).await? {
-            writer::Written::Object(object) => Ok(*object),
+            // Copied here, on the caller's thread, unless nothing else
+            // holds the event any more.
+            writer::Written::Object(event) => Ok(Arc::try_unwrap(event)
+                .map_or_else(|shared| shared.object.clone(), |event| event.object)),
             writer::Written::StepLogs => Err(StoreError::Corrupt(
                 "the sqlite writer answered an object write with a step-log append".into(),
             )),
@@ -539,5 +542,7 @@ impl EventRetention for SqliteStore {
     }
 }
 
+#[cfg(test)]
+mod layout_tests;
 #[cfg(test)]
 mod tests;

@@ -243,7 +243,7 @@ pub(super) fn create(
         resource_version,
         revision: Some(&revision),
         key: &key,
-        object: ObjectRow::Put(&object),
+        object: ObjectRow::Insert(&object),
         body: &body,
         event_type: EventType::Added,
         change,
@@ -316,7 +316,7 @@ pub(super) fn update(
         resource_version,
         revision: revision.as_ref(),
         key: &key,
-        object: ObjectRow::Put(&object),
+        object: ObjectRow::Update(&object),
         body: &body,
         event_type: EventType::Modified,
         change,
@@ -401,7 +401,8 @@ fn normalize_namespace(object: &mut Object, key: &ObjectKey) {
 
 /// What a write does to the object's row.
 enum ObjectRow<'a> {
-    Put(&'a Object),
+    Insert(&'a Object),
+    Update(&'a Object),
     Delete,
 }
 
@@ -428,7 +429,8 @@ impl Rows<'_> {
             history::insert(conn, revision)?;
         }
         match self.object {
-            ObjectRow::Put(object) => put(conn, key, object, self.body)?,
+            ObjectRow::Insert(object) => insert_row(conn, key, object, self.body)?,
+            ObjectRow::Update(object) => update_row(conn, key, object, self.body)?,
             ObjectRow::Delete => {
                 conn.prepare_cached(
                     "DELETE FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
@@ -447,14 +449,16 @@ impl Rows<'_> {
     }
 }
 
-/// Writes the object row with its encoded `body`.
-fn put(conn: &Connection, key: &ObjectKey, object: &Object, body: &str) -> Result<(), StoreError> {
+/// Writes a new object row with its encoded `body`.
+fn insert_row(
+    conn: &Connection,
+    key: &ObjectKey,
+    object: &Object,
+    body: &str,
+) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO objects (kind, namespace, name, uid, revision, resource_version, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-         ON CONFLICT (kind, namespace, name) DO UPDATE SET
-             uid = excluded.uid, revision = excluded.revision,
-             resource_version = excluded.resource_version, body = excluded.body",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
     .execute(params![
         key.kind.as_str(),
@@ -468,16 +472,40 @@ fn put(conn: &Connection, key: &ObjectKey, object: &Object, body: &str) -> Resul
     Ok(())
 }
 
-/// A written object: the caller's answer and the watch event the writer
-/// broadcasts after the commit.
+/// Writes the changed columns of a stored object row. An update keeps the
+/// uid, so the uid index is left alone.
+fn update_row(
+    conn: &Connection,
+    key: &ObjectKey,
+    object: &Object,
+    body: &str,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE objects SET revision = ?4, resource_version = ?5, body = ?6
+         WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    )?
+    .execute(params![
+        key.kind.as_str(),
+        key.namespace,
+        key.name,
+        to_i64(object.metadata.revision),
+        to_i64(object.metadata.resource_version),
+        body
+    ])?;
+    Ok(())
+}
+
+/// A written object: its watch event, which is also the caller's answer
+/// (the caller copies the object out on its own thread, not the writer's).
 fn applied(event_type: EventType, object: Object, body: String) -> Applied {
+    let event = Arc::new(WatchEvent {
+        event_type,
+        object,
+        encoded: Some(Arc::from(body)),
+    });
     Applied {
-        event: Some(Arc::new(WatchEvent {
-            event_type,
-            object: object.clone(),
-            encoded: Some(Arc::from(body)),
-        })),
-        written: Written::Object(Box::new(object)),
+        event: Some(Arc::clone(&event)),
+        written: Written::Object(event),
     }
 }
 

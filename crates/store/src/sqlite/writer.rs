@@ -29,7 +29,7 @@ use super::events::{self, EventPruner};
 use super::objects::{self, Applied, Failure};
 use super::specs::SpecCache;
 use super::{Database, steplogs};
-use crate::{ChangeMeta, StoreError};
+use crate::{ChangeMeta, StoreError, WatchEvent};
 
 /// Most writes in one transaction; more wait for the next group.
 const MAX_GROUP: usize = 512;
@@ -71,7 +71,8 @@ impl Write {
 /// What a durable write answers.
 #[derive(Debug)]
 pub(super) enum Written {
-    Object(Box<Object>),
+    /// The object as written, shared with the change's watch event.
+    Object(Arc<WatchEvent>),
     StepLogs,
 }
 
