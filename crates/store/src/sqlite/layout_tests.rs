@@ -1,14 +1,15 @@
 //! The table layout of schema version 6 (design 0046): what the migration
 //! keeps, and how few pages an update writes.
 
+use corral_api::workflow::{LogLevel, StepLogEntry};
 use corral_api::{AuthorClass, Kind, Object, ObjectKey};
 use rusqlite::Connection;
 use serde_json::json;
 
 use super::objects::{self, Specs};
 use super::specs::SpecCache;
-use super::{SqliteStore, schema};
-use crate::{ChangeMeta, Store};
+use super::{SqliteStore, schema, steplogs};
+use crate::{ChangeMeta, StepLogFilter, Store};
 
 fn change(message: &str) -> ChangeMeta {
     ChangeMeta {
@@ -36,6 +37,20 @@ fn pod(name: &str, uid: &str, generation: u64) -> Object {
     object
 }
 
+fn log(uid: &str, second: i64, message: &str) -> StepLogEntry {
+    StepLogEntry {
+        time: chrono::DateTime::from_timestamp(second, 0).expect("a time"),
+        object_uid: uid.into(),
+        workflow_id: "start-1".into(),
+        workflow: "start".into(),
+        step: "node/pull-image".into(),
+        owner: "node".into(),
+        level: LogLevel::Info,
+        message: message.into(),
+        fields: std::collections::BTreeMap::new(),
+    }
+}
+
 /// Writes through the writer's own functions, one group each, on `conn`.
 fn write(
     conn: &mut Connection,
@@ -57,7 +72,7 @@ fn write(
 }
 
 #[tokio::test]
-async fn a_version_5_database_keeps_its_objects_and_the_history_of_deleted_ones() {
+async fn a_version_5_database_keeps_its_objects_step_logs_and_the_history_of_deleted_ones() {
     let mut conn = Connection::open_in_memory().expect("open");
     schema::create_at(&conn, 5).expect("the v5 schema");
     let mut cache = SpecCache::default();
@@ -90,6 +105,11 @@ async fn a_version_5_database_keeps_its_objects_and_the_history_of_deleted_ones(
             .expect("update");
     });
 
+    // Appended out of time order: read back in time order all the same.
+    let logs = [log("uid-live", 3, "later"), log("uid-live", 1, "earlier")];
+    let encoded = steplogs::encode(&logs).expect("encode");
+    steplogs::insert(&conn, &encoded).expect("append at version 5");
+
     schema::prepare(&mut conn, false).expect("migrate");
     let layout: Vec<String> = conn
         .prepare("SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL ORDER BY name")
@@ -115,6 +135,12 @@ async fn a_version_5_database_keeps_its_objects_and_the_history_of_deleted_ones(
         !layout
             .iter()
             .any(|sql| sql.contains("INDEX revisions_key ")),
+        "{layout:#?}"
+    );
+    assert!(
+        layout
+            .iter()
+            .any(|sql| sql.contains("step_logs_object ON step_logs (object_uid, seq)")),
         "{layout:#?}"
     );
 
@@ -143,6 +169,16 @@ async fn a_version_5_database_keeps_its_objects_and_the_history_of_deleted_ones(
         [false, true]
     );
     assert_eq!(store.history(&live).await.expect("history").len(), 2);
+    let read = store
+        .step_logs("uid-live", &StepLogFilter::default())
+        .await
+        .expect("step logs");
+    assert_eq!(
+        read.iter()
+            .map(|entry| entry.message.as_str())
+            .collect::<Vec<_>>(),
+        ["earlier", "later"]
+    );
 
     // The new layout takes writes: a third pod under the old key.
     store
