@@ -44,6 +44,8 @@ const RECOVERY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How often the node is looked at during a recovery.
 const POLL: Duration = Duration::from_millis(10);
+/// How long after its pods run every record must keep its recovery report.
+const REPORTS_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Args)]
 pub struct RebootRecoveryArgs {
@@ -116,7 +118,7 @@ pub async fn run(args: RebootRecoveryArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         node.start_agent()?;
         let (first, all) = wait_all_running(&mut node, n, started, RECOVERY_TIMEOUT).await?;
-        let reports = recovery_reports(&node.data_dir(), spawned_at)?;
+        let reports = wait_recovery_reports(&node.data_dir(), spawned_at).await?;
         println!(
             "round {round}: first pod running after {}, all {n} after {} (load {})",
             report::millis(first),
@@ -214,6 +216,28 @@ async fn wait_all_running(
         }
         node.ensure_agent_running()?;
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Each record's recovery, once every record keeps one: a pod runs (the
+/// last recovery step started its containers) a moment before the agent
+/// saves its record with the report.
+async fn wait_recovery_reports(
+    data_dir: &Path,
+    spawned_at: DateTime<Utc>,
+) -> anyhow::Result<Vec<(Duration, RecoveryReport)>> {
+    let deadline = Instant::now() + REPORTS_TIMEOUT;
+    loop {
+        let dir = data_dir.to_path_buf();
+        match tokio::task::spawn_blocking(move || recovery_reports(&dir, spawned_at)).await? {
+            Ok(reports) => return Ok(reports),
+            Err(error) if Instant::now() >= deadline => {
+                return Err(error.context(format!(
+                    "the pods ran but not every record kept its recovery within {REPORTS_TIMEOUT:?}"
+                )));
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
     }
 }
 
