@@ -6,8 +6,7 @@ use corral_api::{AuthorClass, Kind, Object, ObjectKey};
 use rusqlite::Connection;
 use serde_json::json;
 
-use super::objects::{self, Specs};
-use super::specs::SpecCache;
+use super::history::{self, NewRevision};
 use super::{SqliteStore, schema, steplogs};
 use crate::{ChangeMeta, StepLogFilter, Store};
 
@@ -30,11 +29,18 @@ fn pod(name: &str, uid: &str, generation: u64) -> Object {
         name,
         json!({
             "image": format!("registry.example.com/app:{generation}"),
-            "notes": "x".repeat(1800),
+            "notes": "x".repeat(1700),
         }),
     );
     object.metadata.uid = uid.into();
+    object.metadata.created_at = Some(created());
     object
+}
+
+/// The creation time every test pod carries (the server sets it on
+/// create; the store keeps it).
+fn created() -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp(1_700_000_000, 123_456_789).expect("a time")
 }
 
 fn log(uid: &str, second: i64, message: &str) -> StepLogEntry {
@@ -51,59 +57,74 @@ fn log(uid: &str, second: i64, message: &str) -> StepLogEntry {
     }
 }
 
-/// Writes through the writer's own functions, one group each, on `conn`.
-fn write(
-    conn: &mut Connection,
-    cache: &mut SpecCache,
-    op: impl FnOnce(&Connection, &mut Specs<'_>),
-) {
-    let tx = conn.transaction().expect("transaction");
-    let mut staged = SpecCache::default();
-    op(
-        &tx,
-        &mut Specs {
-            cache,
-            staged: &mut staged,
-        },
-    );
-    tx.commit().expect("commit");
-    cache.take_staged(&mut staged);
-    cache.commit();
+/// Writes a history revision of `object` as every version writes it
+/// (a keyframe), at store revision `seq`.
+fn revision_row(conn: &Connection, object: &Object, revision: u64, seq: u64, deleted: bool) {
+    let key = object.key();
+    let change = change("v5");
+    let new = NewRevision {
+        uid: &object.metadata.uid,
+        revision,
+        key: &key,
+        change: &change,
+        deleted,
+        seq,
+    };
+    let bytes = serde_json::to_vec(&object.spec).expect("spec");
+    let encoded = history::encode(&new, &bytes, None).expect("encode");
+    history::insert(conn, &encoded).expect("a revision row");
+}
+
+/// The object row as version 5 wrote it (today's code writes version 6's
+/// columns).
+fn version_5_object_row(conn: &Connection, object: &Object) {
+    let key = object.key();
+    conn.execute(
+        "INSERT INTO objects (kind, namespace, name, uid, revision, resource_version, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        rusqlite::params![
+            key.kind.as_str(),
+            key.namespace,
+            key.name,
+            object.metadata.uid,
+            object.metadata.revision as i64,
+            object.metadata.resource_version as i64,
+            serde_json::to_string(object).expect("body"),
+        ],
+    )
+    .expect("an object row");
 }
 
 #[tokio::test]
 async fn a_version_5_database_keeps_its_objects_step_logs_and_the_history_of_deleted_ones() {
     let mut conn = Connection::open_in_memory().expect("open");
     schema::create_at(&conn, 5).expect("the v5 schema");
-    let mut cache = SpecCache::default();
     // Under one key: a pod deleted, then another created and deleted; a live
     // pod beside them, updated once.
+    let mut seq = 0;
     for (uid, generation) in [("uid-old", 1), ("uid-new", 2)] {
-        write(&mut conn, &mut cache, |tx, specs| {
-            objects::create(tx, specs, pod("gone", uid, generation), &change("create"))
-                .map_err(|_| ())
-                .expect("create");
-        });
-        let key = pod("gone", uid, generation).key();
-        write(&mut conn, &mut cache, |tx, specs| {
-            objects::delete(tx, specs, &key, None, &change("delete"))
-                .map_err(|_| ())
-                .expect("delete");
-        });
+        let gone = pod("gone", uid, generation);
+        for (revision, deleted) in [(1, false), (2, true)] {
+            seq += 1;
+            revision_row(&conn, &gone, revision, seq, deleted);
+        }
     }
-    write(&mut conn, &mut cache, |tx, specs| {
-        objects::create(tx, specs, pod("live", "uid-live", 1), &change("create"))
-            .map_err(|_| ())
-            .expect("create");
-    });
-    let live = pod("live", "uid-live", 2).key();
-    write(&mut conn, &mut cache, |tx, specs| {
-        let mut update = pod("live", "uid-live", 2);
-        update.metadata.resource_version = 5;
-        objects::update(tx, specs, update, 5, &change("update"))
-            .map_err(|_| ())
-            .expect("update");
-    });
+    for revision in [1, 2] {
+        seq += 1;
+        revision_row(
+            &conn,
+            &pod("live", "uid-live", revision),
+            revision,
+            seq,
+            false,
+        );
+    }
+    let mut stored = pod("live", "uid-live", 2);
+    stored.metadata.revision = 2;
+    stored.metadata.resource_version = seq;
+    version_5_object_row(&conn, &stored);
+    schema::set_meta(&conn, schema::META_REVISION, seq).expect("the store revision");
+    let live = stored.key();
 
     // Appended out of time order: read back in time order all the same.
     let logs = [log("uid-live", 3, "later"), log("uid-live", 1, "earlier")];
@@ -148,6 +169,7 @@ async fn a_version_5_database_keeps_its_objects_step_logs_and_the_history_of_del
     let stored = store.get(&live).await.expect("get").expect("the live pod");
     assert_eq!(stored.metadata.uid, "uid-live");
     assert_eq!(stored.metadata.revision, 2);
+    assert_eq!(stored.metadata.created_at, Some(created()), "from the body");
     assert_eq!(stored.spec, pod("live", "uid-live", 2).spec);
     let listed = store.list(Kind::Pod, Some("default")).await.expect("list");
     assert_eq!(listed.objects.len(), 1, "the deleted pods stay deleted");
@@ -188,6 +210,18 @@ async fn a_version_5_database_keeps_its_objects_step_logs_and_the_history_of_del
     let history = store.history(&gone).await.expect("history");
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].uid, "uid-third");
+
+    // An update takes the creation time from the column the migration
+    // filled, not from its caller.
+    let mut update = pod("live", "uid-live", 2);
+    update.metadata.created_at = None;
+    update.status = json!({"phase": "Running"});
+    let updated = store
+        .update(update, seq, &change("status"))
+        .await
+        .expect("update after the migration");
+    assert_eq!(updated.metadata.created_at, Some(created()));
+    assert_eq!(updated.metadata.revision, 2, "the same spec");
 }
 
 /// WAL frames of one page each, from the file's size.
@@ -251,4 +285,54 @@ async fn an_update_of_a_two_kilobyte_pod_writes_a_handful_of_pages() {
         per_update <= 8.0,
         "{per_update:.1} WAL pages per update of a 2 KB pod"
     );
+}
+
+#[tokio::test]
+async fn an_update_after_a_restart_tells_a_new_spec_from_the_stored_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let key = pod("p", "uid-p", 1).key();
+    let version = {
+        let store = SqliteStore::open(&path).expect("open");
+        let created = store
+            .create(pod("p", "uid-p", 1), &change("create"))
+            .await
+            .expect("create");
+        created.metadata.resource_version
+    };
+    // A new store has not cached the spec of revision 1: the update
+    // compares against the stored body instead.
+    let store = SqliteStore::open(&path).expect("open again");
+    let mut same = pod("p", "other-uid", 1);
+    same.metadata.created_at = None;
+    same.status = json!({"phase": "Running"});
+    let written = store
+        .update(same, version, &change("status only"))
+        .await
+        .expect("update");
+    assert_eq!(written.metadata.revision, 1, "the same spec is no revision");
+    assert_eq!(written.metadata.uid, "uid-p", "the stored uid is kept");
+    assert_eq!(written.metadata.created_at, Some(created()));
+    assert_eq!(written.status, json!({"phase": "Running"}));
+
+    // Now cached: a new spec is told apart from the cached bytes.
+    let newer = pod("p", "uid-p", 2);
+    let written = store
+        .update(
+            newer,
+            written.metadata.resource_version,
+            &change("new image"),
+        )
+        .await
+        .expect("update");
+    assert_eq!(written.metadata.revision, 2);
+    let again = pod("p", "uid-p", 2);
+    let written = store
+        .update(again, written.metadata.resource_version, &change("again"))
+        .await
+        .expect("update");
+    assert_eq!(written.metadata.revision, 2, "unchanged against the cache");
+    assert_eq!(store.history(&key).await.expect("history").len(), 2);
+    let reread = store.get(&key).await.expect("get").expect("the pod");
+    assert_eq!(reread.metadata.created_at, Some(created()));
 }

@@ -14,6 +14,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use corral_api::{Kind, Object, ObjectKey};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -63,7 +64,16 @@ impl Specs<'_> {
         new: &'n NewRevision<'n>,
         spec: &serde_json::Value,
     ) -> Result<EncodedRevision<'n>, StoreError> {
-        let bytes = serde_json::to_vec(spec).map_err(corrupt_json("spec"))?;
+        self.encode_bytes(conn, new, spec_bytes(spec)?)
+    }
+
+    /// [`Specs::encode`] of a spec already encoded as JSON.
+    fn encode_bytes<'n>(
+        &mut self,
+        conn: &Connection,
+        new: &'n NewRevision<'n>,
+        bytes: Vec<u8>,
+    ) -> Result<EncodedRevision<'n>, StoreError> {
         let previous = if codec::is_keyframe_revision(new.revision) {
             None
         } else {
@@ -73,6 +83,13 @@ impl Specs<'_> {
         self.staged.stage(new.uid, new.revision, bytes);
         Ok(encoded)
     }
+}
+
+/// A spec as JSON, the bytes history stores and the cache keeps. The
+/// serializer is deterministic (object keys sorted), so two specs are
+/// equal when their bytes are.
+fn spec_bytes(spec: &serde_json::Value) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(spec).map_err(corrupt_json("spec"))
 }
 
 /// How a write of a group failed.
@@ -253,27 +270,64 @@ pub(super) fn create(
     Ok(applied(EventType::Added, object, body))
 }
 
-/// What an update needs of the stored object: its metadata and spec. Its
-/// status (the workflow instances, most of a busy object's bytes) is
-/// skipped over, not decoded.
-#[derive(serde::Deserialize)]
+/// What an update needs of the stored object, from its row's columns:
+/// its body is not read.
 struct StoredHead {
-    metadata: corral_api::ObjectMeta,
-    #[serde(default)]
-    spec: serde_json::Value,
+    uid: String,
+    revision: u64,
+    resource_version: u64,
+    created_at: Option<DateTime<Utc>>,
 }
 
 fn load_head(conn: &Connection, key: &ObjectKey) -> Result<Option<StoredHead>, StoreError> {
     let mut statement = conn.prepare_cached(
+        "SELECT uid, revision, resource_version, created_at FROM objects
+         WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
+    )?;
+    let mut rows = statement.query(params![key.kind.as_str(), key.namespace, key.name])?;
+    let Some(row) = rows.next()? else {
+        return Ok(None);
+    };
+    let created_at: Option<String> = row.get(3)?;
+    Ok(Some(StoredHead {
+        uid: row.get(0)?,
+        revision: schema::to_u64(row.get(1)?),
+        resource_version: schema::to_u64(row.get(2)?),
+        created_at: created_at
+            .as_deref()
+            .map(schema::time_from_text)
+            .transpose()?,
+    }))
+}
+
+/// Whether `bytes` (a spec as JSON) is the spec of the stored object:
+/// compared with the writer's cached bytes of its current revision, or else
+/// with the spec in its stored body.
+fn is_stored_spec(
+    conn: &Connection,
+    specs: &Specs<'_>,
+    key: &ObjectKey,
+    stored: &StoredHead,
+    bytes: &[u8],
+) -> Result<bool, StoreError> {
+    if let Some(cached) = specs.cache.get(&stored.uid, stored.revision) {
+        return Ok(cached == bytes);
+    }
+    #[derive(serde::Deserialize)]
+    struct StoredSpec {
+        #[serde(default)]
+        spec: serde_json::Value,
+    }
+    let mut statement = conn.prepare_cached(
         "SELECT body FROM objects WHERE kind = ?1 AND namespace = ?2 AND name = ?3",
     )?;
     let mut rows = statement.query(params![key.kind.as_str(), key.namespace, key.name])?;
-    match rows.next()? {
-        Some(row) => Ok(Some(
-            serde_json::from_str(body_of(row)?).map_err(corrupt_json("stored object"))?,
-        )),
-        None => Ok(None),
-    }
+    let row = rows
+        .next()?
+        .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    let stored: StoredSpec =
+        serde_json::from_str(body_of(row)?).map_err(corrupt_json("stored object"))?;
+    Ok(spec_bytes(&stored.spec)? == bytes)
 }
 
 pub(super) fn update(
@@ -285,14 +339,15 @@ pub(super) fn update(
 ) -> Result<Applied, Failure> {
     let key = object.key();
     let stored = load_head(conn, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
-    check_version(&key, expected, stored.metadata.resource_version)?;
+    check_version(&key, expected, stored.resource_version)?;
     let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
-    object.metadata.uid = stored.metadata.uid;
-    object.metadata.created_at = stored.metadata.created_at;
-    object.metadata.revision = stored.metadata.revision;
+    let bytes = spec_bytes(&object.spec)?;
+    let spec_changed = change.always_record || !is_stored_spec(conn, specs, &key, &stored, &bytes)?;
+    object.metadata.uid = stored.uid;
+    object.metadata.created_at = stored.created_at;
+    object.metadata.revision = stored.revision;
     object.metadata.resource_version = resource_version;
-    let spec_changed = object.spec != stored.spec || change.always_record;
     if spec_changed {
         object.metadata.revision += 1;
     }
@@ -306,7 +361,7 @@ pub(super) fn update(
         seq: resource_version,
     };
     let revision = if spec_changed {
-        Some(specs.encode(conn, &new, &object.spec)?)
+        Some(specs.encode_bytes(conn, &new, bytes)?)
     } else {
         None
     };
@@ -457,8 +512,9 @@ fn insert_row(
     body: &str,
 ) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "INSERT INTO objects (kind, namespace, name, uid, revision, resource_version, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO objects
+         (kind, namespace, name, uid, revision, resource_version, created_at, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         key.kind.as_str(),
@@ -467,13 +523,14 @@ fn insert_row(
         object.metadata.uid,
         to_i64(object.metadata.revision),
         to_i64(object.metadata.resource_version),
+        object.metadata.created_at.map(schema::time_to_text),
         body
     ])?;
     Ok(())
 }
 
 /// Writes the changed columns of a stored object row. An update keeps the
-/// uid, so the uid index is left alone.
+/// uid and the creation time, so the uid index is left alone.
 fn update_row(
     conn: &Connection,
     key: &ObjectKey,

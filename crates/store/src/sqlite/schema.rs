@@ -129,6 +129,8 @@ ALTER TABLE tokens ADD COLUMN last_used TEXT;
 ///   `WITHOUT ROWID` table a row over about 1 KB spills to an overflow
 ///   page, and a pod's body is about 2 KB: every update rewrote its leaf,
 ///   a new overflow page and the freelist. A rowid leaf holds it whole.
+///   It gains a `created_at` column, so an update reads what it keeps of
+///   the stored object from columns instead of parsing its body.
 /// - `revisions_key` keeps only deletion records. Its one reader looks up
 ///   the newest uid deleted under a key, and every revision of every
 ///   object rewrote a page of it.
@@ -143,10 +145,14 @@ CREATE TABLE objects_v6 (
     uid              TEXT NOT NULL,
     revision         INTEGER NOT NULL,
     resource_version INTEGER NOT NULL,
+    created_at       TEXT,
     body             TEXT NOT NULL
 );
-INSERT INTO objects_v6 (kind, namespace, name, uid, revision, resource_version, body)
-    SELECT kind, namespace, name, uid, revision, resource_version, body FROM objects;
+INSERT INTO objects_v6
+    (kind, namespace, name, uid, revision, resource_version, created_at, body)
+    SELECT kind, namespace, name, uid, revision, resource_version,
+           json_extract(body, '$.metadata.createdAt'), body
+    FROM objects;
 DROP TABLE objects;
 ALTER TABLE objects_v6 RENAME TO objects;
 CREATE UNIQUE INDEX objects_key ON objects (kind, namespace, name);
