@@ -19,7 +19,8 @@
 //! In-process readers (the built-in controllers, `crate::local_reads`)
 //! need the object itself, not its JSON: the newest changes keep the
 //! object the store sent along ([`WatchCache::shared`]), so the several
-//! controllers that hear a change copy it instead of each parsing it.
+//! controllers that hear a change share it, each copying only the fields
+//! its read mask keeps, instead of each parsing it.
 //!
 //! When the store's watch breaks (its window moved on, the backend went
 //! away) the cache loads everything again and ends every open watch with

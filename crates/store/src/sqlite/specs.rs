@@ -1,6 +1,7 @@
 //! The writer's cache of each object's newest spec bytes, so appending a
 //! revision does not decode the delta chain (up to 63 deltas) it is
-//! encoded against.
+//! encoded against, and an update tells whether its spec changed without
+//! parsing the stored object.
 //!
 //! An entry is `(uid, revision) → bytes`, and revision N of a uid is
 //! written once and never changes its decoded bytes (compaction re-encodes
