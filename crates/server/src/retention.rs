@@ -64,6 +64,7 @@ pub async fn compact_loop(
             Ok(report) => tracing::info!(
                 policy = %policy,
                 removed = report.revisions_removed,
+                step_log_entries_removed = report.step_log_entries_removed,
                 took = ?started.elapsed(),
                 "history compacted"
             ),

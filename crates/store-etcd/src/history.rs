@@ -301,6 +301,10 @@ pub(crate) async fn compact(
         }
     }
     let mut removed = 0u64;
+    let mut trimmed = 0u64;
+    for (uid, kept) in &kept {
+        trimmed += crate::records::trim_step_logs(store, uid, !kept.is_empty()).await?;
+    }
     for (uid, dropped) in &by_uid {
         let survivors = kept.get(uid).cloned().unwrap_or_default();
         for revision in survivors
@@ -339,6 +343,7 @@ pub(crate) async fn compact(
     }
     Ok(CompactionReport {
         revisions_removed: removed,
+        step_log_entries_removed: trimmed,
     })
 }
 

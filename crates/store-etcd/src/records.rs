@@ -11,8 +11,12 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use corral_api::workflow::StepLogEntry;
-use corral_store::{LeaseRecord, SealedRecord, StepLogFilter, StoreError, TokenRecord};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use corral_store::{
+    LeaseRecord, STEP_LOG_ENTRIES_KEPT, SealedRecord, StepLogFilter, StoreError, TokenRecord,
+};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse,
+};
 
 use crate::{EtcdStore, corrupt_json, unavailable};
 
@@ -220,6 +224,66 @@ pub(crate) async fn append_step_logs(
             .map_err(unavailable)?;
     }
     Ok(())
+}
+
+/// Trims the step log of `uid` for a compaction: to its newest
+/// [`STEP_LOG_ENTRIES_KEPT`] appends (each at least one entry, so at least
+/// that many entries stay), or to nothing once no revision of it is left.
+/// Returns how many entries went.
+pub(crate) async fn trim_step_logs(
+    store: &EtcdStore,
+    uid: &str,
+    revisions_left: bool,
+) -> Result<u64, StoreError> {
+    let prefix = store.keys.step_logs(Some(uid));
+    if !revisions_left {
+        let every = DeleteOptions::new().with_prefix().with_prev_key();
+        return deleted_entries(store, vec![TxnOp::delete(prefix, Some(every))]).await;
+    }
+    let mut keys = store
+        .kv()
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .map_err(unavailable)?
+        .take_kvs();
+    let Some(excess) = keys.len().checked_sub(STEP_LOG_ENTRIES_KEPT) else {
+        return Ok(0);
+    };
+    // Appends in the order they were made.
+    keys.sort_by_key(KeyValue::create_revision);
+    let mut removed = 0;
+    for batch in keys[..excess].chunks(MAX_TXN_OPS) {
+        let operations = batch
+            .iter()
+            .map(|kv| TxnOp::delete(kv.key(), Some(DeleteOptions::new().with_prev_key())))
+            .collect();
+        removed += deleted_entries(store, operations).await?;
+    }
+    Ok(removed)
+}
+
+/// Runs step-log deletions in one transaction; returns the entries they
+/// removed.
+async fn deleted_entries(store: &EtcdStore, operations: Vec<TxnOp>) -> Result<u64, StoreError> {
+    let response = store
+        .kv()
+        .txn(Txn::new().and_then(operations))
+        .await
+        .map_err(unavailable)?;
+    let mut removed = 0;
+    for answer in response.op_responses() {
+        if let TxnOpResponse::Delete(deleted) = answer {
+            for kv in deleted.prev_kvs() {
+                let entries: Vec<serde_json::Value> =
+                    serde_json::from_slice(kv.value()).map_err(corrupt_json("step log entries"))?;
+                removed += entries.len() as u64;
+            }
+        }
+    }
+    Ok(removed)
 }
 
 pub(crate) async fn step_logs(

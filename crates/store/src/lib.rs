@@ -153,7 +153,18 @@ pub struct HistorySize {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompactionReport {
     pub revisions_removed: u64,
+    /// Step-log entries trimmed with the history (see
+    /// [`STEP_LOG_ENTRIES_KEPT`]).
+    #[serde(default)]
+    pub step_log_entries_removed: u64,
 }
+
+/// The step-log entries a compaction keeps of each object: its newest this
+/// many. An object keeps [`corral_api::workflow::KEPT_INSTANCES`] workflow
+/// instances, a few dozen entries each, so `why` and `logs --steps` lose
+/// nothing they show; without a bound, every revision's instance added its
+/// entries for good.
+pub const STEP_LOG_ENTRIES_KEPT: usize = 1000;
 
 /// A stored bearer token: only its hash is kept.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -380,6 +391,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Drops revisions the policy does not keep (see
     /// [`CompactionPolicy::doomed`]); never an object's current one.
+    ///
+    /// Unless the policy is [`CompactionPolicy::All`] (keep everything), it
+    /// also trims the step log of each object that has history: an object
+    /// keeps its newest [`STEP_LOG_ENTRIES_KEPT`] entries (a backend may
+    /// keep older ones appended in the same call as a kept one), and one
+    /// with no revision left — deleted, its history compacted away — keeps
+    /// none.
     async fn compact_history(
         &self,
         policy: CompactionPolicy,

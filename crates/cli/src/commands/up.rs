@@ -70,7 +70,9 @@ pub struct ServerArgs {
     /// `last=N` (each object's newest N), `age=D` (younger than D: 30d,
     /// 12h), both (`last=10,age=30d`: either one keeps a revision), or
     /// `all`. A live object always keeps its newest 3 (rollbacks and the
-    /// images nodes keep for them).
+    /// images nodes keep for them). Unless `all`, the same pass trims each
+    /// object's step log to its newest 1000 entries, and drops it once no
+    /// revision of the object is left.
     #[arg(long, value_name = "POLICY", default_value = corral_server::retention::DEFAULT_KEEP)]
     history_keep: corral_api::history::CompactionPolicy,
     #[command(flatten)]

@@ -52,7 +52,7 @@ pub use objects::{
 };
 pub use pages::{check_list_continue_after_changes, check_list_pages};
 pub use sealed::check_sealed;
-pub use steplogs::check_step_logs;
+pub use steplogs::{check_step_log_trim, check_step_logs};
 pub use watch::{check_watch_expired, check_watch_filtered, check_watch_live, check_watch_replay};
 pub use window::{check_event_window_age, check_event_window_count};
 
@@ -94,6 +94,7 @@ where
     check_tokens(&fresh().await).await;
     check_leases(&fresh().await).await;
     check_step_logs(&fresh().await).await;
+    check_step_log_trim(&fresh().await).await;
     check_sealed(&fresh().await).await;
 }
 

@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use corral_api::history::CompactionPolicy;
 use corral_api::workflow::{LogLevel, StepLogEntry};
 use serde_json::Value;
 
-use super::at_minute;
-use crate::{StepLogFilter, Store};
+use super::{alice, at_minute, pod};
+use crate::{STEP_LOG_ENTRIES_KEPT, StepLogFilter, Store};
 
 fn entry(uid: &str, minute: i64, step: &str, owner: &str, message: &str) -> StepLogEntry {
     let mut fields = BTreeMap::new();
@@ -113,4 +114,83 @@ pub async fn check_step_logs(store: &dyn Store) {
         .await
         .expect("by workflow");
     assert!(other_workflow.is_empty(), "workflow filter");
+}
+
+/// A compaction trims step logs with the history: an object keeps its
+/// newest [`STEP_LOG_ENTRIES_KEPT`] entries, one whose revisions are all
+/// gone keeps none, a short log is left alone, and `All` keeps everything.
+pub async fn check_step_log_trim(store: &dyn Store) {
+    for name in ["long", "short"] {
+        let uid = format!("uid-{name}");
+        let created = store
+            .create(pod("default", name, &uid, "img:1"), &alice(0))
+            .await
+            .unwrap_or_else(|error| panic!("create {name}: {error}"));
+        assert_eq!(created.metadata.uid, uid);
+    }
+    let gone = store
+        .create(pod("default", "gone", "uid-gone", "img:1"), &alice(0))
+        .await
+        .expect("create gone");
+    store
+        .delete(&gone.key(), None, &alice(1))
+        .await
+        .expect("delete gone");
+    // One entry per append: the oldest appends are the ones that go.
+    let total = STEP_LOG_ENTRIES_KEPT + 100;
+    for index in 0..total {
+        let message = format!("m{index}");
+        let log = entry("uid-long", 2, "node/start", "node", &message);
+        store.append_step_logs(&[log]).await.expect("append long");
+    }
+    let few = [
+        entry("uid-short", 2, "node/start", "node", "s0"),
+        entry("uid-short", 2, "node/start", "node", "s1"),
+        entry("uid-gone", 2, "node/start", "node", "g0"),
+    ];
+    store.append_step_logs(&few).await.expect("append short");
+    let read = |uid: &'static str| async move {
+        store
+            .step_logs(uid, &StepLogFilter::default())
+            .await
+            .unwrap_or_else(|error| panic!("step logs of {uid}: {error}"))
+    };
+
+    let kept_all = store
+        .compact_history(CompactionPolicy::All, at_minute(1000))
+        .await
+        .expect("compact All");
+    assert_eq!(
+        kept_all.step_log_entries_removed, 0,
+        "All keeps every entry"
+    );
+    assert_eq!(read("uid-long").await.len(), total);
+
+    // Last 0 keeps each live object's current revision and nothing of the
+    // deleted one.
+    let report = store
+        .compact_history(CompactionPolicy::Last { count: 0 }, at_minute(1000))
+        .await
+        .expect("compact Last 0");
+    assert_eq!(report.revisions_removed, 2, "the deleted object's history");
+    assert_eq!(report.step_log_entries_removed, 100 + 1);
+    let long_log = read("uid-long").await;
+    assert_eq!(long_log.len(), STEP_LOG_ENTRIES_KEPT, "the newest are kept");
+    assert_eq!(long_log.first().map(|e| e.message.as_str()), Some("m100"));
+    let newest = format!("m{}", total - 1);
+    assert_eq!(long_log.last().map(|e| &e.message), Some(&newest));
+    assert_eq!(messages(&read("uid-short").await), ["s0", "s1"]);
+    assert!(read("uid-gone").await.is_empty(), "no history, no step log");
+
+    let again = store
+        .compact_history(CompactionPolicy::Last { count: 0 }, at_minute(1001))
+        .await
+        .expect("compact again");
+    assert_eq!(again.step_log_entries_removed, 0, "nothing more to trim");
+    // The trimmed log takes new entries after the kept ones.
+    let late = entry("uid-long", 3, "node/start", "node", "after");
+    store.append_step_logs(&[late]).await.expect("append after");
+    let long_log = read("uid-long").await;
+    assert_eq!(long_log.len(), STEP_LOG_ENTRIES_KEPT + 1);
+    assert_eq!(long_log.last().map(|e| e.message.as_str()), Some("after"));
 }

@@ -13,7 +13,7 @@ use super::schema::{
     class_from_text, corrupt_json, kind_from_text, time_from_text, time_to_text, to_i64, to_u64,
 };
 use crate::codec;
-use crate::{ChangeMeta, HistorySize, StoreError, describe_kept};
+use crate::{ChangeMeta, HistorySize, STEP_LOG_ENTRIES_KEPT, StoreError, describe_kept};
 
 /// The columns every record query selects, in [`record_from_row`]'s order.
 pub(super) const RECORD_COLUMNS: &str =
@@ -253,9 +253,13 @@ fn placeholders(count: usize) -> String {
 /// Objects whose history one compaction transaction handles.
 const COMPACTION_BATCH: usize = 500;
 
+/// Step-log entries after which a compaction transaction ends its batch.
+const TRIMMED_PER_BATCH: u64 = 20_000;
+
 /// What one batch of a compaction did.
 pub(super) struct CompactedBatch {
     pub revisions_removed: u64,
+    pub step_log_entries_removed: u64,
     /// The last uid the batch looked at; `None` when there were none left.
     pub last_uid: Option<String>,
 }
@@ -264,7 +268,8 @@ pub(super) struct CompactedBatch {
 /// uids after `after`, in one transaction: drops what the policy does not
 /// keep (never a live object's current revision) and turns survivors whose
 /// delta base was dropped into keyframes, so every kept revision still
-/// decodes.
+/// decodes. Each of those uids' step logs is trimmed too
+/// ([`trim_step_logs`]).
 pub(super) fn compact_batch(
     conn: &mut Connection,
     policy: CompactionPolicy,
@@ -285,24 +290,58 @@ pub(super) fn compact_batch(
             .query_map(params![after, batch], |row| row.get(0))?
             .collect::<Result<_, _>>()?,
     };
-    let mut removed = 0u64;
-    for uid in &uids {
-        removed += compact_object(&tx, policy, now, uid)?;
+    let (mut removed, mut trimmed) = (0u64, 0u64);
+    let mut last_uid = None;
+    for uid in uids {
+        let (revisions_left, revisions_removed) = compact_object(&tx, policy, now, &uid)?;
+        removed += revisions_removed;
+        trimmed += trim_step_logs(&tx, &uid, revisions_left)?;
+        last_uid = Some(uid);
+        // A first compaction of long step logs ends its batch early, so
+        // writes never queue behind one huge transaction.
+        if trimmed >= TRIMMED_PER_BATCH {
+            break;
+        }
     }
     tx.commit()?;
     Ok(CompactedBatch {
         revisions_removed: removed,
-        last_uid: uids.last().cloned(),
+        step_log_entries_removed: trimmed,
+        last_uid,
     })
 }
 
-/// Compacts the history of one uid; returns how many revisions went.
+/// Trims the step log of `uid`: to its newest [`STEP_LOG_ENTRIES_KEPT`]
+/// entries (by append order), or to nothing once no revision of it is
+/// left. Returns how many entries went.
+fn trim_step_logs(conn: &Connection, uid: &str, revisions_left: bool) -> Result<u64, StoreError> {
+    if !revisions_left {
+        let removed = conn
+            .prepare_cached("DELETE FROM step_logs WHERE object_uid = ?1")?
+            .execute([uid])?;
+        return Ok(removed as u64);
+    }
+    // The seq of the oldest entry kept, if there are more than that many
+    // (a walk of the index `step_logs_object` from its newest entry).
+    let offset = to_i64(STEP_LOG_ENTRIES_KEPT.saturating_sub(1) as u64);
+    let removed = conn
+        .prepare_cached(
+            "DELETE FROM step_logs WHERE object_uid = ?1 AND seq <
+             (SELECT seq FROM step_logs WHERE object_uid = ?1
+              ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+        )?
+        .execute(params![uid, offset])?;
+    Ok(removed as u64)
+}
+
+/// Compacts the history of one uid; returns whether any revision of it is
+/// left, and how many went.
 fn compact_object(
     conn: &Connection,
     policy: CompactionPolicy,
     now: DateTime<Utc>,
     uid: &str,
-) -> Result<u64, StoreError> {
+) -> Result<(bool, u64), StoreError> {
     let mut kept = Vec::new();
     let mut deltas = BTreeSet::new();
     {
@@ -328,7 +367,7 @@ fn compact_object(
         .map(to_u64);
     let dropped = policy.doomed(&kept, current, now);
     if dropped.is_empty() {
-        return Ok(0);
+        return Ok((!kept.is_empty(), 0));
     }
     // Survivors right after a dropped revision lose their delta base.
     let orphans = kept.iter().map(|kept| kept.revision).filter(|revision| {
@@ -353,7 +392,7 @@ fn compact_object(
     for revision in &dropped {
         removed += delete.execute(params![uid, to_i64(*revision)])? as u64;
     }
-    Ok(removed)
+    Ok((kept.len() > dropped.len(), removed))
 }
 
 pub(super) fn size(conn: &Connection) -> Result<HistorySize, StoreError> {

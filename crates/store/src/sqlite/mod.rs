@@ -403,6 +403,7 @@ impl Store for SqliteStore {
                 .maintain(move |conn| history::compact_batch(conn, policy, now, from.as_deref()))
                 .await?;
             report.revisions_removed += batch.revisions_removed;
+            report.step_log_entries_removed += batch.step_log_entries_removed;
             match batch.last_uid {
                 Some(uid) => after = Some(uid),
                 None => return Ok(report),
