@@ -25,7 +25,7 @@ use corral_ipam::{ClusterPrefix, allocate_pod_address};
 use ipnet::Ipv6Net;
 use tokio_util::sync::CancellationToken;
 
-use crate::steps::{ReadyStep, ready_instance};
+use crate::steps::{ReadyStep, ready_instances};
 
 pub const PREFIX_STEP: &str = "ipam/assign-prefix";
 pub const ADDRESS_STEP: &str = "ipam/assign-address";
@@ -73,6 +73,7 @@ fn project(object: &Object) -> Addressing {
     } else {
         ADDRESS_STEP
     };
+    let [ready, releasing] = ready_instances(object, [step, RELEASE_STEP]);
     Addressing {
         node: status_text(object, "node"),
         prefix: status_text(object, "prefix").and_then(|p| p.parse().ok()),
@@ -97,8 +98,8 @@ fn project(object: &Object) -> Addressing {
                     .collect()
             })
             .unwrap_or_default(),
-        ready: ready_instance(object, step),
-        releasing: ready_instance(object, RELEASE_STEP),
+        ready,
+        releasing,
     }
 }
 

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use corral_api::kinds::{Availability, NodeStatus, PodSpec};
+use corral_api::workflow::StoredWorkflows;
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::runtime::{self, Action, Cache, Change, Index, Informer, Scope, WorkQueue};
 use corral_client::{Client, ClientError};
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::drain::DrainStep;
 use crate::evacuate::NodeState;
 use crate::lifecycle::Timing;
-use crate::steps::{ReadyStep, ready_instance, retrying_instance};
+use crate::steps::ReadyStep;
 
 #[path = "scheduler_leaving.rs"]
 mod leaving;
@@ -84,31 +85,52 @@ struct Leaving {
 }
 
 fn project_workload(object: &Object) -> Workload {
-    let request = Request::from_object(object).map_err(|error| error.to_string());
-    let placing = ready_instance(object, STEP).map(|id| (id, request.clone()));
-    let retrying = retrying_instance(object, STEP).zip(request.clone().ok());
+    // Each pod event is projected: its spec and its newest workflow
+    // instance are decoded once here, not once per question asked of them.
+    let pod_spec = (object.kind == Kind::Pod).then(|| object.typed_spec::<PodSpec>());
+    let request = match &pod_spec {
+        Some(Ok(spec)) => Ok(Request::from_pod_spec(object.key(), spec)),
+        _ => Request::from_object(object),
+    };
+    let latest = StoredWorkflows::latest_of(&object.status).ok().flatten();
+    let ready = |step: &str| {
+        latest
+            .as_ref()
+            .filter(|instance| instance.is_ready(step))
+            .map(|instance| instance.id.clone())
+    };
+    let request = request.map_err(|error| error.to_string());
+    let placing = ready(STEP).map(|id| (id, request.clone()));
+    let retrying = latest
+        .as_ref()
+        .filter(|instance| instance.awaits_retry(STEP))
+        .map(|instance| instance.id.clone())
+        .zip(request.clone().ok());
     let node = object
         .status
         .get("node")
         .and_then(serde_json::Value::as_str)
         .map(str::to_string);
     let deleting = object.metadata.deleting.is_some();
-    let leaving = (object.kind == Kind::Pod && !deleting)
-        .then(|| object.typed_spec::<PodSpec>().ok())
-        .flatten()
+    let leaving = pod_spec
+        .filter(|_| !deleting)
+        .and_then(Result::ok)
         .map(|spec| Leaving {
             availability: spec.availability,
             pinned: spec.placement.and_then(|p| p.node),
-            refused: update_refused(object)
+            refused: update_refused(object, latest.as_ref())
                 .then(|| request.clone().ok())
                 .flatten(),
         });
     Workload {
-        bound: BoundWorkload::from_object(object).ok().flatten(),
+        bound: request
+            .as_ref()
+            .ok()
+            .and_then(|request| BoundWorkload::of_request(object, request).ok().flatten()),
         placing,
         retrying,
-        releasing: ready_instance(object, RELEASE_STEP),
-        rebinding: ready_instance(object, REBIND_STEP)
+        releasing: ready(RELEASE_STEP),
+        rebinding: ready(REBIND_STEP)
             .map(|id| (id, request.clone(), crate::migration::Ask::of(object))),
         node,
         leaving,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use corral_api::kinds::Availability;
-use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
+use corral_api::workflow::{StoredInstance, WorkflowOutcome};
 use corral_api::{Kind, Object, ObjectKey};
 use corral_client::ClientError;
 use corral_client::runtime::Action;
@@ -102,12 +102,10 @@ fn grace_left(
     Action::RequeueAfter(left.max(Duration::from_millis(100)))
 }
 
-/// Whether the pod's newest instance is an update of its current revision
-/// that failed (the node refuses an update that no longer fits it).
-pub(super) fn update_refused(pod: &Object) -> bool {
-    let Ok(latest) = StoredWorkflows::latest_of(&pod.status) else {
-        return false;
-    };
+/// Whether the pod's newest instance (`latest`) is an update of its
+/// current revision that failed (the node refuses an update that no longer
+/// fits it).
+pub(super) fn update_refused(pod: &Object, latest: Option<&StoredInstance>) -> bool {
     latest.is_some_and(|instance| {
         instance.workflow == "update"
             && instance.revision == pod.metadata.revision

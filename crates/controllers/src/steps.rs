@@ -7,17 +7,17 @@ use corral_api::{Object, ObjectKey};
 use corral_client::{Client, ClientError};
 use serde_json::Value;
 
-/// The id of the newest instance, if `step` is ready in it.
-pub fn ready_instance(object: &Object, step: &str) -> Option<String> {
-    let instance = StoredWorkflows::latest_of(&object.status).ok()??;
-    instance.is_ready(step).then_some(instance.id)
-}
-
-/// The id of the newest instance, if `step` failed in it and waits for its
-/// retry (its owner may claim it before the backoff ends).
-pub fn retrying_instance(object: &Object, step: &str) -> Option<String> {
-    let instance = StoredWorkflows::latest_of(&object.status).ok()??;
-    instance.awaits_retry(step).then_some(instance.id)
+/// For each of `steps`, the id of the object's newest workflow instance
+/// if the step is ready in it; the instance is decoded once (a projection
+/// runs for every event of every object it watches).
+pub fn ready_instances<const N: usize>(object: &Object, steps: [&str; N]) -> [Option<String>; N] {
+    let latest = StoredWorkflows::latest_of(&object.status).ok().flatten();
+    steps.map(|step| {
+        latest
+            .as_ref()
+            .filter(|instance| instance.is_ready(step))
+            .map(|instance| instance.id.clone())
+    })
 }
 
 /// A ready step to move: which object, which step, which instance.

@@ -99,6 +99,12 @@ impl Request {
             key: key.clone(),
             source,
         })?;
+        Ok(Self::from_pod_spec(key, &spec))
+    }
+
+    /// What the pod `key` with `spec` asks of a node (for a caller that has
+    /// decoded the spec already).
+    pub fn from_pod_spec(key: ObjectKey, spec: &PodSpec) -> Self {
         let mut request = Request::new(key);
         for container in &spec.containers {
             if let Some(cpu) = container.resources.cpu {
@@ -131,7 +137,7 @@ impl Request {
         );
         request.host_ports.sort_unstable();
         request.host_ports.dedup();
-        Ok(request)
+        request
     }
 
     /// Reads a VirtualMachine's typed spec: `cpus`, `memory`, placement and
@@ -229,7 +235,12 @@ impl BoundWorkload {
     /// is not bound, or is a pod that has finished (`Succeeded`/`Failed`) and
     /// so holds nothing.
     pub fn from_object(object: &Object) -> Result<Option<Self>, DecodeError> {
-        let request = Request::from_object(object)?;
+        Self::of_request(object, &Request::from_object(object)?)
+    }
+
+    /// [`BoundWorkload::from_object`] for a caller that has read the
+    /// object's request already.
+    pub fn of_request(object: &Object, request: &Request) -> Result<Option<Self>, DecodeError> {
         let status_error = |source| DecodeError::Status {
             key: object.key(),
             source,
@@ -249,6 +260,6 @@ impl BoundWorkload {
                 .and_then(|node| node.as_str())
                 .map(str::to_string),
         };
-        Ok(node.map(|node| BoundWorkload::new(&request, &node)))
+        Ok(node.map(|node| BoundWorkload::new(request, &node)))
     }
 }
