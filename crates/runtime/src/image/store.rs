@@ -164,11 +164,15 @@ impl ImageStore {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(io_err("create", &path))?;
         }
-        // Staging left by a crashed process is garbage.
+        // Staging left by a process that is gone is garbage; another
+        // process's may be in use (the agent pulling while `corral image
+        // import` opens the same store, or the other way round).
         let tmp = root.join("tmp");
         if let Ok(entries) = fs::read_dir(&tmp) {
             for entry in entries.flatten() {
-                let _ = remove_any(&entry.path());
+                if !staged_by_a_live_process(&entry.file_name().to_string_lossy()) {
+                    let _ = remove_any(&entry.path());
+                }
             }
         }
         Ok(Self {
@@ -199,7 +203,8 @@ impl ImageStore {
         self.root.join("layers/sha256").join(diff_id.hex())
     }
 
-    /// A fresh, unique path under `tmp/`.
+    /// A fresh, unique path under `tmp/`: `WHAT-PID-N`, so that opening
+    /// the store leaves a live process's staging alone.
     pub(crate) fn staging_path(&self, what: &str) -> PathBuf {
         let n = STAGING_COUNTER.fetch_add(1, Ordering::Relaxed);
         self.root
@@ -452,6 +457,21 @@ fn sweep(dir: &Path, live: &BTreeSet<String>) -> Result<usize, ImageError> {
         }
     }
     Ok(removed)
+}
+
+/// Whether the staging entry `name` (`WHAT-PID-N`) belongs to a process
+/// that is still running (this one included). A name without a pid is
+/// nobody's. A pid reused by an unrelated process keeps the entry until that
+/// one ends too.
+fn staged_by_a_live_process(name: &str) -> bool {
+    let mut parts = name.rsplitn(3, '-');
+    let (Some(counter), Some(pid), Some(_what)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(_), Ok(pid)) = (counter.parse::<u64>(), pid.parse::<u32>()) else {
+        return false;
+    };
+    pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists()
 }
 
 fn remove_any(path: &Path) -> io::Result<()> {

@@ -302,3 +302,34 @@ fn retain_removes_unreferenced_images_blobs_and_layers() {
 
 #[path = "store_pull_tests.rs"]
 mod pull;
+
+/// Opening a store removes staging left by processes that are gone, and
+/// leaves alone what a live process is staging (the agent's pull while
+/// `corral image import` opens the same store).
+#[test]
+fn opening_keeps_a_live_process_staging() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("store/tmp");
+    fs::create_dir_all(&tmp).unwrap();
+    // Processes that are certainly running (this one, and init) and ones
+    // that certainly are not (pids above the kernel's largest, 4194304).
+    let ours = format!("stage-{}-7", std::process::id());
+    let init = "blob-1-3".to_string();
+    let gone = "stage-4194305-1".to_string();
+    let nameless = "leftover".to_string();
+    for name in [&ours, &init, &gone, &nameless] {
+        fs::write(tmp.join(name), b"partial").unwrap();
+    }
+    fs::create_dir(tmp.join("layer-4194306-2")).unwrap();
+    fs::write(tmp.join("layer-4194306-2/file"), b"x").unwrap();
+
+    let _store = store(dir.path());
+    let mut left: Vec<String> = fs::read_dir(&tmp)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    let mut expected = vec![init, ours];
+    expected.sort();
+    assert_eq!(left, expected, "only the live processes' staging stays");
+}
