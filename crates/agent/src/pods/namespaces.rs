@@ -145,7 +145,8 @@ impl PodWorkload {
 
     /// Wires the pod's network namespace (veth, its IPv6 address from
     /// `status.address`, IPv4 egress); `None` when the node has no pod
-    /// network. Also says whether the record was saved.
+    /// network. Also says whether the record was saved (`unsaved`: it
+    /// has changes to save anyway).
     async fn ensure_network(
         &mut self,
         netns: &Path,
@@ -154,7 +155,6 @@ impl PodWorkload {
         let Some(network) = self.ctx.network.clone() else {
             return Ok((None, false));
         };
-        let mut saved = false;
         let ipv6 = match crate::network::pod_address(&self.desired) {
             Ok(address) => address,
             // Wired before: the address kept in local state (a pod is
@@ -173,10 +173,12 @@ impl PodWorkload {
             }
             Err(error) => return Err(crate::chain(&error)),
         };
+        // What changes here is saved once, before it is used: a new pod's
+        // address and egress address go to disk in one write.
+        let mut unsaved = unsaved;
         if self.record.address != Some(ipv6) {
             self.record.address = Some(ipv6);
-            self.save();
-            saved = true;
+            unsaved = true;
         }
         // Only a node that gives pods IPv4 egress reads every record to
         // choose an address free of the others'.
@@ -196,11 +198,10 @@ impl PodWorkload {
                 .allocate_egress(&taken)
                 .map_err(|e| crate::chain(&e))?;
             // Saved before it is used: no other pod takes it.
+            unsaved = true;
+        }
+        if unsaved {
             self.save();
-            saved = true;
-        } else if unsaved {
-            self.save();
-            saved = true;
         }
         if network.dns_address().is_none()
             && let Ok(prefix) = ipnet::Ipv6Net::new(ipv6, 64)
@@ -220,6 +221,6 @@ impl PodWorkload {
                 .and_then(|()| std::fs::write(dir.join(crate::containers::RESOLV_CONF), text))
                 .map_err(|e| format!("cannot write the pod's resolv.conf: {e}"))?;
         }
-        Ok((Some(note), saved))
+        Ok((Some(note), unsaved))
     }
 }
