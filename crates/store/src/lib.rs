@@ -159,11 +159,11 @@ pub struct CompactionReport {
     pub step_log_entries_removed: u64,
 }
 
-/// The step-log entries a compaction keeps of each object: its newest this
-/// many. An object keeps [`corral_api::workflow::KEPT_INSTANCES`] workflow
-/// instances, a few dozen entries each, so `why` and `logs --steps` lose
-/// nothing they show; without a bound, every revision's instance added its
-/// entries for good.
+/// The step-log entries a compaction keeps of each object: at least its
+/// newest this many (see [`Store::compact_history`]). An object keeps
+/// [`corral_api::workflow::KEPT_INSTANCES`] workflow instances, a few dozen
+/// entries each, so `why` and `logs --steps` lose nothing they show;
+/// without a bound, every revision's instance added its entries for good.
 pub const STEP_LOG_ENTRIES_KEPT: usize = 1000;
 
 /// A stored bearer token: only its hash is kept.
@@ -394,10 +394,11 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Unless the policy is [`CompactionPolicy::All`] (keep everything), it
     /// also trims the step log of each object that has history: an object
-    /// keeps its newest [`STEP_LOG_ENTRIES_KEPT`] entries (a backend may
-    /// keep older ones appended in the same call as a kept one), and one
-    /// with no revision left — deleted, its history compacted away — keeps
-    /// none.
+    /// keeps at least its newest [`STEP_LOG_ENTRIES_KEPT`] entries and at
+    /// most those of its newest that many appends (SQLite keeps exactly
+    /// that many entries; etcd, which stores an append as one key, that
+    /// many appends), and one with no revision left — deleted, its history
+    /// compacted away — keeps none.
     async fn compact_history(
         &self,
         policy: CompactionPolicy,
