@@ -568,42 +568,4 @@ async fn retry(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn workload(placing: bool, retrying: bool) -> Workload {
-        let spec = serde_json::json!({"containers": [{"name": "c", "image": "img:1"}]});
-        let pod = Object::new(Kind::Pod, Some("default"), "web", spec);
-        let request = Request::from_object(&pod).expect("a request");
-        Workload {
-            bound: None,
-            placing: placing.then(|| ("start-1".to_string(), Ok(request.clone()))),
-            retrying: retrying.then(|| ("start-1".to_string(), request)),
-            releasing: None,
-            rebinding: None,
-            node: None,
-            leaving: None,
-        }
-    }
-
-    #[test]
-    fn a_placement_is_tried_once_more_right_after_it_failed() {
-        // Ready, then failed and waiting for its retry: once more now.
-        assert!(just_failed(
-            Some(&workload(true, false)),
-            &workload(false, true)
-        ));
-        // Still waiting (another field changed): node changes and the
-        // backoff bring it back, not every write.
-        assert!(!just_failed(
-            Some(&workload(false, true)),
-            &workload(false, true)
-        ));
-        // Placed: nothing to try.
-        assert!(!just_failed(
-            Some(&workload(true, false)),
-            &workload(false, false)
-        ));
-        assert!(!just_failed(None, &workload(true, false)));
-    }
-}
+mod tests;
