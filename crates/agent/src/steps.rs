@@ -12,24 +12,25 @@
 //! definition (a `WorkflowDefinition` object); [`NodeWork::for_revision`]
 //! joins the two, fetching each definition once through the [`StepApi`].
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use corral_api::workflow::{
-    StepActionKind, StepActionRequest, StepExecutor, StepState, StoredWorkflows, WorkflowInstance,
-    WorkflowOutcome,
+    StepActionKind, StepActionRequest, StepExecutor, StepKind, StepState, StoredWorkflows,
+    WorkflowInstance, WorkflowOutcome,
 };
-use corral_api::{Kind, Object, ObjectKey};
-use corral_client::{Client, ClientError};
+use corral_api::{Object, ObjectKey};
+use corral_client::ClientError;
 use corral_workflow::WorkflowDefinition;
 use serde_json::{Map, Value};
 
 mod batch;
+mod client;
 #[cfg(test)]
 pub mod fake;
 
 pub use batch::StepBatch;
+pub use client::ClientSteps;
 
 /// The owner name of every step the node agent executes.
 pub const NODE_OWNER: &str = "node";
@@ -75,80 +76,6 @@ pub trait StepApi: Send + Sync {
         key: &ObjectKey,
         fields: &Map<String, Value>,
     ) -> Result<(), StepApiError>;
-}
-
-/// The step API of a client, remembering the definitions it fetched (they
-/// never change).
-#[derive(Debug)]
-pub struct ClientSteps {
-    client: Client,
-    definitions: Mutex<HashMap<String, Arc<WorkflowDefinition>>>,
-}
-
-impl ClientSteps {
-    pub fn new(client: Client) -> Self {
-        ClientSteps {
-            client,
-            definitions: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-#[async_trait]
-impl StepApi for ClientSteps {
-    async fn definition(&self, name: &str) -> Result<Arc<WorkflowDefinition>, StepApiError> {
-        let known = self
-            .definitions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned();
-        if let Some(definition) = known {
-            return Ok(definition);
-        }
-        let key = ObjectKey::new(Kind::WorkflowDefinition, None, name);
-        let object = self.client.get(&key).await?;
-        let spec = object.typed_spec().map_err(|error| {
-            StepApiError::Refused(format!("{key}: unreadable definition: {error}"))
-        })?;
-        let definition = Arc::new(corral_workflow::definition_from_spec(spec));
-        self.definitions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_string(), definition.clone());
-        Ok(definition)
-    }
-
-    async fn batch(&self, key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError> {
-        let instance = self.client.step_batch(key, &batch.request()).await?;
-        Ok(NodeWork { instance })
-    }
-
-    async fn put_status(
-        &self,
-        key: &ObjectKey,
-        fields: &Map<String, Value>,
-    ) -> Result<(), StepApiError> {
-        // A write that lost a race with a step moving (409) is read and
-        // made again at once.
-        let mut attempt = 1;
-        loop {
-            let mut current = self.client.get(key).await?;
-            let mut merged = current.status.as_object().cloned().unwrap_or_default();
-            merge_fields(&mut merged, fields);
-            current.status = Value::Object(merged);
-            match self.client.put_status(&current).await {
-                Ok(_) => return Ok(()),
-                Err(error)
-                    if error.status() == Some(409)
-                        && attempt < crate::node::STATUS_WRITE_ATTEMPTS =>
-                {
-                    attempt += 1;
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
-    }
 }
 
 /// Sets `fields` in `status`; a `null` removes the field.
@@ -286,6 +213,44 @@ impl NodeWork {
         if completing.is_empty() {
             return self.ready();
         }
+        self.after(completing).ready()
+    }
+
+    /// The node's steps that, once the steps in `completing` are done
+    /// (guessed as [`ready_after`](Self::ready_after) does), still wait
+    /// only on steps no node executes (a controller's: IPAM's address):
+    /// ready as soon as that owner's write lands, which may be before a
+    /// request sent now does.
+    pub fn waiting_on_others_after(&self, completing: &[&str]) -> Vec<String> {
+        let next = self.after(completing);
+        next.node_steps()
+            .filter(|step| match &step.state {
+                StepState::Waiting { on } => {
+                    !on.is_empty()
+                        && on.iter().all(|before| {
+                            next.instance.step(before).is_some_and(|s| {
+                                s.definition.kind == StepKind::Step && !is_node_step(s)
+                            })
+                        })
+                }
+                _ => false,
+            })
+            .map(|step| step.definition.name.clone())
+            .collect()
+    }
+
+    /// Whether `step` is running at attempt `attempt`.
+    pub fn runs_at(&self, step: &str, attempt: u32) -> bool {
+        self.instance.step(step).is_some_and(|s| {
+            matches!(s.state, StepState::Running { attempt: running, .. } if running == attempt)
+        })
+    }
+
+    /// A copy with the steps in `completing` done and the engine's
+    /// derivation run (which also says what a waiting step waits on: the
+    /// stored form does not keep it): the guess behind
+    /// [`ready_after`](Self::ready_after).
+    fn after(&self, completing: &[&str]) -> NodeWork {
         let mut next = self.clone();
         // The instance's own latest time, not this node's clock: nothing
         // times out or comes due for a retry in the guess.
@@ -317,7 +282,7 @@ impl NodeWork {
                 break;
             }
         }
-        next.ready()
+        next
     }
 
     /// The latest time any step of the instance moved.
@@ -379,12 +344,15 @@ impl NodeWork {
     /// source's, and those delegated to the node. Which of them this
     /// agent acts for, the workload says (`Workload::acts_for`).
     fn node_steps(&self) -> impl Iterator<Item = &corral_api::workflow::StepInstance> {
-        self.instance.steps.iter().filter(|step| {
-            step.definition.owner == NODE_OWNER
-                || step.definition.owner == corral_workflow::MIGRATION_SOURCE_OWNER
-                || step.definition.executor == Some(StepExecutor::Node)
-        })
+        self.instance.steps.iter().filter(|step| is_node_step(step))
     }
+}
+
+/// Whether some node agent executes `step` (see [`NodeWork::node_steps`]).
+fn is_node_step(step: &corral_api::workflow::StepInstance) -> bool {
+    step.definition.owner == NODE_OWNER
+        || step.definition.owner == corral_workflow::MIGRATION_SOURCE_OWNER
+        || step.definition.executor == Some(StepExecutor::Node)
 }
 
 /// The node protocol for other speakers of it (the benchmark's hollow
@@ -429,6 +397,7 @@ pub fn request(action: StepActionKind, step: &str, workflow: &str) -> StepAction
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_api::Kind;
     use corral_api::workflow::StepDefinition;
     use futures::executor::block_on;
 
@@ -453,6 +422,30 @@ mod tests {
         assert!(NodeWork::exists_for(&object, 1));
         assert!(!NodeWork::exists_for(&object, 2));
         assert!(block_on(NodeWork::for_revision(&api, &object, 2)).is_none());
+    }
+
+    #[test]
+    fn the_node_knows_which_steps_wait_only_on_another_owner() {
+        let object = pod();
+        let api = fake::FakeApi::new(object.clone());
+        let work = work_of(&api, &object);
+        // The sandbox waits on IPAM alone; the init containers wait on
+        // the node's own steps too.
+        assert_eq!(work.waiting_on_others_after(&[]), ["node/create-sandbox"]);
+        assert_eq!(
+            work.waiting_on_others_after(&["node/pull-image", "node/prepare-volumes"]),
+            ["node/create-sandbox"]
+        );
+        let addressed = fake::pod("start", &["scheduler/place", "ipam/assign-address"]);
+        let api = fake::FakeApi::new(addressed.clone());
+        let work = work_of(&api, &addressed);
+        assert!(work.waiting_on_others_after(&[]).is_empty());
+        assert!(!work.runs_at("node/create-sandbox", 1));
+        let mut batch = StepBatch::default();
+        batch.claim(&work, "node/create-sandbox");
+        let fresh = block_on(api.batch(&addressed.key(), &batch)).expect("claimed");
+        assert!(fresh.runs_at("node/create-sandbox", 1));
+        assert!(!fresh.runs_at("node/create-sandbox", 2));
     }
 
     #[test]

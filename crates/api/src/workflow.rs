@@ -424,6 +424,14 @@ pub struct StepActionRequest {
     /// `log`: structured fields.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fields: BTreeMap<String, Value>,
+    /// `claim`: take the step only if it is no longer waiting on steps
+    /// ordered before it; a step still waiting is left alone and the rest
+    /// of the batch goes on (without it, such a claim is refused). For a
+    /// claim that rides along with an owner's other actions, betting that
+    /// another owner's step before it is done by the time the request
+    /// lands. Whether it was taken, the returned instance says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub if_ready: bool,
 }
 
 /// The body of `POST …/pods/{name}/recoveries`: a node recovered the pod
@@ -484,6 +492,7 @@ impl StepActionRequest {
             message: None,
             level: None,
             fields: BTreeMap::new(),
+            if_ready: false,
         }
     }
 }

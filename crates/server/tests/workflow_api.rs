@@ -488,3 +488,96 @@ async fn a_batch_moves_several_steps_and_owned_status_in_one_write() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn a_claim_if_ready_rides_along_and_skips_a_waiting_step() {
+    let h = Harness::new().await;
+    h.create_pod("web", "img:1").await;
+    let scheduler = h.token("scheduler", Role::Controller).await;
+    h.step_ok(
+        "web",
+        &scheduler,
+        json!({
+            "actions": [
+                {"action": "claim", "step": "scheduler/place"},
+                {"action": "complete", "step": "scheduler/place", "note": "node-1"}
+            ],
+            "status": {"node": "node-1"}
+        }),
+    )
+    .await;
+    let agent = h.token("node-1", Role::Node).await;
+    let version = |pod: &serde_json::Value| pod["metadata"]["resourceVersion"].as_u64();
+    let before = h.ok("GET", &format!("{PODS}/web"), None).await;
+    // The sandbox still waits for its address: its claim is left out, the
+    // rest of the batch is applied, in one write.
+    let riding = json!({"action": "claim", "step": "node/create-sandbox", "ifReady": true});
+    let instance = h
+        .step_ok(
+            "web",
+            &agent,
+            json!({"actions": [
+                {"action": "claim", "step": "node/pull-image"},
+                riding.clone()
+            ]}),
+        )
+        .await;
+    assert_eq!(phase(&instance, "node/pull-image"), "running");
+    assert_eq!(phase(&instance, "node/create-sandbox"), "waiting");
+    let after = h.ok("GET", &format!("{PODS}/web"), None).await;
+    assert_eq!(version(&after), version(&before).map(|v| v + 1));
+    // Alone and still waiting: nothing is written.
+    let instance = h
+        .step_ok("web", &agent, json!({"actions": [riding.clone()]}))
+        .await;
+    assert_eq!(phase(&instance, "node/create-sandbox"), "waiting");
+    let unchanged = h.ok("GET", &format!("{PODS}/web"), None).await;
+    assert_eq!(version(&unchanged), version(&after));
+
+    // Another owner's claim if ready is refused like any claim of it.
+    let (status, refused) = h
+        .step("web", &scheduler, json!({"actions": [riding.clone()]}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+
+    // Once IPAM is done, the same claim takes the step.
+    let ipam = h.token("ipam", Role::Controller).await;
+    h.step_ok(
+        "web",
+        &ipam,
+        json!({"actions": [
+            {"action": "claim", "step": "ipam/assign-address"},
+            {"action": "complete", "step": "ipam/assign-address"}
+        ]}),
+    )
+    .await;
+    let instance = h
+        .step_ok(
+            "web",
+            &agent,
+            json!({"actions": [
+                {"action": "complete", "step": "node/pull-image"},
+                riding
+            ]}),
+        )
+        .await;
+    assert_eq!(phase(&instance, "node/pull-image"), "done");
+    assert_eq!(phase(&instance, "node/create-sandbox"), "running");
+
+    // Only a claim takes ifReady.
+    let (status, refused) = h
+        .step(
+            "web",
+            &agent,
+            json!({"action": "complete", "step": "node/create-sandbox", "ifReady": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ifReady: the complete action takes no ifReady"),
+        "{refused}"
+    );
+}

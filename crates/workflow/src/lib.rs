@@ -54,7 +54,7 @@ pub use skip::{skip, unfinished_steps};
 pub use stored::{
     definition_from_spec, definition_name, definition_spec, dehydrate, hydrate, stored_deadline,
 };
-pub use transition::{TransitionError, append_log, claim, complete, fail};
+pub use transition::{TransitionError, append_log, claim, claim_if_ready, complete, fail};
 pub use verdict::{
     DEFAULT_STUCK_AFTER_SECS, Unfinished, Verdict, VerdictState, unfinished_before,
     unfinished_text, verdict,

@@ -103,6 +103,26 @@ pub fn claim(
     Ok(logs)
 }
 
+/// [`claim`] of a step that may still be waiting on steps ordered before
+/// it: such a step is left as it is (`false`, with what bringing the
+/// instance up to `now` logged), any other is claimed or refused as by
+/// [`claim`]. The owner rule holds either way.
+pub fn claim_if_ready(
+    instance: &mut WorkflowInstance,
+    step: &str,
+    actor: &Identity,
+    bound_node: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<(Vec<StepLogEntry>, bool), TransitionError> {
+    let mut logs = tick(instance, now);
+    let index = authorize(instance, step, actor, bound_node, "claim")?;
+    if matches!(instance.steps[index].state, StepState::Waiting { .. }) {
+        return Ok((logs, false));
+    }
+    logs.extend(claim(instance, step, actor, bound_node, now)?);
+    Ok((logs, true))
+}
+
 /// The claimant reports success, optionally with a note for `why` (the
 /// chosen node, the address). Dependents are re-evaluated at once.
 pub fn complete(

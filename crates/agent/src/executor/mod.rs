@@ -387,6 +387,24 @@ impl<W: Workload> Executor<W> {
             inline_claimed |= !detached;
             batch.claim(work, &step);
         }
+        // A request moving steps anyway takes along the claim, if ready by
+        // then, of the next inline step that waits only on another owner's
+        // step (the sandbox on IPAM's address, written while this node
+        // claims the image): it then costs no round trip after that write.
+        if !inline_claimed && batch.moves_a_step() {
+            let riding = work
+                .waiting_on_others_after(&batch.completed())
+                .into_iter()
+                .find(|step| {
+                    ours(step)
+                        && !self.workload.is_detached(step)
+                        && !started.contains(step)
+                        && !self.claimed.contains(&work.next_attempt(step))
+                });
+            if let Some(step) = riding {
+                batch.claim_if_ready(work, &step);
+            }
+        }
     }
 
     /// Sends `batch` (with the status when it changed) and returns the
@@ -421,7 +439,14 @@ impl<W: Workload> Executor<W> {
         match result {
             Ok(fresh) => {
                 self.finished.extend(reporting.drain(..));
-                let claimed: Vec<String> = sent.claimed().map(str::to_string).collect();
+                // A claim if ready took its step when the fresh instance
+                // runs the attempt it would start.
+                let riding = sent.claimed_if_ready().filter(|step| {
+                    let attempt = work.next_attempt(step).attempt;
+                    fresh.runs_at(step, attempt)
+                });
+                let claimed: Vec<String> =
+                    sent.claimed().chain(riding).map(str::to_string).collect();
                 for step in claimed.iter().map(String::as_str).chain(sent.settled()) {
                     self.claimed.insert(work.next_attempt(step));
                 }

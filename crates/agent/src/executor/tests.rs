@@ -583,6 +583,62 @@ async fn steps_of_another_owner_wait_and_run_once_the_view_shows_them_ready() {
 }
 
 #[tokio::test]
+async fn a_step_waiting_on_another_owner_is_claimed_if_ready_with_the_next_request() {
+    let api = pod_api(&[PLACE]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    // IPAM writes the address after this view was taken, before the
+    // node's request lands.
+    api.finish_as_owner(ADDRESS);
+    let mut executor = executor(&api, workload);
+    settle(&mut executor).await;
+    let actions = api.actions();
+    assert_eq!(
+        actions[0],
+        [
+            format!("claim {PULL}"),
+            format!("claim {VOLUMES}"),
+            format!("claim-if-ready {SANDBOX}")
+        ],
+        "{actions:?}"
+    );
+    assert_eq!(api.step(SANDBOX), ("done", 1), "taken by the riding claim");
+    assert!(
+        !actions[1..]
+            .iter()
+            .flatten()
+            .any(|a| a.contains(SANDBOX) && a.starts_with("claim")),
+        "claimed once: {actions:?}"
+    );
+    assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test]
+async fn a_claim_if_ready_of_a_step_still_waiting_takes_nothing() {
+    let api = pod_api(&[PLACE]);
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    let mut executor = executor(&api, workload);
+    settle(&mut executor).await;
+    let actions = api.actions();
+    assert_eq!(
+        actions[0].last(),
+        Some(&format!("claim-if-ready {SANDBOX}"))
+    );
+    assert_eq!(api.step(SANDBOX), ("waiting", 0));
+    assert!(!runs(&executor).contains(&SANDBOX.to_string()));
+    // Nothing to report, nothing to send: no request of a lone riding claim.
+    let requests = api.requests().len();
+    executor.admit().await;
+    assert_eq!(api.requests().len(), requests, "{:?}", api.actions());
+    api.finish_as_owner(ADDRESS);
+    executor.workload.set_desired(api.object());
+    settle(&mut executor).await;
+    assert_eq!(api.step(SANDBOX), ("done", 1));
+    assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test]
 async fn the_loop_wakes_when_a_step_running_on_its_own_ends() {
     let api = pod_api(&[PLACE, ADDRESS]);
     let mut workload = FakeWorkload::new(&api);

@@ -10,12 +10,15 @@ use super::NodeWork;
 /// Step actions on one instance, and node-owned status fields, to send in
 /// one request: reports first (log lines, completions, failures), then the
 /// steps settled at once (each claimed and completed), then claims, so a
-/// claim may take a step the reports and settled steps made ready.
+/// claim may take a step the reports and settled steps made ready; last,
+/// claims if ready, which the server skips while their step still waits.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepBatch {
     reports: Vec<StepActionRequest>,
     settled: Vec<StepActionRequest>,
     claims: Vec<StepActionRequest>,
+    /// Claims the server applies only if their step is ready by then.
+    riding: Vec<StepActionRequest>,
     status: BTreeMap<String, Value>,
 }
 
@@ -30,6 +33,16 @@ impl StepBatch {
     pub fn claim(&mut self, work: &NodeWork, step: &str) {
         self.claims
             .push(Self::action(StepActionKind::Claim, work, step));
+    }
+
+    /// Claims `step` if it is ready when the request lands: a step waiting
+    /// only on another owner's step (the address IPAM is writing), whose
+    /// claim rides along with this request instead of costing one of its
+    /// own after that owner's write. The server skips it while it waits.
+    pub fn claim_if_ready(&mut self, work: &NodeWork, step: &str) {
+        let mut request = Self::action(StepActionKind::Claim, work, step);
+        request.if_ready = true;
+        self.riding.push(request);
     }
 
     /// Claims `step` and reports it done with `note` in the same request:
@@ -74,6 +87,7 @@ impl StepBatch {
     pub fn append(&mut self, other: StepBatch) {
         self.reports.extend(other.reports);
         self.claims.extend(other.claims);
+        self.riding.extend(other.riding);
         self.status.extend(other.status);
     }
 
@@ -92,6 +106,11 @@ impl StepBatch {
         self.claims.iter().map(|c| c.step.as_str())
     }
 
+    /// The steps this batch claims if they are ready by then.
+    pub fn claimed_if_ready(&self) -> impl Iterator<Item = &str> {
+        self.riding.iter().map(|c| c.step.as_str())
+    }
+
     /// The steps this batch claims and completes at once.
     pub fn settled(&self) -> impl Iterator<Item = &str> {
         self.settled
@@ -103,12 +122,22 @@ impl StepBatch {
     /// Whether the batch has no action (status fields alone are not sent
     /// through the step API).
     pub fn is_empty(&self) -> bool {
-        self.reports.is_empty() && self.settled.is_empty() && self.claims.is_empty()
+        self.reports.is_empty()
+            && self.settled.is_empty()
+            && self.claims.is_empty()
+            && self.riding.is_empty()
     }
 
-    /// Whether the batch claims a step (to run it, or settled at once).
+    /// Whether the batch claims a step (to run it, settled at once, or if
+    /// ready).
     pub fn has_claims(&self) -> bool {
-        !self.claims.is_empty() || !self.settled.is_empty()
+        !self.claims.is_empty() || !self.settled.is_empty() || !self.riding.is_empty()
+    }
+
+    /// Whether the batch moves a step (a claim, an outcome), not only
+    /// logs lines.
+    pub fn moves_a_step(&self) -> bool {
+        self.has_claims() || self.reports.iter().any(|r| r.action != StepActionKind::Log)
     }
 
     pub fn has_reports(&self) -> bool {
@@ -126,6 +155,7 @@ impl StepBatch {
         StepBatch {
             claims: Vec::new(),
             settled: Vec::new(),
+            riding: Vec::new(),
             ..self.clone()
         }
     }
@@ -138,6 +168,7 @@ impl StepBatch {
                 .iter()
                 .chain(&self.settled)
                 .chain(&self.claims)
+                .chain(&self.riding)
                 .cloned()
                 .collect(),
             status: self.status.clone(),

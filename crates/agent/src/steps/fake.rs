@@ -153,7 +153,8 @@ impl FakeApi {
         self.state().requests.clone()
     }
 
-    /// The actions of every request, as `"claim node/pull-image"`.
+    /// The actions of every request, as `"claim node/pull-image"` (a claim
+    /// if ready as `"claim-if-ready node/create-sandbox"`).
     pub fn actions(&self) -> Vec<Vec<String>> {
         self.requests()
             .iter()
@@ -161,7 +162,14 @@ impl FakeApi {
                 request
                     .actions
                     .iter()
-                    .map(|a| format!("{} {}", a.action.as_str(), a.step))
+                    .map(|a| {
+                        let action = if a.if_ready {
+                            "claim-if-ready"
+                        } else {
+                            a.action.as_str()
+                        };
+                        format!("{action} {}", a.step)
+                    })
                     .collect()
             })
             .collect()
@@ -255,6 +263,10 @@ impl StepApi for FakeApi {
                     return Err(StepApiError::Refused(format!(
                         "{step} was claimed elsewhere"
                     )));
+                }
+                StepActionKind::Claim if action.if_ready => {
+                    corral_workflow::claim_if_ready(&mut instance, step, &node, Some(NODE), now)
+                        .map(|(logs, _)| logs)
                 }
                 StepActionKind::Claim => {
                     corral_workflow::claim(&mut instance, step, &node, Some(NODE), now)

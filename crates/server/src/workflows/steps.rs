@@ -27,6 +27,8 @@ pub enum StepAction {
     Claim {
         step: String,
         workflow: Option<String>,
+        /// Left alone, not refused, while the step still waits.
+        if_ready: bool,
     },
     Complete {
         step: String,
@@ -87,8 +89,15 @@ impl TryFrom<StepActionRequest> for StepAction {
         if action != StepActionKind::Fail {
             unexpected("error", request.error.is_some())?;
         }
+        if action != StepActionKind::Claim {
+            unexpected("ifReady", request.if_ready)?;
+        }
         Ok(match action {
-            StepActionKind::Claim => StepAction::Claim { step, workflow },
+            StepActionKind::Claim => StepAction::Claim {
+                step,
+                workflow,
+                if_ready: request.if_ready,
+            },
             StepActionKind::Complete => StepAction::Complete {
                 step,
                 workflow,
@@ -218,14 +227,18 @@ pub async fn act_batch(
                     changed = true;
                 }
                 Applied::Line(entry) => lines.push(entry),
+                Applied::Nothing => {}
             }
         }
         // INVARIANT: `actions` is not empty, so some instance was chosen.
         let moved = moved.expect("an action chose an instance");
         let result = touched[&moved].clone();
         if !changed {
-            // Only log lines: they change no state, so nothing is written.
-            server.store.append_step_logs(&lines).await?;
+            // Only log lines (or a claim if ready of a waiting step): they
+            // change no state, so no object is written.
+            if !lines.is_empty() {
+                server.store.append_step_logs(&lines).await?;
+            }
             return Ok(result);
         }
         for (index, instance) in &touched {
@@ -284,6 +297,8 @@ enum Applied {
     Moved(Vec<StepLogEntry>),
     /// A log line, which changes no state.
     Line(StepLogEntry),
+    /// A claim if ready of a step still waiting: nothing changed.
+    Nothing,
 }
 
 fn apply(
@@ -294,6 +309,19 @@ fn apply(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Applied, ApiError> {
     let moved = match action {
+        StepAction::Claim {
+            step,
+            if_ready: true,
+            ..
+        } => {
+            let (logs, _) = corral_workflow::claim_if_ready(instance, step, caller, bound, now)
+                .map_err(refusal)?;
+            return Ok(if logs.is_empty() {
+                Applied::Nothing
+            } else {
+                Applied::Moved(logs)
+            });
+        }
         StepAction::Claim { step, .. } => {
             corral_workflow::claim(instance, step, caller, bound, now)
         }

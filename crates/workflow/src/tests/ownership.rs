@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use corral_api::workflow::{LogLevel, StepState};
 
 use super::*;
-use crate::{TransitionError, WriteError, append_log, check_write, instantiate};
+use crate::{TransitionError, WriteError, append_log, check_write, claim_if_ready, instantiate};
 
 #[test]
 fn only_the_owner_may_claim() {
@@ -58,6 +58,84 @@ fn only_the_owner_may_claim() {
         at(5),
     )
     .expect("the bound node's agent may");
+}
+
+#[test]
+fn a_claim_if_ready_leaves_a_waiting_step_and_takes_a_ready_one() {
+    let (mut instance, _) = instantiate(&pod_start(&[]), "start-1", "uid-1", 1, at(0));
+    let node = agent("node-1");
+    run(
+        &mut instance,
+        "scheduler/place",
+        &controller("scheduler"),
+        1,
+        2,
+        Some("node-1"),
+    );
+    // Waiting on IPAM: left alone, nothing logged, no attempt counted.
+    let (logs, claimed) = claim_if_ready(
+        &mut instance,
+        "node/create-sandbox",
+        &node,
+        Some("node-1"),
+        at(3),
+    )
+    .expect("a waiting step is no refusal");
+    assert!(!claimed);
+    assert!(logs.is_empty(), "{logs:?}");
+    assert_eq!(phase(&instance, "node/create-sandbox"), "waiting");
+    assert_eq!(
+        instance.step("node/create-sandbox").map(|s| s.attempts),
+        Some(0)
+    );
+    // The owner rule holds for a waiting step too.
+    let error = claim_if_ready(
+        &mut instance,
+        "node/create-sandbox",
+        &agent("node-2"),
+        Some("node-1"),
+        at(3),
+    )
+    .expect_err("another node's agent");
+    assert!(matches!(error, TransitionError::NotOwner { .. }), "{error}");
+    run(
+        &mut instance,
+        "ipam/assign-address",
+        &controller("ipam"),
+        4,
+        4,
+        None,
+    );
+    let (logs, claimed) = claim_if_ready(
+        &mut instance,
+        "node/create-sandbox",
+        &node,
+        Some("node-1"),
+        at(5),
+    )
+    .expect("a ready step is claimed");
+    assert!(claimed);
+    assert_eq!(phase(&instance, "node/create-sandbox"), "running");
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    // Running now: a second claim is refused as a plain one would be.
+    let error = claim_if_ready(
+        &mut instance,
+        "node/create-sandbox",
+        &node,
+        Some("node-1"),
+        at(6),
+    )
+    .expect_err("already running");
+    assert!(
+        matches!(
+            error,
+            TransitionError::WrongState {
+                phase: "running",
+                ..
+            }
+        ),
+        "{error}"
+    );
 }
 
 #[test]
