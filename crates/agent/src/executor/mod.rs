@@ -26,10 +26,12 @@ use tokio::task::JoinSet;
 use crate::pod_data::follow::DataChange;
 use crate::steps::{Attempt, NodeWork, StepApi, StepApiError, StepBatch};
 
+mod inline;
 #[cfg(test)]
 mod tests;
 mod workload;
 
+use inline::InlineRun;
 pub use workload::{Settled, Workload};
 
 /// How often a supervised object is looked at without being told to.
@@ -488,68 +490,6 @@ async fn sleep_for(tick: Option<Duration>) {
     match tick {
         Some(tick) => tokio::time::sleep(tick).await,
         None => std::future::pending().await,
-    }
-}
-
-/// One inline step running, with the detached steps that end meanwhile
-/// reported at once, each in the request of its own end: a step's time in
-/// `why` is its own, not that of the step it ran beside.
-struct InlineRun<'a> {
-    api: &'a dyn StepApi,
-    key: &'a ObjectKey,
-    finished: &'a mut BTreeSet<Attempt>,
-    running_detached: &'a mut BTreeSet<Attempt>,
-    detached: &'a mut JoinSet<StepEnd>,
-}
-
-/// What the reports sent during an inline step came to: the freshest
-/// instance the API returned, and reports that could not be sent (to go
-/// with the next request).
-type InlineOutcome = (StepRun, Option<NodeWork>, Option<(StepBatch, Vec<Attempt>)>);
-
-impl InlineRun<'_> {
-    async fn run<W: Workload>(
-        self,
-        workload: &mut W,
-        step: &str,
-        work: &NodeWork,
-    ) -> InlineOutcome {
-        let mut current = work.clone();
-        let mut fresh = None;
-        let mut unsent: Option<(StepBatch, Vec<Attempt>)> = None;
-        let running = workload.run_step(step, work);
-        tokio::pin!(running);
-        loop {
-            tokio::select! {
-                biased;
-                run = &mut running => return (run, fresh, unsent),
-                Some(joined) = self.detached.join_next(), if !self.detached.is_empty() => {
-                    let (mut early, mut attempts) = unsent.take().unwrap_or_default();
-                    let mut next = Some(joined);
-                    while let Some(joined) = next {
-                        if let Ok((done, attempt, run)) = joined {
-                            self.running_detached.remove(&current.attempt(&done, attempt));
-                            record(&current, &done, attempt, run, &mut early, &mut attempts);
-                        }
-                        next = self.detached.try_join_next();
-                    }
-                    if early.is_empty() {
-                        continue;
-                    }
-                    match self.api.batch(self.key, &early).await {
-                        Ok(work) => {
-                            self.finished.extend(attempts);
-                            current = work.clone();
-                            fresh = Some(work);
-                        }
-                        Err(error) => {
-                            tracing::debug!(object = %self.key, %error, "step report not applied; sent again with the next");
-                            unsent = Some((early, attempts));
-                        }
-                    }
-                }
-            }
-        }
     }
 }
 

@@ -30,8 +30,11 @@ struct FakeWorkload {
     /// Outcomes other than `Done(None)`.
     outcomes: BTreeMap<String, StepRun>,
     detached: BTreeSet<String>,
-    /// Steps that take a while (50 ms).
+    /// Steps that take a while (50 ms; inline ones in two halves, as a
+    /// step awaiting two things in turn).
     slow: BTreeSet<String>,
+    /// When each inline step's run ended.
+    ended: Arc<Mutex<Vec<(String, tokio::time::Instant)>>>,
     /// Whether `await-readiness` is satisfied; supervision makes it so.
     ready: bool,
     ready_after_supervision: bool,
@@ -56,6 +59,7 @@ impl FakeWorkload {
             outcomes: BTreeMap::new(),
             detached: BTreeSet::new(),
             slow: BTreeSet::new(),
+            ended: Arc::default(),
             ready: true,
             ready_after_supervision: false,
             status: None,
@@ -129,8 +133,11 @@ impl Workload for FakeWorkload {
     async fn run_step(&mut self, step: &str, _work: &NodeWork) -> StepRun {
         self.start(step);
         if self.slow.contains(step) {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
         }
+        let ended = (step.to_string(), tokio::time::Instant::now());
+        self.ended.lock().unwrap().push(ended);
         self.outcome(step)
     }
 
@@ -373,6 +380,43 @@ async fn steps_that_end_beside_a_slow_one_are_reported_when_they_end() {
     );
     assert!(
         position(format!("complete {VOLUMES}")) < position(format!("complete {SANDBOX}")),
+        "{actions:?}"
+    );
+    assert_eq!(api.step(READY), ("done", 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inline_step_goes_on_while_the_report_of_one_beside_it_is_sent() {
+    let api = pod_api(&[PLACE, ADDRESS]);
+    api.delay_batches(std::time::Duration::from_millis(100));
+    let mut workload = FakeWorkload::new(&api);
+    workload.detached = [PULL.to_string(), VOLUMES.to_string()].into();
+    workload.slow = [SANDBOX.to_string()].into();
+    let ended = workload.ended.clone();
+    let mut executor = executor(&api, workload);
+    let began = tokio::time::Instant::now();
+    settle(&mut executor).await;
+    // The claim is answered at 100 ms; the image and volumes end at once
+    // and their report is answered at 200 ms. The sandbox (two 25 ms
+    // waits from 100 ms) is not held up by that report.
+    let sandbox = ended
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(step, _)| step == SANDBOX)
+        .map(|(_, at)| *at - began)
+        .expect("the sandbox ran");
+    assert_eq!(sandbox, std::time::Duration::from_millis(150));
+    let actions = api.actions();
+    let mut beside = actions[1].clone();
+    beside.sort();
+    assert_eq!(
+        beside,
+        [format!("complete {VOLUMES}"), format!("complete {PULL}")],
+        "reported beside the sandbox: {actions:?}"
+    );
+    assert!(
+        actions[2].contains(&format!("complete {SANDBOX}")),
         "{actions:?}"
     );
     assert_eq!(api.step(READY), ("done", 1));

@@ -35,6 +35,8 @@ struct State {
     /// Steps whose claims are refused (as if another view had won).
     refused: Vec<String>,
     now: DateTime<Utc>,
+    /// How long each batch takes to be answered.
+    delay: std::time::Duration,
 }
 
 /// See the module documentation.
@@ -134,6 +136,7 @@ impl FakeApi {
                 away_after: None,
                 refused: Vec::new(),
                 now: start_time(),
+                delay: std::time::Duration::ZERO,
             }),
             definitions: Mutex::new(definitions),
         }
@@ -192,6 +195,11 @@ impl FakeApi {
         self.state().refused.push(step.to_string());
     }
 
+    /// Answers every batch `delay` after it is sent (a slow API).
+    pub fn delay_batches(&self, delay: std::time::Duration) {
+        self.state().delay = delay;
+    }
+
     /// Lets `requests` more requests through, then goes away.
     pub fn go_away_after(&self, requests: usize) {
         self.state().away_after = Some(requests);
@@ -246,6 +254,10 @@ impl StepApi for FakeApi {
     }
 
     async fn batch(&self, _key: &ObjectKey, batch: &StepBatch) -> Result<NodeWork, StepApiError> {
+        let delay = self.state().delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         let mut state = self.state();
         let request = batch.request();
         state.requests.push(request.clone());
