@@ -357,12 +357,7 @@ impl<W: Workload> Executor<W> {
                 let next = work
                     .ready_after(&batch.completed())
                     .into_iter()
-                    .find(|step| {
-                        ours(step)
-                            && !self.workload.is_detached(step)
-                            && !started.contains(step)
-                            && !self.claimed.contains(&work.next_attempt(step))
-                    });
+                    .find(|step| self.may_take_inline(work, started, step));
                 let Some(step) = next else {
                     break;
                 };
@@ -397,16 +392,21 @@ impl<W: Workload> Executor<W> {
             let riding = work
                 .waiting_on_others_after(&batch.completed())
                 .into_iter()
-                .find(|step| {
-                    ours(step)
-                        && !self.workload.is_detached(step)
-                        && !started.contains(step)
-                        && !self.claimed.contains(&work.next_attempt(step))
-                });
+                .find(|step| self.may_take_inline(work, started, step));
             if let Some(step) = riding {
                 batch.claim_if_ready(work, &step);
             }
         }
+    }
+
+    /// Whether `step` is an inline step of this workload's that this pass
+    /// has not started and this executor has not claimed.
+    fn may_take_inline(&self, work: &NodeWork, started: &BTreeSet<String>, step: &str) -> bool {
+        work.owner_of(step)
+            .is_some_and(|owner| self.workload.acts_for(owner))
+            && !self.workload.is_detached(step)
+            && !started.contains(step)
+            && !self.claimed.contains(&work.next_attempt(step))
     }
 
     /// Sends `batch` (with the status when it changed) and returns the
