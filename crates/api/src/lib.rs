@@ -34,5 +34,5 @@ pub use meta::{
 pub use object::Object;
 pub use selector::{LabelSelector, SelectorError};
 pub use validate::{
-    FieldError, canonical_spec, keep_grown_disks, validate_object, validate_update,
+    FieldError, canonical_spec, keep_grown_disks, validate_object, validate_update, validated,
 };

@@ -49,7 +49,7 @@ impl Object {
 
     /// Decodes the spec into the kind's typed spec.
     pub fn typed_spec<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_value(self.spec.clone())
+        T::deserialize(&self.spec)
     }
 
     /// Decodes the status into a typed status; an absent status is the default.
@@ -59,7 +59,7 @@ impl Object {
         if self.status.is_null() {
             Ok(T::default())
         } else {
-            serde_json::from_value(self.status.clone())
+            T::deserialize(&self.status)
         }
     }
 }

@@ -133,6 +133,21 @@ fn check_owner(checker: &mut Checker, kind: Kind, owner: &crate::OwnerReference)
 }
 
 pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
+    check_object(object, false).map(drop)
+}
+
+/// [`validate_object`], then the spec in canonical form
+/// ([`canonical_spec`]) from the same decode: what the API stores of a
+/// valid object it was given.
+pub fn validated(mut object: Object) -> Result<Object, Vec<FieldError>> {
+    if let Some(canonical) = check_object(&object, true)? {
+        object.spec = canonical;
+    }
+    Ok(object)
+}
+
+/// Every rule of `object`; with `canonical`, its typed spec encoded again.
+fn check_object(object: &Object, canonical: bool) -> Result<Option<Value>, Vec<FieldError>> {
     let mut checker = Checker::default();
     checker.dns_label("metadata.name", &object.metadata.name);
     match (&object.metadata.namespace, object.kind.is_namespaced()) {
@@ -151,70 +166,70 @@ pub fn validate_object(object: &Object) -> Result<(), Vec<FieldError>> {
     if let Some(owner) = &object.metadata.owner {
         check_owner(&mut checker, object.kind, owner);
     }
-    match object.kind {
-        Kind::Pod => {
-            if let Some(spec) = decode_spec::<PodSpec>(&mut checker, &object.spec) {
-                check_pod(&mut checker, "spec", &spec);
-            }
-        }
-        Kind::Node => {
-            decode_spec::<NodeSpec>(&mut checker, &object.spec);
-        }
-        Kind::PinnedDeployment => {
-            if let Some(spec) = decode_spec::<PinnedDeploymentSpec>(&mut checker, &object.spec) {
-                check_pinned(&mut checker, &spec);
-            }
-        }
-        Kind::Policy => {
-            if let Some(spec) = decode_spec::<PolicySpec>(&mut checker, &object.spec) {
-                check_policy(&mut checker, &spec);
-            }
-        }
-        Kind::Controller => {
-            if let Some(spec) = decode_spec::<ControllerSpec>(&mut checker, &object.spec) {
-                check_controller(&mut checker, &spec);
-            }
-        }
-        Kind::VirtualMachine => {
-            if let Some(spec) = decode_spec::<VirtualMachineSpec>(&mut checker, &object.spec) {
-                check_vm(&mut checker, &spec);
-            }
-        }
-        Kind::LoadBalancer => {
-            if let Some(spec) = decode_spec::<LoadBalancerSpec>(&mut checker, &object.spec) {
-                check_load_balancer(&mut checker, &spec);
-            }
-        }
+    let spec = Spec {
+        value: &object.spec,
+        canonical,
+    };
+    let checker = &mut checker;
+    let encoded = match object.kind {
+        Kind::Pod => spec.check::<PodSpec>(checker, |c, s| check_pod(c, "spec", s)),
+        Kind::Node => spec.check::<NodeSpec>(checker, |_, _| {}),
+        Kind::PinnedDeployment => spec.check::<PinnedDeploymentSpec>(checker, check_pinned),
+        Kind::Policy => spec.check::<PolicySpec>(checker, check_policy),
+        Kind::Controller => spec.check::<ControllerSpec>(checker, check_controller),
+        Kind::VirtualMachine => spec.check::<VirtualMachineSpec>(checker, check_vm),
+        Kind::LoadBalancer => spec.check::<LoadBalancerSpec>(checker, check_load_balancer),
         Kind::WorkflowDefinition => {
-            decode_spec::<crate::workflow::WorkflowDefinitionSpec>(&mut checker, &object.spec);
+            spec.check::<crate::workflow::WorkflowDefinitionSpec>(checker, |_, _| {})
         }
-        Kind::Secret => {
-            if let Some(spec) = decode_secret(&mut checker, &object.spec) {
-                check_secret(&mut checker, &spec);
-            }
-        }
-        Kind::Config => {
-            if let Some(spec) = decode_spec::<ConfigSpec>(&mut checker, &object.spec) {
-                check_data_keys(&mut checker, "spec.data", spec.data.keys());
-                let size: usize = spec.data.values().map(String::len).sum();
-                check_data_size(&mut checker, size);
-            }
-        }
-        Kind::Job => {
-            if let Some(spec) = decode_spec::<JobSpec>(&mut checker, &object.spec) {
-                workloads::check_job(&mut checker, &spec);
-            }
-        }
+        Kind::Secret => spec.encode(decode_secret(checker, spec.value).inspect(|s| {
+            check_secret(checker, s);
+        })),
+        Kind::Config => spec.check::<ConfigSpec>(checker, |c, spec| {
+            check_data_keys(c, "spec.data", spec.data.keys());
+            let size: usize = spec.data.values().map(String::len).sum();
+            check_data_size(c, size);
+        }),
+        Kind::Job => spec.check::<JobSpec>(checker, workloads::check_job),
         Kind::PerNodeDeployment => {
-            if let Some(spec) = decode_spec::<PerNodeDeploymentSpec>(&mut checker, &object.spec) {
-                workloads::check_per_node(&mut checker, &spec);
-            }
+            spec.check::<PerNodeDeploymentSpec>(checker, workloads::check_per_node)
         }
-    }
+    };
     if checker.errors.is_empty() {
-        Ok(())
+        Ok(encoded)
     } else {
-        Err(checker.errors)
+        Err(std::mem::take(&mut checker.errors))
+    }
+}
+
+/// An object's spec being checked, and whether its canonical form is
+/// wanted.
+#[derive(Clone, Copy)]
+struct Spec<'a> {
+    value: &'a Value,
+    canonical: bool,
+}
+
+impl Spec<'_> {
+    /// Decodes the spec as `T` and checks it with `rules`; its canonical
+    /// form if it decoded and that is wanted.
+    fn check<T: serde::de::DeserializeOwned + Serialize>(
+        self,
+        checker: &mut Checker,
+        rules: impl FnOnce(&mut Checker, &T),
+    ) -> Option<Value> {
+        let typed = decode_spec::<T>(checker, self.value);
+        if let Some(typed) = &typed {
+            rules(checker, typed);
+        }
+        self.encode(typed)
+    }
+
+    fn encode<T: Serialize>(self, typed: Option<T>) -> Option<Value> {
+        if !self.canonical {
+            return None;
+        }
+        serde_json::to_value(typed?).ok()
     }
 }
 
@@ -285,6 +300,11 @@ fn decode_with<T: serde::de::DeserializeOwned>(
 ) -> Option<T> {
     let empty = Value::Object(Default::default());
     let spec = if spec.is_null() { &empty } else { spec };
+    // Tracking the path costs as much again: only a spec that fails is
+    // decoded a second time, to say where.
+    if let Ok(typed) = T::deserialize(spec) {
+        return Some(typed);
+    }
     match serde_path_to_error::deserialize::<_, T>(spec) {
         Ok(typed) => Some(typed),
         Err(error) => {

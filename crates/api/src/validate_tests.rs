@@ -522,3 +522,77 @@ fn a_stopped_vm_is_not_migrated_restarted_or_reset_but_may_start_and_keep_old_re
     // A rollback to an older request (stopped) is no new request.
     assert_eq!(crate::validate_update(&migrated, &stopped), Ok(()));
 }
+
+/// One valid object of every kind, as a user might write it (defaults left
+/// out).
+fn one_of_each_kind() -> Vec<Object> {
+    let container = json!({"name": "c", "image": "i", "resources": {"memory": "65536Ki"}});
+    let template =
+        json!({"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [container]}});
+    let specs = [
+        (Kind::Pod, json!({"containers": [container]})),
+        (Kind::Node, Value::Null),
+        (
+            Kind::PinnedDeployment,
+            json!({"replicas": 2, "selector": {"app": "x"},
+                   "templates": {"previous": template, "next": template}}),
+        ),
+        (
+            Kind::Policy,
+            json!({"namespaces": ["*"], "grant": ["capability:CAP_CHOWN"]}),
+        ),
+        (Kind::Controller, json!({"owns": ["Pod:status.node"]})),
+        (
+            Kind::VirtualMachine,
+            json!({"cpus": 1, "memory": "256Mi", "boot": {"kernel": "k"}}),
+        ),
+        (
+            Kind::LoadBalancer,
+            json!({"selector": {"app": "x"}, "ports": [{"port": 80, "targetPort": 8080}]}),
+        ),
+        (Kind::Secret, json!({"stringData": {"k": "v"}})),
+        (Kind::Config, json!({"data": {"k": "v"}})),
+        (
+            Kind::Job,
+            json!({"template": {"spec": {"containers": [container], "restartPolicy": "Never"}}}),
+        ),
+        (Kind::PerNodeDeployment, json!({"template": template})),
+    ];
+    specs
+        .into_iter()
+        .map(|(kind, spec)| {
+            let namespace = kind.is_namespaced().then_some("default");
+            Object::new(kind, namespace, "x", spec)
+        })
+        .collect()
+}
+
+#[test]
+fn validated_is_validation_then_the_canonical_spec() {
+    for object in one_of_each_kind() {
+        let kind = object.kind;
+        let separate = validate_object(&object).map(|()| canonical_spec(kind, &object.spec));
+        assert!(separate.is_ok(), "{kind}: {separate:?}");
+        let together = validated(object).map(|object| object.spec);
+        assert_eq!(together, separate, "{kind}");
+    }
+    // Defaults are spelled out, as canonical_spec does.
+    let pod = validated(one_of_each_kind().remove(0)).unwrap();
+    assert_eq!(pod.spec["restartPolicy"], "Always");
+    assert_eq!(pod.spec["containers"][0]["resources"]["memory"], "64Mi");
+}
+
+#[test]
+fn validated_refuses_what_validate_object_refuses_with_the_same_paths() {
+    let wrong = [
+        pod(json!({"containers": [{"name": "c", "image": "i", "bogus": 1}]})),
+        pod(json!({"containers": [{"name": "Bad_Name", "image": "i"}]})),
+        Object::new(Kind::Secret, None, "s", json!({"data": {"k": 1234}})),
+        Object::new(Kind::Config, None, "c", json!({"data": {"bad key": "v"}})),
+    ];
+    for object in wrong {
+        let expected = validate_object(&object).unwrap_err();
+        assert!(!expected.is_empty());
+        assert_eq!(validated(object).unwrap_err(), expected);
+    }
+}

@@ -11,6 +11,8 @@ use corral_api::kinds::{
 };
 use corral_api::security::{admit_pod, namespace_runtime};
 use corral_api::{Kind, Object};
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::Server;
 use crate::error::ApiError;
@@ -30,6 +32,10 @@ pub async fn admit(
 ) -> Result<(), ApiError> {
     default_runtime(server, old, new).await?;
     if old.is_some_and(|old| old.spec == new.spec) {
+        return Ok(());
+    }
+    // Most writes ask for nothing: seen in the JSON, without decoding.
+    if !pod_spec_values(new).into_iter().any(asks) {
         return Ok(());
     }
     let specs = pod_specs(new);
@@ -52,7 +58,10 @@ pub fn keep_runtime(old: &Object, new: &mut Object) {
     if new.kind != Kind::Pod {
         return;
     }
-    let kept = old.typed_spec::<PodSpec>().ok().and_then(|old| old.runtime);
+    let kept = old
+        .spec
+        .get("runtime")
+        .and_then(|runtime| RuntimeClass::deserialize(runtime).ok());
     set_runtime_if_unset(new, kept);
 }
 
@@ -109,6 +118,38 @@ fn pod_specs(object: &Object) -> Vec<PodSpec> {
     }
 }
 
+/// The pod specs of [`pod_specs`], as the object's JSON holds them.
+fn pod_spec_values(object: &Object) -> Vec<&Value> {
+    let at = |path: &[&str]| {
+        path.iter()
+            .try_fold(&object.spec, |value, key| value.get(key))
+    };
+    match object.kind {
+        Kind::Pod => vec![&object.spec],
+        Kind::PinnedDeployment => [
+            at(&["templates", "previous", "spec"]),
+            at(&["templates", "next", "spec"]),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        Kind::PerNodeDeployment | Kind::Job => at(&["template", "spec"]).into_iter().collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a pod spec names a runtime or a relaxation (what the typed
+/// check asks: `runtime` set, `security.relax` not empty).
+fn asks(spec: &Value) -> bool {
+    spec.get("runtime")
+        .is_some_and(|runtime| !runtime.is_null())
+        || spec
+            .get("security")
+            .and_then(|security| security.get("relax"))
+            .and_then(Value::as_array)
+            .is_some_and(|relax| !relax.is_empty())
+}
+
 async fn policies(server: &Server) -> Result<Vec<(String, PolicySpec)>, ApiError> {
     let listed = server.store.list(Kind::Policy, None).await?;
     Ok(listed
@@ -119,4 +160,89 @@ async fn policies(server: &Server) -> Result<Vec<(String, PolicySpec)>, ApiError
             Some((policy.metadata.name.clone(), spec))
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn typed_asks(object: &Object) -> bool {
+        pod_specs(object)
+            .iter()
+            .any(|spec| spec.runtime.is_some() || !spec.security.relax.is_empty())
+    }
+
+    #[test]
+    fn the_json_look_asks_what_the_typed_check_asks() {
+        let plain = json!({"containers": [{"name": "c", "image": "i"}]});
+        let with = |extra: serde_json::Value| {
+            let mut spec = plain.clone();
+            for (key, value) in extra.as_object().unwrap() {
+                spec[key] = value.clone();
+            }
+            spec
+        };
+        let pod_specs = [
+            (plain.clone(), false),
+            (with(json!({"runtime": null})), false),
+            (with(json!({"security": {"relax": []}})), false),
+            (with(json!({"runtime": "gvisor"})), true),
+            (with(json!({"security": {"relax": ["run-as-root"]}})), true),
+        ];
+        for (spec, expected) in pod_specs {
+            let template = json!({"spec": spec});
+            let objects = [
+                Object::new(Kind::Pod, Some("default"), "p", spec.clone()),
+                Object::new(
+                    Kind::Job,
+                    Some("default"),
+                    "j",
+                    json!({"template": template}),
+                ),
+                Object::new(
+                    Kind::PerNodeDeployment,
+                    Some("default"),
+                    "n",
+                    json!({"template": template}),
+                ),
+                Object::new(
+                    Kind::PinnedDeployment,
+                    Some("default"),
+                    "d",
+                    json!({"replicas": 1, "selector": {},
+                           "templates": {"previous": {"spec": plain}, "next": template}}),
+                ),
+            ];
+            for object in objects {
+                let looked = pod_spec_values(&object).into_iter().any(asks);
+                assert_eq!(looked, expected, "{} {spec}", object.kind);
+                assert_eq!(typed_asks(&object), expected, "{} {spec}", object.kind);
+            }
+        }
+        let policy = Object::new(Kind::Policy, None, "p", json!({"namespaces": ["*"]}));
+        assert!(pod_spec_values(&policy).is_empty());
+    }
+
+    #[test]
+    fn keep_runtime_keeps_the_stored_runtime_when_the_new_spec_names_none() {
+        let old = Object::new(
+            Kind::Pod,
+            Some("default"),
+            "p",
+            json!({"containers": [], "runtime": "gvisor"}),
+        );
+        let mut new = Object::new(Kind::Pod, Some("default"), "p", json!({"containers": []}));
+        keep_runtime(&old, &mut new);
+        assert_eq!(new.spec["runtime"], "gvisor");
+        let mut named = Object::new(
+            Kind::Pod,
+            Some("default"),
+            "p",
+            json!({"containers": [], "runtime": "runc"}),
+        );
+        keep_runtime(&old, &mut named);
+        assert_eq!(named.spec["runtime"], "runc");
+    }
 }

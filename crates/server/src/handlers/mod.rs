@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use corral_api::manifest::decode_object;
-use corral_api::{Identity, Kind, Object, ObjectKey, canonical_spec, validate_object};
+use corral_api::{Identity, Kind, Object, ObjectKey, validated};
 use corral_store::ChangeMeta;
 
 use crate::Server;
@@ -84,17 +84,13 @@ pub fn change(server: &Server, caller: &Identity, message: Option<&str>) -> Chan
 /// Decodes and validates a request body as an object of the target's kind,
 /// at the target's key when the route names one.
 pub fn parse_object(target: &Target, body: &Bytes) -> Result<Object, ApiError> {
-    let mut value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
-    // Any name the CLI accepts (`pod`, `PD`), stored canonical.
-    if let Some(kind) = value
-        .get("kind")
-        .and_then(serde_json::Value::as_str)
-        .and_then(|kind| kind.parse::<Kind>().ok())
-    {
-        value["kind"] = kind.as_str().into();
-    }
-    let mut object = decode_object(value).map_err(|e| ApiError::invalid("object", vec![e]))?;
+    // The body as it usually comes (canonical kind, every field known)
+    // decodes straight into an object; anything else takes the way that
+    // accepts a kind's other names and says where the body is wrong.
+    let object = match serde_json::from_slice::<Object>(body) {
+        Ok(object) => object,
+        Err(_) => decode_body(body)?,
+    };
     if object.kind != target.kind {
         return Err(ApiError::BadRequest(format!(
             "kind: the body is a {} but the route is for {}",
@@ -103,8 +99,7 @@ pub fn parse_object(target: &Target, body: &Bytes) -> Result<Object, ApiError> {
         )));
     }
     let key = object.key();
-    validate_object(&object).map_err(|fields| ApiError::invalid(&key.to_string(), fields))?;
-    object.spec = canonical_spec(object.kind, &object.spec);
+    let object = validated(object).map_err(|fields| ApiError::invalid(&key.to_string(), fields))?;
     if let Some(name) = &target.name
         && *name != key.name
     {
@@ -122,4 +117,79 @@ pub fn parse_object(target: &Target, body: &Bytes) -> Result<Object, ApiError> {
         )));
     }
     Ok(object)
+}
+
+/// The body as JSON, its kind by any of its names made canonical, decoded
+/// with the path of what does not fit.
+fn decode_body(body: &Bytes) -> Result<Object, ApiError> {
+    let mut value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("request body is not valid JSON: {e}")))?;
+    // Any name the CLI accepts (`pod`, `PD`), stored canonical.
+    if let Some(kind) = value
+        .get("kind")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|kind| kind.parse::<Kind>().ok())
+    {
+        value["kind"] = kind.as_str().into();
+    }
+    decode_object(value).map_err(|e| ApiError::invalid("object", vec![e]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pods() -> Target {
+        Target {
+            kind: Kind::Pod,
+            namespace: Some("default".into()),
+            name: Some("web".into()),
+        }
+    }
+
+    fn parse(body: &str) -> Result<Object, ApiError> {
+        parse_object(&pods(), &Bytes::from(body.to_string()))
+    }
+
+    fn refusal(body: &str) -> String {
+        parse(body).unwrap_err().to_string()
+    }
+
+    const SPEC: &str = r#""spec": {"containers": [{"name": "c", "image": "i"}]}"#;
+
+    #[test]
+    fn a_kind_by_another_name_parses_as_the_canonical_body_does() {
+        let canonical = parse(&format!(
+            r#"{{"kind": "Pod", "metadata": {{"name": "web"}}, {SPEC}}}"#
+        ))
+        .unwrap();
+        for kind in ["pod", "PO", "pods"] {
+            let other = parse(&format!(
+                r#"{{"kind": "{kind}", "metadata": {{"name": "web"}}, {SPEC}}}"#
+            ))
+            .unwrap();
+            assert_eq!(other, canonical, "{kind}");
+        }
+        // Validated and canonical: the defaults are spelled out.
+        assert_eq!(canonical.spec["restartPolicy"], "Always");
+        assert_eq!(canonical.key().namespace, "default");
+    }
+
+    #[test]
+    fn a_body_that_does_not_fit_is_refused_with_the_path() {
+        assert!(refusal("{").starts_with("request body is not valid JSON"));
+        let unknown = refusal(&format!(
+            r#"{{"kind": "Pod", "metadata": {{"name": "web", "colour": 1}}, {SPEC}}}"#
+        ));
+        assert!(unknown.contains("metadata"), "{unknown}");
+        assert!(unknown.contains("colour"), "{unknown}");
+        let typo = refusal(
+            r#"{"kind": "Pod", "metadata": {"name": "web"}, "spec": {"containers": [{"name": "c", "imag": "i"}]}}"#,
+        );
+        assert!(typo.contains("spec.containers[0]"), "{typo}");
+        let kind = refusal(&format!(
+            r#"{{"kind": "Node", "metadata": {{"name": "web"}}, {SPEC}}}"#
+        ));
+        assert!(kind.starts_with("kind: the body is a Node"), "{kind}");
+    }
 }
