@@ -140,14 +140,18 @@ pub struct Refusal {
 pub fn changed_fields(old: Option<&Object>, new: &Object) -> Vec<String> {
     let empty = Value::Object(Default::default());
     let null = Value::Null;
-    let labels = |o: Option<&Object>, f: fn(&Object) -> Value| o.map_or(empty.clone(), f);
-    let (old_labels, new_labels) = (
-        labels(old, |o| to_value(&o.metadata.labels)),
-        to_value(&new.metadata.labels),
-    );
-    let (old_annotations, new_annotations) = (
-        labels(old, |o| to_value(&o.metadata.annotations)),
-        to_value(&new.metadata.annotations),
+    // Maps that did not change are not made JSON to be compared.
+    let pair = |old: Option<&BTreeMap<String, String>>, new: &BTreeMap<String, String>| {
+        if old == Some(new) {
+            (Value::Null, Value::Null)
+        } else {
+            (old.map_or_else(|| empty.clone(), to_value), to_value(new))
+        }
+    };
+    let (old_labels, new_labels) = pair(old.map(|o| &o.metadata.labels), &new.metadata.labels);
+    let (old_annotations, new_annotations) = pair(
+        old.map(|o| &o.metadata.annotations),
+        &new.metadata.annotations,
     );
     // Spec and status are compared where they are, not copied.
     let parts: [(&str, &Value, &Value); 4] = [

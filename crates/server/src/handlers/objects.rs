@@ -132,8 +132,13 @@ pub async fn apply(
                 current.metadata.uid, desired.metadata.uid
             )));
         }
-        let mut next = Object::clone(&current);
-        next.spec = desired.spec.clone();
+        // The stored spec is replaced: not copied.
+        let mut next = Object {
+            kind: current.kind,
+            metadata: current.metadata.clone(),
+            spec: desired.spec.clone(),
+            status: current.status.clone(),
+        };
         next.metadata.labels = desired.metadata.labels.clone();
         next.metadata.annotations = desired.metadata.annotations.clone();
         // An apply naming no owner keeps the stored one: only the server
