@@ -45,22 +45,16 @@ fn link_exists(name: &str) -> bool {
         .success()
 }
 
-/// The holders of id ranges that are spares.
+/// The holders of id ranges that are spares (the table's snapshot and
+/// journal, as the agent reads them).
 fn spare_ranges(data_dir: &Path) -> Vec<String> {
-    let Ok(text) = std::fs::read_to_string(data_dir.join("agent/id-ranges.json")) else {
-        return Vec::new();
-    };
-    let table: serde_json::Value = serde_json::from_str(&text).expect("the range table is JSON");
-    table["slots"]
-        .as_object()
-        .map(|slots| {
-            slots
-                .keys()
-                .filter(|holder| holder.starts_with(RANGE_PREFIX))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+    let table = corral_agent::idranges::read_table(&data_dir.join("agent/id-ranges.json"))
+        .expect("the range table reads");
+    table
+        .holders()
+        .filter(|holder| holder.starts_with(RANGE_PREFIX))
+        .map(str::to_string)
+        .collect()
 }
 
 fn full_pool(data_dir: &Path) -> Vec<PathBuf> {
