@@ -1,11 +1,15 @@
 //! The agent's local state: everything it needs to run its pods with the
-//! control plane gone, even across its own restart. One JSON file per pod
-//! under `DATA/agent/pods/`, written atomically (temporary file, fsync,
-//! rename, fsync of the directory).
+//! control plane gone, even across its own restart. One file per pod under
+//! `DATA/agent/pods/`, one JSON record per line, the last whole line
+//! current (design 0049). A pod's first record is written atomically
+//! (temporary file, fsync, rename, fsync of the directory); each later one
+//! is appended and fdatasynced, and the file is written again whole, with
+//! the newest record alone, once it passes [`FOLD_AT`] bytes.
 
 use std::collections::BTreeMap;
-use std::fs;
+use std::fs::{self, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -153,14 +157,12 @@ impl LocalState {
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
-            let text = fs::read_to_string(&path).map_err(|source| StateError::Io {
+            let bytes = fs::read(&path).map_err(|source| StateError::Io {
                 action: "read",
                 path: path.clone(),
                 source,
             })?;
-            let record: PodRecord = serde_json::from_str(&text)
-                .map_err(|source| StateError::Corrupt { path, source })?;
-            records.push(record);
+            records.push(parse_record(&path, &bytes)?);
         }
         records.sort_by_key(|r| r.pod.key());
         Ok(records)
@@ -169,20 +171,21 @@ impl LocalState {
     /// Writes a record durably before returning.
     pub fn save(&self, record: &PodRecord) -> Result<(), StateError> {
         let path = self.dir.join(file_name(&record.pod.key()));
-        let text = serde_json::to_vec_pretty(record).map_err(|source| StateError::Corrupt {
+        let mut line = serde_json::to_vec(record).map_err(|source| StateError::Corrupt {
             path: path.clone(),
             source,
         })?;
-        write_atomically(&path, &text)
+        line.push(b'\n');
+        append_record(&path, &line)
     }
 
     /// Forgets the pod at `key` if the record there is still the one with
     /// `uid` (a pod recreated under the same name keeps its new record).
     pub fn remove_if_uid(&self, key: &ObjectKey, uid: &str) -> Result<(), StateError> {
         let path = self.dir.join(file_name(key));
-        let current_uid = fs::read_to_string(&path)
+        let current_uid = fs::read(&path)
             .ok()
-            .and_then(|text| serde_json::from_str::<PodRecord>(&text).ok())
+            .and_then(|bytes| parse_record(&path, &bytes).ok())
             .map(|record| record.pod.metadata.uid);
         match current_uid {
             Some(current) if current != uid => Ok(()),
@@ -201,6 +204,62 @@ impl LocalState {
             _ => Ok(()),
         }
     }
+}
+
+/// A record file's size past which the next record is written whole.
+pub const FOLD_AT: u64 = 16 * 1024;
+
+/// Appends `line` (one record and its newline) to the record file at
+/// `path` and fdatasyncs it. A file that is new, has grown past
+/// [`FOLD_AT`], or does not end with a newline (a record a crash cut short,
+/// or one file written whole before records were appended) is written
+/// again whole with `line` alone, atomically.
+fn append_record(path: &Path, line: &[u8]) -> Result<(), StateError> {
+    let io = |action| {
+        let path = path.to_path_buf();
+        move |source| StateError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let mut file = match OpenOptions::new().read(true).append(true).open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return write_atomically(path, line);
+        }
+        Err(source) => return Err(io("open")(source)),
+    };
+    let len = file.metadata().map_err(io("stat"))?.len();
+    let mut last = [0u8; 1];
+    let clean = len > 0
+        && file
+            .read_exact_at(&mut last, len - 1)
+            .is_ok_and(|()| last[0] == b'\n');
+    if !clean || len + line.len() as u64 > FOLD_AT {
+        return write_atomically(path, line);
+    }
+    file.write_all(line).map_err(io("append to"))?;
+    file.sync_data().map_err(io("fdatasync"))
+}
+
+/// The current record of a record file: its last whole line (a last line
+/// without its newline was cut short by a crash before it was
+/// acknowledged), or the file as one JSON document (as records were
+/// written before they were appended).
+fn parse_record(path: &Path, bytes: &[u8]) -> Result<PodRecord, StateError> {
+    let whole = bytes
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(&bytes[..0], |end| &bytes[..end]);
+    let last = whole.rsplit(|b| *b == b'\n').next().unwrap_or_default();
+    if let Ok(record) = serde_json::from_slice(last) {
+        return Ok(record);
+    }
+    serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Writes `bytes` to `path` durably: a temporary file, fsync, rename,
@@ -229,10 +288,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn records_survive_reopening() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = LocalState::open(dir.path()).unwrap();
+    fn record() -> PodRecord {
         let pod = Object::new(
             corral_api::Kind::Pod,
             Some("a"),
@@ -271,11 +327,95 @@ mod tests {
                 data_restart: None,
             },
         );
+        record
+    }
+
+    #[test]
+    fn records_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = LocalState::open(dir.path()).unwrap();
+        let record = record();
         state.save(&record).unwrap();
         let reopened = LocalState::open(dir.path()).unwrap();
         assert_eq!(reopened.load_all().unwrap(), vec![record.clone()]);
         reopened.remove(&record.pod.key()).unwrap();
         reopened.remove(&record.pod.key()).unwrap();
         assert!(reopened.load_all().unwrap().is_empty());
+    }
+
+    fn file_of(dir: &Path, record: &PodRecord) -> PathBuf {
+        dir.join(file_name(&record.pod.key()))
+    }
+
+    #[test]
+    fn later_records_are_appended_and_the_last_whole_line_is_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = LocalState::open(dir.path()).unwrap();
+        let mut record = record();
+        state.save(&record).unwrap();
+        record.admitted_revision = 2;
+        state.save(&record).unwrap();
+        let path = file_of(dir.path(), &record);
+        let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert_eq!(state.load_all().unwrap(), vec![record.clone()]);
+        // An append a crash cut short was never acknowledged.
+        let mut torn = text.clone().into_bytes();
+        torn.extend_from_slice(b"{\"pod\": {\"kind\"");
+        fs::write(&path, &torn).unwrap();
+        assert_eq!(state.load_all().unwrap(), vec![record.clone()]);
+        // The next save does not append to the torn line: it writes whole.
+        record.admitted_revision = 3;
+        state.save(&record).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 1);
+        assert_eq!(state.load_all().unwrap(), vec![record.clone()]);
+        // A whole last line that is not a record is corruption.
+        fs::write(&path, b"{}\n").unwrap();
+        assert!(matches!(state.load_all(), Err(StateError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_record_written_whole_before_appends_reads_and_is_folded_at_the_next_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = LocalState::open(dir.path()).unwrap();
+        let mut record = record();
+        let path = file_of(dir.path(), &record);
+        fs::write(&path, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
+        assert_eq!(state.load_all().unwrap(), vec![record.clone()]);
+        record.admitted_revision = 5;
+        state.save(&record).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 1);
+        assert_eq!(state.load_all().unwrap(), vec![record.clone()]);
+        state
+            .remove_if_uid(&record.pod.key(), "another uid")
+            .unwrap();
+        assert!(path.exists(), "a record of another uid stays");
+        state
+            .remove_if_uid(&record.pod.key(), &record.pod.metadata.uid)
+            .unwrap();
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_record_file_past_its_size_is_written_whole_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = LocalState::open(dir.path()).unwrap();
+        let mut record = record();
+        let path = file_of(dir.path(), &record);
+        // Revisions of two digits: every line is as long.
+        record.admitted_revision = 10;
+        let line = serde_json::to_vec(&record).unwrap().len() as u64 + 1;
+        let fits = FOLD_AT / line;
+        assert!(fits > 2 && 10 + fits < 100, "{fits} lines fit");
+        for revision in 10..10 + fits {
+            record.admitted_revision = revision;
+            state.save(&record).unwrap();
+        }
+        let lines = fs::read_to_string(&path).unwrap().lines().count() as u64;
+        assert_eq!(lines, fits);
+        record.admitted_revision = 10 + fits;
+        state.save(&record).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 1);
+        assert_eq!(state.load_all().unwrap(), vec![record]);
     }
 }

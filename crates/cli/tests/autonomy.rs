@@ -185,15 +185,17 @@ fn container_ids(pod: &Value) -> Vec<(String, String, u64)> {
 
 /// The ids the agent's local state says run, straight from its record file.
 fn local_container(agent_dir: &Path, name: &str) -> (String, Option<u64>) {
-    let text = std::fs::read_to_string(agent_dir.join("agent/pods/default_web.json")).unwrap();
-    let record: Value = serde_json::from_str(&text).unwrap();
-    let container = &record["containers"][name];
+    let records = corral_agent::state::LocalState::open(agent_dir.join("agent/pods"))
+        .and_then(|state| state.load_all())
+        .expect("the agent's records read");
+    let record = records
+        .iter()
+        .find(|record| record.pod.metadata.name == "web")
+        .expect("the record of pod web");
+    let container = record.containers.get(name);
     (
-        container["runtimeId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        container["pid"].as_u64(),
+        container.map(|c| c.runtime_id.clone()).unwrap_or_default(),
+        container.and_then(|c| c.pid.map(u64::from)),
     )
 }
 
