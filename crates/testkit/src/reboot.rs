@@ -170,11 +170,11 @@ pub fn local_records(data_dir: &Path) -> Result<Vec<(PathBuf, Value)>, RebootErr
         if path.extension().is_none_or(|e| e != "json") {
             continue;
         }
-        let text = std::fs::read(&path).map_err(|source| RebootError::Records {
+        let bytes = std::fs::read(&path).map_err(|source| RebootError::Records {
             path: path.clone(),
             source,
         })?;
-        let record = serde_json::from_slice(&text).map_err(|source| RebootError::Record {
+        let record = current_record(&bytes).map_err(|source| RebootError::Record {
             path: path.clone(),
             source,
         })?;
@@ -182,6 +182,21 @@ pub fn local_records(data_dir: &Path) -> Result<Vec<(PathBuf, Value)>, RebootErr
     }
     records.sort_by_key(|(_, record)| pod_name(record).to_string());
     Ok(records)
+}
+
+/// A record file's current record, as the agent reads it
+/// (`corral_agent::state`, design 0049): its last whole line, or the file
+/// as one JSON document.
+fn current_record(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    let whole = bytes
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(&bytes[..0], |end| &bytes[..end]);
+    let last = whole.rsplit(|b| *b == b'\n').next().unwrap_or_default();
+    match serde_json::from_slice::<Value>(last) {
+        Ok(record) if record.is_object() => Ok(record),
+        _ => serde_json::from_slice(bytes),
+    }
 }
 
 fn pod_name(record: &Value) -> &str {
@@ -354,5 +369,16 @@ mod tests {
             own.is_empty() || own.contains(&Ipv6Addr::LOCALHOST),
             "{own:?}"
         );
+    }
+
+    #[test]
+    fn the_current_record_is_the_last_whole_line_or_the_whole_file() {
+        let first = br#"{"pod": {"metadata": {"name": "web"}}, "admittedRevision": 1}"#;
+        let second = br#"{"pod": {"metadata": {"name": "web"}}, "admittedRevision": 2}"#;
+        let appended = [&first[..], b"\n", second, b"\n", br#"{"pod": {"#].concat();
+        assert_eq!(current_record(&appended).unwrap()["admittedRevision"], 2);
+        let pretty = b"{\n  \"pod\": {},\n  \"admittedRevision\": 3\n}";
+        assert_eq!(current_record(pretty).unwrap()["admittedRevision"], 3);
+        assert!(current_record(b"{\n").is_err());
     }
 }
