@@ -166,12 +166,8 @@ fn journal_path(path: &Path) -> PathBuf {
 /// changing either. A last line a crash cut short was never acknowledged
 /// (its fdatasync had not returned) and is left out.
 pub fn read_table(path: &Path) -> Result<RangeTable, StateError> {
-    let corrupt = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StateError::Corrupt { path, source }
-    };
     let mut table: RangeTable = match read_file(path)? {
-        Some(bytes) => serde_json::from_slice(&bytes).map_err(corrupt(path))?,
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(StateError::corrupt(path))?,
         None => RangeTable::default(),
     };
     let journal = journal_path(path);
@@ -182,7 +178,8 @@ pub fn read_table(path: &Path) -> Result<RangeTable, StateError> {
         .map_or(0, |end| end + 1);
     for line in bytes[..whole].split(|b| *b == b'\n') {
         if !line.is_empty() {
-            let change: Change = serde_json::from_slice(line).map_err(corrupt(&journal))?;
+            let change: Change =
+                serde_json::from_slice(line).map_err(StateError::corrupt(&journal))?;
             change.apply(&mut table);
         }
     }
@@ -193,11 +190,7 @@ fn read_file(path: &Path) -> Result<Option<Vec<u8>>, StateError> {
     match std::fs::read(path) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(StateError::Io {
-            action: "read",
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(StateError::io("read", path)(source)),
     }
 }
 
@@ -221,19 +214,11 @@ impl IdRanges {
     pub fn open(path: &Path) -> Result<Self, StateError> {
         let table = read_table(path)?;
         let journal_path = journal_path(path);
-        let io = |action| {
-            let path = journal_path.clone();
-            move |source| StateError::Io {
-                action,
-                path,
-                source,
-            }
-        };
         let journal = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&journal_path)
-            .map_err(io("open"))?;
+            .map_err(StateError::io("open", &journal_path))?;
         let mut journaled = Journaled {
             table,
             journal,
@@ -313,19 +298,10 @@ impl IdRanges {
     /// (folded into the snapshot when the journal is long).
     fn record(&self, journaled: &mut Journaled, next: RangeTable) -> Result<(), StateError> {
         let change = Change::between(&journaled.table, &next);
-        let mut line = serde_json::to_vec(&change).map_err(|source| StateError::Corrupt {
-            path: journal_path(&self.path),
-            source,
-        })?;
+        let journal = journal_path(&self.path);
+        let mut line = serde_json::to_vec(&change).map_err(StateError::corrupt(&journal))?;
         line.push(b'\n');
-        let io = |action| {
-            let path = journal_path(&self.path);
-            move |source| StateError::Io {
-                action,
-                path,
-                source,
-            }
-        };
+        let io = |action| StateError::io(action, &journal);
         journaled
             .journal
             .write_all(&line)
@@ -342,11 +318,7 @@ impl IdRanges {
 
 /// Writes the table as the snapshot at `path` and empties the journal.
 fn fold(path: &Path, journaled: &mut Journaled) -> Result<(), StateError> {
-    let bytes =
-        serde_json::to_vec_pretty(&journaled.table).map_err(|source| StateError::Corrupt {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let bytes = serde_json::to_vec_pretty(&journaled.table).map_err(StateError::corrupt(path))?;
     // The snapshot first: a crash before the journal is emptied replays
     // changes the snapshot holds already, which changes nothing.
     write_atomically(path, &bytes)?;
@@ -355,11 +327,7 @@ fn fold(path: &Path, journaled: &mut Journaled) -> Result<(), StateError> {
         .journal
         .set_len(0)
         .and_then(|()| journaled.journal.sync_all())
-        .map_err(|source| StateError::Io {
-            action: "empty",
-            path: journal,
-            source,
-        })?;
+        .map_err(StateError::io("empty", &journal))?;
     journaled.lines = 0;
     Ok(())
 }

@@ -34,6 +34,24 @@ pub enum StateError {
     },
 }
 
+impl StateError {
+    /// The failure of `action` on `path`, for `map_err`.
+    pub fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self + use<> {
+        let path = path.to_path_buf();
+        move |source| StateError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+
+    /// JSON at `path` that does not fit, for `map_err`.
+    pub fn corrupt(path: &Path) -> impl FnOnce(serde_json::Error) -> Self + use<> {
+        let path = path.to_path_buf();
+        move |source| StateError::Corrupt { path, source }
+    }
+}
+
 /// What the agent remembers of one pod.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -132,11 +150,7 @@ fn file_name(key: &ObjectKey) -> String {
 impl LocalState {
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
         let dir = dir.into();
-        fs::create_dir_all(&dir).map_err(|source| StateError::Io {
-            action: "create",
-            path: dir.clone(),
-            source,
-        })?;
+        fs::create_dir_all(&dir).map_err(StateError::io("create", &dir))?;
         Ok(LocalState { dir })
     }
 
@@ -146,22 +160,14 @@ impl LocalState {
 
     /// Every pod record, sorted by key.
     pub fn load_all(&self) -> Result<Vec<PodRecord>, StateError> {
-        let entries = fs::read_dir(&self.dir).map_err(|source| StateError::Io {
-            action: "list",
-            path: self.dir.clone(),
-            source,
-        })?;
+        let entries = fs::read_dir(&self.dir).map_err(StateError::io("list", &self.dir))?;
         let mut records = Vec::new();
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().and_then(|e| e.to_str()) != Some("json") {
                 continue;
             }
-            let bytes = fs::read(&path).map_err(|source| StateError::Io {
-                action: "read",
-                path: path.clone(),
-                source,
-            })?;
+            let bytes = fs::read(&path).map_err(StateError::io("read", &path))?;
             records.push(parse_record(&path, &bytes)?);
         }
         records.sort_by_key(|r| r.pod.key());
@@ -171,10 +177,7 @@ impl LocalState {
     /// Writes a record durably before returning.
     pub fn save(&self, record: &PodRecord) -> Result<(), StateError> {
         let path = self.dir.join(file_name(&record.pod.key()));
-        let mut line = serde_json::to_vec(record).map_err(|source| StateError::Corrupt {
-            path: path.clone(),
-            source,
-        })?;
+        let mut line = serde_json::to_vec(record).map_err(StateError::corrupt(&path))?;
         line.push(b'\n');
         append_record(&path, &line)
     }
@@ -196,11 +199,9 @@ impl LocalState {
     pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
         let path = self.dir.join(file_name(key));
         match fs::remove_file(&path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(StateError::Io {
-                action: "remove",
-                path,
-                source: error,
-            }),
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                Err(StateError::io("remove", &path)(error))
+            }
             _ => Ok(()),
         }
     }
@@ -215,14 +216,7 @@ pub const FOLD_AT: u64 = 16 * 1024;
 /// or one file written whole before records were appended) is written
 /// again whole with `line` alone, atomically.
 fn append_record(path: &Path, line: &[u8]) -> Result<(), StateError> {
-    let io = |action| {
-        let path = path.to_path_buf();
-        move |source| StateError::Io {
-            action,
-            path,
-            source,
-        }
-    };
+    let io = |action| StateError::io(action, path);
     let mut file = match OpenOptions::new().read(true).append(true).open(path) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
@@ -256,24 +250,14 @@ fn parse_record(path: &Path, bytes: &[u8]) -> Result<PodRecord, StateError> {
     if let Ok(record) = serde_json::from_slice(last) {
         return Ok(record);
     }
-    serde_json::from_slice(bytes).map_err(|source| StateError::Corrupt {
-        path: path.to_path_buf(),
-        source,
-    })
+    serde_json::from_slice(bytes).map_err(StateError::corrupt(path))
 }
 
 /// Writes `bytes` to `path` durably: a temporary file, fsync, rename,
 /// fsync of the directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
     let temporary = path.with_extension("tmp");
-    let io = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StateError::Io {
-            action,
-            path,
-            source,
-        }
-    };
+    let io = StateError::io;
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut file = fs::File::create(&temporary).map_err(io("create", &temporary))?;
     file.write_all(bytes).map_err(io("write", &temporary))?;
