@@ -48,6 +48,36 @@ impl StoredWorkflows {
         }
     }
 
+    /// The running instances of the object's `status.workflow`, each with
+    /// its index among the kept instances, read without decoding those that
+    /// finished (what a write that only cancels or ticks running instances
+    /// needs). The shapes [`StoredWorkflows::of`] refuses are refused.
+    pub fn running_of(status: &Value) -> Result<Vec<(usize, StoredInstance)>, serde_json::Error> {
+        match status
+            .get("workflow")
+            .map(|workflow| (workflow, workflow.get("instances")))
+        {
+            None | Some((Value::Null, _)) | Some((Value::Object(_), None | Some(Value::Null))) => {
+                Ok(Vec::new())
+            }
+            Some((Value::Object(_), Some(Value::Array(instances)))) => instances
+                .iter()
+                .enumerate()
+                .filter(|(_, instance)| StoredInstance::may_run(instance))
+                .map(|(index, instance)| StoredInstance::deserialize(instance).map(|i| (index, i)))
+                .collect(),
+            // Not an object with a list: the error decoding it whole gives.
+            Some(_) => Self::of(status).map(|stored| {
+                stored
+                    .instances
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, i)| i.outcome == WorkflowOutcome::Running)
+                    .collect()
+            }),
+        }
+    }
+
     /// The newest instance, the one `why` explains.
     pub fn latest(&self) -> Option<&StoredInstance> {
         self.instances.last()
@@ -86,6 +116,19 @@ pub struct StoredInstance {
 }
 
 impl StoredInstance {
+    /// Whether the stored JSON `instance` may be running: any but one whose
+    /// `outcome` names a finished one (a missing outcome is `running`, and
+    /// one that is not an outcome is left for decoding to refuse).
+    pub fn may_run(instance: &Value) -> bool {
+        const FINISHED: [WorkflowOutcome; 3] = [
+            WorkflowOutcome::Succeeded,
+            WorkflowOutcome::Failed,
+            WorkflowOutcome::Cancelled,
+        ];
+        let outcome = instance.get("outcome").and_then(Value::as_str);
+        !outcome.is_some_and(|outcome| FINISHED.iter().any(|f| f.as_str() == outcome))
+    }
+
     /// Whether `step` is ready in this running instance.
     pub fn is_ready(&self, step: &str) -> bool {
         self.outcome == WorkflowOutcome::Running

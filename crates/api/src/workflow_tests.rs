@@ -97,3 +97,72 @@ fn the_latest_instance_is_read_alone_and_as_the_whole_status_reads_it() {
     let not_a_list = serde_json::json!({"workflow": {"instances": {"id": "x"}}});
     assert!(StoredWorkflows::latest_of(&not_a_list).is_err());
 }
+
+#[test]
+fn running_instances_are_read_alone_as_the_whole_status_reads_them() {
+    let instance = |id: &str, outcome: Option<&str>| {
+        let mut instance = serde_json::json!({"id": id, "workflow": "update",
+            "definition": "pod-update-1", "revision": 2, "startedAt": "2026-12-02T10:00:00Z"});
+        if let Some(outcome) = outcome {
+            instance["outcome"] = outcome.into();
+        }
+        instance
+    };
+    let status = serde_json::json!({"workflow": {"instances": [
+        instance("start-1", Some("succeeded")),
+        instance("update-2", Some("cancelled")),
+        instance("update-3", Some("failed")),
+        // No outcome: running, as decoding the whole status says.
+        instance("update-4", None),
+        instance("update-5", Some("running")),
+    ]}});
+    let whole = StoredWorkflows::of(&status).expect("decodes");
+    let running = StoredWorkflows::running_of(&status).expect("decodes");
+    let expected: Vec<(usize, StoredInstance)> = whole
+        .instances
+        .into_iter()
+        .enumerate()
+        .filter(|(_, i)| i.outcome == WorkflowOutcome::Running)
+        .collect();
+    assert_eq!(running, expected);
+    assert_eq!(
+        running.iter().map(|(index, _)| *index).collect::<Vec<_>>(),
+        [3, 4]
+    );
+
+    // A finished instance is not decoded; a running one that does not
+    // decode, or an outcome that is none, is refused as the whole read is.
+    let finished_junk = serde_json::json!({"workflow": {"instances": [
+        {"id": "start-1", "outcome": "cancelled", "junk": true},
+        instance("update-2", None),
+    ]}});
+    assert_eq!(
+        StoredWorkflows::running_of(&finished_junk)
+            .expect("decodes")
+            .len(),
+        1
+    );
+    for bad in [
+        serde_json::json!({"workflow": {"instances": [{"id": "start-1", "outcome": "running"}]}}),
+        serde_json::json!({"workflow": {"instances": [instance("start-1", Some("paused"))]}}),
+        serde_json::json!({"workflow": {"instances": [7]}}),
+        serde_json::json!({"workflow": {"instances": {"id": "x"}}}),
+        serde_json::json!({"workflow": "running"}),
+    ] {
+        assert!(StoredWorkflows::running_of(&bad).is_err(), "{bad}");
+        assert!(StoredWorkflows::of(&bad).is_err(), "{bad}");
+    }
+    for empty in [
+        serde_json::json!(null),
+        serde_json::json!({"workflow": null}),
+        serde_json::json!({"workflow": {}}),
+        serde_json::json!({"workflow": {"instances": null}}),
+        serde_json::json!({"workflow": {"instances": []}}),
+    ] {
+        assert_eq!(
+            StoredWorkflows::running_of(&empty).expect("decodes"),
+            [],
+            "{empty}"
+        );
+    }
+}

@@ -85,6 +85,57 @@ async fn a_spec_change_adds_an_update_instance_and_cancels_the_running_start() {
 }
 
 #[tokio::test]
+async fn new_instances_keep_the_newest_few_and_leave_finished_ones_as_stored() {
+    let h = Harness::new().await;
+    h.create_pod("web", "img:0").await;
+    h.bind("web", "node-1").await;
+    let instances = |pod: &Value| pod["status"]["workflow"]["instances"].clone();
+    let mut before = Value::Null;
+    for image in 1..=6 {
+        h.clock.advance(TimeDelta::seconds(5));
+        before = h.ok("GET", &format!("{PODS}/web"), None).await;
+        h.ok(
+            "PUT",
+            &format!("{PODS}/web"),
+            Some(pod("web", &format!("img:{image}"))),
+        )
+        .await;
+    }
+    let after = h.ok("GET", &format!("{PODS}/web"), None).await;
+    let kept = instances(&after);
+    let ids: Vec<&str> = kept
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| i["id"].as_str().expect("an id"))
+        .collect();
+    assert_eq!(
+        ids,
+        ["update-3", "update-4", "update-5", "update-6", "update-7"]
+    );
+    // The last write cancelled update-6 and added update-7; the finished
+    // ones it kept are the very JSON they were.
+    let (old, new) = (instances(&before), instances(&after));
+    assert_eq!(old[0]["id"], "update-2", "{before}");
+    let (old, new) = (
+        old.as_array().expect("a list"),
+        new.as_array().expect("a list"),
+    );
+    assert_eq!(new[..3], old[1..4], "{before}\n{after}");
+    assert_eq!(old[4]["outcome"], "running");
+    assert_eq!(new[3]["outcome"], "cancelled");
+    assert_eq!(new[3]["startedAt"], old[4]["startedAt"]);
+    assert_eq!(new[4]["outcome"], "running");
+    let cancelled = h.logs("web", "?workflow=update-6").await;
+    assert!(
+        cancelled
+            .iter()
+            .any(|entry| entry.message.contains("cancelled: superseded by update-7")),
+        "{cancelled:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_spec_change_of_a_pod_on_no_node_starts_it_again_from_placement() {
     // A pod waiting for a node (too big for every node, say) whose spec is
     // fixed: an update's node steps would wait for a node nobody chose.

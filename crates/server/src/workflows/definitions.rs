@@ -75,9 +75,6 @@ pub async fn current(
     kind: Kind,
     workflow: &str,
 ) -> Result<Option<(String, Arc<WorkflowDefinition>)>, StoreError> {
-    if corral_workflow::builtin(kind, workflow).is_none() {
-        return Ok(None);
-    }
     let generation = server.cache.changes_of(Kind::Controller);
     let slot = (kind, workflow.to_string());
     let known = server
@@ -92,6 +89,11 @@ pub async fn current(
         && let Some(definition) = server.definitions.remembered(&name)
     {
         return Ok(Some((name, definition)));
+    }
+    // Known above means the kind has the workflow: the built-in one is
+    // built only when it is not.
+    if corral_workflow::builtin(kind, workflow).is_none() {
+        return Ok(None);
     }
     let Some(definition) = merge(server, kind, workflow).await? else {
         return Ok(None);

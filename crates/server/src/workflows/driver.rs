@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use chrono::{DateTime, Utc};
 use corral_api::watch::EventType;
-use corral_api::workflow::WorkflowOutcome;
+use corral_api::workflow::{StoredWorkflows, WorkflowOutcome};
 use corral_api::{AuthorClass, Kind, Object, ObjectKey};
 use corral_store::{ChangeMeta, StoreError};
 use futures::StreamExt;
@@ -211,11 +211,12 @@ fn node_is_gone(node: &Object) -> bool {
 
 /// The nearest deadline of the object's running instances.
 fn object_deadline(object: &Object) -> Option<DateTime<Utc>> {
-    let status = stored_status(object).ok()?;
-    status
-        .instances
+    // Only running instances have deadlines: those that finished are not
+    // decoded.
+    let running = StoredWorkflows::running_of(&object.status).ok()?;
+    running
         .iter()
-        .filter_map(corral_workflow::stored_deadline)
+        .filter_map(|(_, instance)| corral_workflow::stored_deadline(instance))
         .min()
 }
 

@@ -182,6 +182,10 @@ fn fence_reported(current: &Object, next: &Object) -> bool {
 /// Adds a new instance of `workflow` serving `revision` to `object`'s
 /// status, if its kind has that workflow; a running older one is
 /// cancelled. Returns the log entries to store once the object is written.
+///
+/// Only the running instances are decoded and encoded again: the finished
+/// ones (most of the kept ones) stay the JSON they are, as no write changes
+/// a finished instance.
 pub(crate) async fn begin(
     server: &Server,
     object: &mut Object,
@@ -194,22 +198,22 @@ pub(crate) async fn begin(
     };
     let now = server.clock.now();
     let uid = object.metadata.uid.clone();
-    let mut stored = stored_status(object).unwrap_or_else(|error| {
-        tracing::warn!(object = %object.key(), %error, "unreadable status.workflow replaced");
-        StoredWorkflows::default()
-    });
+    let (mut kept, running) = match StoredWorkflows::running_of(&object.status) {
+        Ok(running) => (take_instances(object), running),
+        Err(error) => {
+            tracing::warn!(object = %object.key(), %error, "unreadable status.workflow replaced");
+            (Vec::new(), Vec::new())
+        }
+    };
     let id = format!("{workflow}-{revision}");
     let (instance, created) = corral_workflow::instantiate(&definition, &id, &uid, revision, now);
     let mut logs = Vec::new();
     let reason = format!("superseded by {id}");
-    for older in &mut stored.instances {
-        if older.outcome != WorkflowOutcome::Running {
-            continue;
-        }
-        match hydrate(server, older, &uid).await {
+    for (index, mut older) in running {
+        match hydrate(server, &older, &uid).await {
             Ok(mut full) => {
                 logs.extend(corral_workflow::cancel(&mut full, now, &reason));
-                *older = corral_workflow::dehydrate(&full, &older.definition);
+                older = corral_workflow::dehydrate(&full, &older.definition);
             }
             Err(error) => {
                 tracing::warn!(object = %object.key(), instance = %older.id, %error,
@@ -219,14 +223,13 @@ pub(crate) async fn begin(
                 older.steps.clear();
             }
         }
+        kept[index] = encode(&older);
     }
-    stored
-        .instances
-        .push(corral_workflow::dehydrate(&instance, &name));
-    let excess = stored.instances.len().saturating_sub(KEPT_INSTANCES);
-    stored.instances.drain(..excess);
+    kept.push(encode(&corral_workflow::dehydrate(&instance, &name)));
+    let excess = kept.len().saturating_sub(KEPT_INSTANCES);
+    kept.drain(..excess);
     logs.extend(created);
-    put_stored(object, &stored);
+    put_instances(object, kept);
     Ok(logs)
 }
 
@@ -310,13 +313,40 @@ pub(crate) fn stored_status(object: &Object) -> Result<StoredWorkflows, serde_js
 
 /// Sets the object's `status.workflow`, keeping the rest of its status.
 pub(crate) fn put_stored(object: &mut Object, stored: &StoredWorkflows) {
+    put_instances(object, stored.instances.iter().map(encode).collect());
+}
+
+/// Takes the kept instances out of the object's `status.workflow`, as
+/// stored JSON (none when it has no list of them).
+fn take_instances(object: &mut Object) -> Vec<Value> {
+    match object
+        .status
+        .pointer_mut("/workflow/instances")
+        .map(Value::take)
+    {
+        Some(Value::Array(instances)) => instances,
+        _ => Vec::new(),
+    }
+}
+
+/// Sets the object's `status.workflow` to these instances (stored JSON),
+/// keeping the rest of its status.
+fn put_instances(object: &mut Object, instances: Vec<Value>) {
     if !object.status.is_object() {
         object.status = Value::Object(Map::new());
     }
-    // INVARIANT: StoredWorkflows is plain data with string keys, which
+    let mut workflow = Map::new();
+    if !instances.is_empty() {
+        workflow.insert("instances".to_string(), Value::Array(instances));
+    }
+    object.status["workflow"] = Value::Object(workflow);
+}
+
+/// One stored instance as JSON.
+fn encode(instance: &StoredInstance) -> Value {
+    // INVARIANT: a StoredInstance is plain data with string keys, which
     // always serializes.
-    let value = serde_json::to_value(stored).expect("workflow status serializes");
-    object.status["workflow"] = value;
+    serde_json::to_value(instance).expect("a stored workflow instance serializes")
 }
 
 /// The node whose agent owns the object's `node` steps: a Node itself, or

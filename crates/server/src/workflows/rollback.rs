@@ -23,6 +23,11 @@ pub const AUTOMATIC: &str = "automatic rollback";
 /// Rolls `pod` back if it asked for it and its update failed. Returns
 /// whether it did.
 pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, StoreError> {
+    // Asked for by few pods and checked on every change of every pod: the
+    // stored (canonical) spec says `rollback: auto` before it is decoded.
+    if pod.spec.get("rollback").and_then(serde_json::Value::as_str) != Some("auto") {
+        return Ok(false);
+    }
     let Ok(spec) = pod.typed_spec::<PodSpec>() else {
         return Ok(false);
     };
@@ -91,5 +96,20 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
             tracing::warn!(pod = %key, error = %crate::error::error_chain(&other), "automatic rollback refused");
             Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quick_check_spells_auto_as_a_stored_spec_does() {
+        // `maybe_roll_back` looks for this string before decoding the spec.
+        let asked = serde_json::json!({"containers": [{"name": "app", "image": "app:1"}]});
+        let mut spec: PodSpec = serde_json::from_value(asked).expect("a pod spec");
+        spec.rollback = Some(RollbackPolicy::Auto);
+        let stored = serde_json::to_value(&spec).expect("a spec encodes");
+        assert_eq!(stored["rollback"], "auto");
     }
 }
