@@ -1,7 +1,7 @@
 //! Informers reading in-process ([`corral_server::local_reads`]) hear the
 //! same changes, in the same order, with the same fields, as informers of
 //! the same token over HTTPS to the same server: created, changed, deleted,
-//! and leaving or entering a scope by node or labels.
+//! and leaving or entering a scope by node, labels or managing controller.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,19 @@ fn pod(name: &str, app: &str, node: Option<&str>) -> Object {
     if let Some(node) = node {
         object.status = json!({"node": node});
     }
+    object
+}
+
+/// `object` with its `corral.dev/managed-by` annotation naming `manager`,
+/// or without one.
+fn managed(mut object: Object, manager: Option<&str>) -> Object {
+    match manager {
+        Some(manager) => object
+            .metadata
+            .annotations
+            .insert(corral_api::MANAGED_BY.to_string(), manager.to_string()),
+        None => object.metadata.annotations.remove(corral_api::MANAGED_BY),
+    };
     object
 }
 
@@ -161,6 +174,7 @@ async fn in_process_informers_hear_what_http_informers_hear() {
             selector: Some("app=web".into()),
             ..Scope::all(Kind::Pod)
         },
+        Scope::managed_by(Kind::Pod, "job"),
     ];
     let reads = InProcessReads::new(running.server.clone());
     let mut pairs = Vec::new();
@@ -181,7 +195,7 @@ async fn in_process_informers_hear_what_http_informers_hear() {
 
     let store = running.server.store.clone();
     let a = store
-        .create(pod("a", "web", None), &change("a"))
+        .create(managed(pod("a", "web", None), Some("job")), &change("a"))
         .await
         .expect("a");
     let b = store
@@ -194,7 +208,7 @@ async fn in_process_informers_hear_what_http_informers_hear() {
         .update(bound, a.metadata.resource_version, &change("a to n1"))
         .await
         .expect("bind a");
-    let mut relabelled = b.clone();
+    let mut relabelled = managed(b.clone(), Some("job"));
     relabelled
         .metadata
         .labels
@@ -203,7 +217,8 @@ async fn in_process_informers_hear_what_http_informers_hear() {
         .update(relabelled, b.metadata.resource_version, &change("b is web"))
         .await
         .expect("relabel b");
-    let mut moved = a.clone();
+    // Moved, and no longer the job controller's.
+    let mut moved = managed(a.clone(), None);
     moved.status = json!({"node": "n2"});
     store
         .update(moved, a.metadata.resource_version, &change("a to n2"))
@@ -220,7 +235,10 @@ async fn in_process_informers_hear_what_http_informers_hear() {
         .await
         .expect("delete b");
     let marker = store
-        .create(pod("z", "web", Some("n1")), &change("the end"))
+        .create(
+            managed(pod("z", "web", Some("n1")), Some("job")),
+            &change("the end"),
+        )
         .await
         .expect("z");
     let last = format!("+z@{}", marker.metadata.resource_version);
@@ -257,6 +275,19 @@ async fn in_process_informers_hear_what_http_informers_hear() {
         cached(&pairs[1].2.0).into_keys().collect::<Vec<_>>(),
         ["old", "z"]
     );
+    // The job controller's scope heard a arrive and leave (let go), and b
+    // arrive (adopted) and go; old was never its.
+    let managed_heard = pairs[3].2.1.lock().expect("heard").clone();
+    let signs: Vec<String> = managed_heard
+        .iter()
+        .map(|e| e.split('@').next().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        signs,
+        ["+a", "+a", "+b", "-a", "+b", "-b", "+z"],
+        "{managed_heard:?}"
+    );
+    assert_eq!(cached(&pairs[3].2.0).into_keys().collect::<Vec<_>>(), ["z"]);
     // IPAM reads a pod's node and workflow, not its spec: the mask holds
     // in-process too.
     let z = &cached(&pairs[0].2.0)["z"];

@@ -68,6 +68,10 @@ impl InProcessReads {
             namespace,
             scope.node.as_deref().filter(|node| !node.is_empty()),
             scope.selector.as_deref().unwrap_or_default(),
+            scope
+                .managed_by
+                .as_deref()
+                .filter(|manager| !manager.is_empty()),
         )?;
         let view = crate::ownership::reader(&self.server, &identity).await?;
         Ok((cache_scope, view))

@@ -181,6 +181,10 @@ async fn a_watch_resumes_inside_the_window_and_replays_older_changes_from_the_st
     let mut first: corral_api::Object = serde_json::from_value(pod("a")).expect("a pod");
     first.metadata.namespace = Some("default".into());
     first.metadata.uid = "uid-a".into();
+    first
+        .metadata
+        .annotations
+        .insert(corral_api::MANAGED_BY.into(), "job".into());
     let change = corral_store::ChangeMeta {
         author: "test".into(),
         class: corral_api::AuthorClass::External,
@@ -226,6 +230,20 @@ async fn a_watch_resumes_inside_the_window_and_replays_older_changes_from_the_st
     )
     .await;
     assert_eq!(status, StatusCode::GONE);
+    // Nor one scoped to a managing controller.
+    let (status, _) = open_watch(
+        &server,
+        &admin,
+        "/v1/pods?watch=true&managedBy=job&resourceVersion=0",
+    )
+    .await;
+    assert_eq!(status, StatusCode::GONE);
+    // Listed, that scope has the pods the controller manages.
+    for (manager, expected) in [("job", vec!["a"]), ("pinned-deployment", vec![])] {
+        let uri = format!("/v1/pods?managedBy={manager}");
+        let (_, listed) = common::call(&server, "GET", &uri, Some(&admin), None).await;
+        assert_eq!(names(&listed), expected, "{uri}");
+    }
 
     let (status, _) = open_watch(
         &server,

@@ -73,9 +73,11 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
         Vec::new(),
         shutdown.clone(),
     );
+    // Only the pods this controller made: the others' changes are not even
+    // sent to it.
     let pods = Informer::start_projected(
         client.clone(),
-        Scope::all(Kind::Pod),
+        Scope::managed_by(Kind::Pod, NAME),
         project_pod,
         vec![Index {
             name: BY_DEPLOYMENT,

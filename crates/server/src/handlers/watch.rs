@@ -5,7 +5,9 @@
 //! must end (`code` `Gone`: list again).
 //!
 //! Parameters: `selector` (labels), `node` (pods and VirtualMachines bound
-//! to that node; one that leaves the node arrives as a deletion), `limit`
+//! to that node; one that leaves the node arrives as a deletion),
+//! `managedBy` (objects whose `corral.dev/managed-by` annotation names that
+//! controller; one that stops naming it arrives as a deletion), `limit`
 //! and `continue` for lists in pages, `watch`, `resourceVersion`, and
 //! `name` for a watch of one object.
 
@@ -49,6 +51,7 @@ pub async fn list_or_watch(
         namespace,
         query.get("node").filter(|n| !n.is_empty()),
         query.get("selector").unwrap_or_default(),
+        query.get("managedBy").filter(|m| !m.is_empty()),
     )?;
     let view = crate::ownership::reader(&server, &caller).await?;
     if query.flag("watch") {
@@ -95,6 +98,7 @@ pub(crate) fn scope(
     namespace: Option<String>,
     node: Option<&str>,
     selector: &str,
+    manager: Option<&str>,
 ) -> Result<Scope, ApiError> {
     let selector: LabelSelector = selector
         .parse()
@@ -110,6 +114,7 @@ pub(crate) fn scope(
         name: None,
         node: node.map(str::to_string),
         selector,
+        manager: manager.map(str::to_string),
     })
 }
 
@@ -158,7 +163,7 @@ async fn watch(
             .boxed(),
         // Before the cache's window: the store replays its own kept
         // changes, unless the watch needs to know what left its scope.
-        None if scope.node.is_some() => {
+        None if scope.node.is_some() || scope.manager.is_some() => {
             return Err(ApiError::Gone(format!(
                 "watch from resourceVersion {after} is older than the server's window of changes; list again"
             )));

@@ -50,6 +50,7 @@ impl ObjectDocs {
         let parameters = [self.params.clone(), vec![
             json!({"name": "selector", "in": "query", "schema": {"type": "string"}, "description": "label selector: a=b,c!=d,e,!f"}),
             json!({"name": "node", "in": "query", "schema": {"type": "string"}, "description": "pods and virtualmachines bound to this node; a watch hears one that leaves the node as a deletion"}),
+            json!({"name": "managedBy", "in": "query", "schema": {"type": "string"}, "description": "objects whose corral.dev/managed-by annotation names this controller; a watch hears one that stops naming it as a deletion"}),
             json!({"name": "limit", "in": "query", "schema": {"type": "integer"}, "description": "at most this many objects; the answer's continue token gets the next page"}),
             json!({"name": "continue", "in": "query", "schema": {"type": "string"}, "description": "the continue token of the previous page"}),
             json!({"name": "watch", "in": "query", "schema": {"type": "boolean"}}),

@@ -196,9 +196,7 @@ async fn kind_rows(
     crate::scope::check(&session.caller, &Method::GET, &path, None)?;
     let scope = Scope {
         namespace: kind.is_namespaced().then(|| namespace.to_string()),
-        name: None,
-        node: None,
-        selector: Default::default(),
+        ..Scope::default()
     };
     let mut listed = Vec::new();
     let mut request = ListRequest {

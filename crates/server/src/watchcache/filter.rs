@@ -17,33 +17,42 @@ pub struct Scope {
     /// node it migrated from).
     pub node: Option<String>,
     pub selector: LabelSelector,
+    /// Only objects whose `corral.dev/managed-by` annotation names this
+    /// controller.
+    pub manager: Option<String>,
+}
+
+/// What a scope looks at in one version of an object, besides its name.
+struct Facts<'a> {
+    /// Its `status.node` and, for a VM, the node it migrated from.
+    nodes: [Option<&'a str>; 2],
+    labels: &'a BTreeMap<String, String>,
+    manager: Option<&'a str>,
 }
 
 impl Scope {
     /// Whether an object with these facts is in scope.
-    fn admits(
-        &self,
-        namespace: &str,
-        name: &str,
-        nodes: [Option<&str>; 2],
-        labels: &BTreeMap<String, String>,
-    ) -> bool {
+    fn admits(&self, namespace: &str, name: &str, facts: &Facts<'_>) -> bool {
         self.namespace.as_deref().is_none_or(|ns| ns == namespace)
             && self.name.as_deref().is_none_or(|n| n == name)
             && self
                 .node
                 .as_deref()
-                .is_none_or(|n| nodes.contains(&Some(n)))
-            && self.selector.matches(labels)
+                .is_none_or(|n| facts.nodes.contains(&Some(n)))
+            && self.selector.matches(facts.labels)
+            && self
+                .manager
+                .as_deref()
+                .is_none_or(|m| facts.manager == Some(m))
     }
 
     pub fn admits_object(&self, object: &CachedObject) -> bool {
-        self.admits(
-            &object.namespace,
-            &object.name,
-            [object.node.as_deref(), object.migrated_from.as_deref()],
-            &object.labels,
-        )
+        let facts = Facts {
+            nodes: [object.node.as_deref(), object.migrated_from.as_deref()],
+            labels: &object.labels,
+            manager: object.manager.as_deref(),
+        };
+        self.admits(&object.namespace, &object.name, &facts)
     }
 
     /// What a watcher with this scope is sent for `event`: nothing, the
@@ -52,12 +61,12 @@ impl Scope {
     pub fn view(&self, event: &CachedEvent) -> Option<EventType> {
         let now = self.admits_object(&event.object);
         let before = event.previous.as_ref().is_some_and(|previous| {
-            self.admits(
-                &event.object.namespace,
-                &event.object.name,
-                [previous.node.as_deref(), previous.migrated_from.as_deref()],
-                &previous.labels,
-            )
+            let facts = Facts {
+                nodes: [previous.node.as_deref(), previous.migrated_from.as_deref()],
+                labels: &previous.labels,
+                manager: previous.manager.as_deref(),
+            };
+            self.admits(&event.object.namespace, &event.object.name, &facts)
         });
         match (event.event_type, before, now) {
             (EventType::Deleted, _, now) => now.then_some(EventType::Deleted),
@@ -87,6 +96,7 @@ mod tests {
             migrated_from: None,
             labels: BTreeMap::from([("app".to_string(), app.to_string())]),
             owner_uid: None,
+            manager: None,
             json: Bytes::new(),
         })
     }
@@ -101,6 +111,7 @@ mod tests {
                 migrated_from: self.migrated_from.clone(),
                 labels: self.labels.clone(),
                 owner_uid: self.owner_uid.clone(),
+                manager: self.manager.clone(),
                 json: self.json.clone(),
             }
         }
@@ -118,6 +129,7 @@ mod tests {
                 node: node.map(str::to_string),
                 migrated_from: None,
                 labels: BTreeMap::from([("app".to_string(), app.to_string())]),
+                manager: None,
             }),
         }
     }
@@ -183,5 +195,39 @@ mod tests {
         assert_eq!(scope.view(&relabelled), Some(EventType::Deleted));
         let labelled = event(EventType::Modified, Some((None, "b")), (None, "a"));
         assert_eq!(scope.view(&labelled), Some(EventType::Added));
+    }
+
+    #[test]
+    fn a_manager_watch_hears_an_object_it_manages_arrive_and_leave() {
+        let scope = Scope {
+            manager: Some("job".into()),
+            ..Scope::default()
+        };
+        let managed = |event_type, before: Option<Option<&str>>, now: Option<&str>| {
+            let mut event = event(event_type, before.map(|_| (None, "a")), (None, "a"));
+            let mut object = event.object.clone_facts();
+            object.manager = now.map(str::to_string);
+            event.object = Arc::new(object);
+            if let (Some(previous), Some(manager)) = (event.previous.as_mut(), before) {
+                previous.manager = manager.map(str::to_string);
+            }
+            event
+        };
+        let made = managed(EventType::Added, None, Some("job"));
+        assert_eq!(scope.view(&made), Some(EventType::Added));
+        let changed = managed(EventType::Modified, Some(Some("job")), Some("job"));
+        assert_eq!(scope.view(&changed), Some(EventType::Modified));
+        let let_go = managed(EventType::Modified, Some(Some("job")), None);
+        assert_eq!(scope.view(&let_go), Some(EventType::Deleted));
+        let taken = managed(EventType::Modified, Some(Some("job")), Some("pinned"));
+        assert_eq!(scope.view(&taken), Some(EventType::Deleted));
+        let adopted = managed(EventType::Modified, Some(None), Some("job"));
+        assert_eq!(scope.view(&adopted), Some(EventType::Added));
+        let others = managed(EventType::Modified, Some(Some("pinned")), Some("pinned"));
+        assert_eq!(scope.view(&others), None);
+        let unmanaged = managed(EventType::Added, None, None);
+        assert_eq!(scope.view(&unmanaged), None);
+        let gone = managed(EventType::Deleted, None, Some("job"));
+        assert_eq!(scope.view(&gone), Some(EventType::Deleted));
     }
 }

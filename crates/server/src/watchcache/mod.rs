@@ -9,12 +9,13 @@
 //!   [`Tracked`] remembers them), then copies out the objects in scope, in
 //!   (namespace, name) order, a page at a time;
 //! - a **watch** replays the window's changes after the given
-//!   `resourceVersion`, then follows live ones. A watch scoped to a node
-//!   or a label selector hears an object leave its scope as a deletion and
-//!   enter it as an addition, because each change carries the facts (node,
-//!   labels) of the version it replaced. A watch from before the window
-//!   falls back to the store's own replay (unscoped by node), or is `410
-//!   Gone` so the watcher lists again.
+//!   `resourceVersion`, then follows live ones. A watch scoped to a node,
+//!   a label selector or a managing controller hears an object leave its
+//!   scope as a deletion and enter it as an addition, because each change
+//!   carries the facts (node, labels, manager) of the version it replaced.
+//!   A watch from before the window falls back to the store's own replay
+//!   (unscoped by node or manager), or is `410 Gone` so the watcher lists
+//!   again.
 //!
 //! In-process readers (the built-in controllers, `crate::local_reads`)
 //! need the object itself, not its JSON: the newest changes keep the
@@ -80,6 +81,8 @@ pub struct CachedObject {
     pub labels: BTreeMap<String, String>,
     /// The uid `metadata.owner` names, for the dependents index.
     pub owner_uid: Option<String>,
+    /// The controller its `corral.dev/managed-by` annotation names.
+    pub manager: Option<String>,
     pub json: Bytes,
 }
 
@@ -126,6 +129,7 @@ impl CachedObject {
                 .owner
                 .as_ref()
                 .map(|owner| owner.uid.clone()),
+            manager: corral_api::manager_of(&object.metadata).map(str::to_string),
             json,
         }
     }
@@ -174,6 +178,7 @@ pub struct PreviousFacts {
     pub node: Option<String>,
     pub migrated_from: Option<String>,
     pub labels: BTreeMap<String, String>,
+    pub manager: Option<String>,
 }
 
 /// One change, as the cache keeps it.
@@ -406,6 +411,7 @@ impl WatchCache {
                 node: previous.node.clone(),
                 migrated_from: previous.migrated_from.clone(),
                 labels: previous.labels.clone(),
+                manager: previous.manager.clone(),
             }),
         });
         state.window.push_back((kind, change.clone()));

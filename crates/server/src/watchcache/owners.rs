@@ -81,6 +81,7 @@ mod tests {
             migrated_from: None,
             labels: Default::default(),
             owner_uid: owner.map(str::to_string),
+            manager: None,
             json: Bytes::new(),
         }
     }
