@@ -249,6 +249,44 @@ async fn compare_and_swap_and_status_writes() {
 /// first server's apply undoing the second's change must still be a new
 /// revision, never taken for "nothing to change".
 #[tokio::test]
+async fn an_update_answers_with_the_object_as_stored_or_as_its_caller_sees_it() {
+    let (server, admin) = server().await;
+    let (status, _) = call(&server, "PUT", WEB, Some(&admin), Some(pod("a:1"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, updated) = call(&server, "PUT", WEB, Some(&admin), Some(pod("a:2"))).await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    let (_, stored) = call(&server, "GET", WEB, Some(&admin), None).await;
+    assert_eq!(updated, stored);
+    assert_eq!(updated["metadata"]["revision"], 2);
+    assert_eq!(updated["spec"]["containers"][0]["image"], "a:2");
+    assert_eq!(
+        updated["status"]["workflow"]["instances"][1]["id"], "start-2",
+        "{updated}"
+    );
+
+    // A controller is answered with what it reads: with no registration,
+    // metadata only.
+    let job = common::token(&server, "job", Role::Controller).await;
+    let managed = |image: &str| {
+        let mut body = pod(image);
+        body["metadata"]["name"] = json!("run-1");
+        body["metadata"]["annotations"] = json!({"corral.dev/managed-by": "job"});
+        body
+    };
+    let run = "/v1/namespaces/default/pods/run-1";
+    let (status, created) = call(&server, "PUT", run, Some(&job), Some(managed("b:1"))).await;
+    assert_eq!(status, StatusCode::OK, "{created}");
+    let (status, updated) = call(&server, "PUT", run, Some(&job), Some(managed("b:2"))).await;
+    assert_eq!(status, StatusCode::OK, "{updated}");
+    assert_eq!(updated["metadata"]["revision"], 2, "{updated}");
+    assert!(updated.get("spec").is_none_or(Value::is_null), "{updated}");
+    assert!(
+        updated.get("status").is_none_or(Value::is_null),
+        "{updated}"
+    );
+}
+
+#[tokio::test]
 async fn an_apply_is_decided_on_the_stores_copy_when_its_cache_is_behind() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("store.db");

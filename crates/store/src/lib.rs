@@ -46,6 +46,12 @@ pub struct ChangeMeta {
 
 pub use corral_api::watch::{EventType, WatchEvent};
 
+/// The object of a write's event ([`Store::update_logged_event`]): moved
+/// out when nothing else holds the event, copied otherwise.
+pub fn written_object(event: Arc<WatchEvent>) -> Object {
+    Arc::try_unwrap(event).map_or_else(|shared| shared.object.clone(), |event| event.object)
+}
+
 /// Which objects a watch follows; `None` means any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WatchFilter {
@@ -352,6 +358,22 @@ pub trait Store: Send + Sync + 'static {
         let updated = self.update(object, expected, change).await?;
         self.append_step_logs(logs).await?;
         Ok(updated)
+    }
+
+    /// [`Store::update_logged`], answering with the change's event: the
+    /// object and, when the store made them, the JSON bytes it stored
+    /// (`encoded`), so a caller that answers with the object sends those
+    /// instead of copying and encoding it again ([`written_object`] takes
+    /// the object out). The default wraps `update_logged`'s object.
+    async fn update_logged_event(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Arc<WatchEvent>, StoreError> {
+        let updated = self.update_logged(object, expected, change, logs).await?;
+        Ok(Arc::new(WatchEvent::new(EventType::Modified, updated)))
     }
 
     /// Removes an object, if `expected` is given only at that

@@ -14,7 +14,7 @@ use super::{Target, change, parse_object};
 use crate::SharedServer;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::ownership;
+use crate::ownership::{self, Answer};
 use crate::query::Params;
 use crate::watchcache::Shared;
 use crate::workflows::WriteError;
@@ -81,7 +81,7 @@ pub async fn apply(
     Path(params): Path<HashMap<String, String>>,
     RawQuery(query): RawQuery,
     body: Bytes,
-) -> Result<Json<Object>, ApiError> {
+) -> Result<Answer, ApiError> {
     let target = Target::from_params(&params)?;
     let params = Params::parse(query.as_deref());
     let mut desired = parse_object(&target, &body)?;
@@ -116,7 +116,7 @@ pub async fn apply(
                 .await
             {
                 Err(WriteError::Store(StoreError::AlreadyExists { .. })) => continue,
-                other => return Ok(Json(other?)),
+                other => return Ok(Answer::served(other?)),
             }
         };
         if from_cache && pinned_version != 0 && pinned_version != current.metadata.resource_version
@@ -158,9 +158,11 @@ pub async fn apply(
             // Applying it again asks again: a failed start (an image that
             // was missing, say) runs its failed steps once more.
             let retried = crate::workflows::retry_failed(&server, &caller, &current).await?;
-            return Ok(Json(retried.unwrap_or_else(|| current.into_object())));
+            return Ok(Answer::served(
+                retried.unwrap_or_else(|| current.into_object()),
+            ));
         }
-        match ownership::update(&server, &caller, &current, next, expected, &change).await {
+        match ownership::update_answer(&server, &caller, &current, next, expected, &change).await {
             // Someone wrote in between: read it and apply again.
             Err(WriteError::Store(StoreError::Conflict { .. })) if pinned_version == 0 => continue,
             // A refusal is decided on the store's copy.
@@ -168,11 +170,13 @@ pub async fn apply(
             other => {
                 let updated = other?;
                 prune_secret(&server, &key, true).await;
-                if newly_forgotten(&current, &updated) {
+                if newly_forgotten(&current, updated.object()) {
                     // The machine is declared gone: its tokens go with it.
                     super::tokens::revoke_node(&server, &key.name).await?;
                 }
-                return Ok(Json(updated));
+                // Sent as the JSON the store wrote, when the caller sees
+                // whole objects.
+                return Ok(updated);
             }
         }
     }

@@ -25,9 +25,13 @@ mod transfer;
 
 use std::sync::{Arc, RwLock};
 
+use axum::Json;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use corral_api::{Identity, Kind, Object, ObjectKey, Role};
 use corral_ownership::{Registry, check_delete, check_delete_object, overlay};
-use corral_store::ChangeMeta;
+use corral_store::{ChangeMeta, WatchEvent};
 
 pub use builtin::{BuiltinTokens, register_builtins};
 pub use read::{ReadView, reader};
@@ -111,6 +115,67 @@ pub async fn update(
     expected: u64,
     change: &ChangeMeta,
 ) -> Result<Object, WriteError> {
+    update_answer(server, caller, current, next, expected, change)
+        .await
+        .map(Answer::into_object)
+}
+
+/// An object a write answers with, as its caller may see it.
+#[derive(Debug)]
+pub enum Answer {
+    /// The store's event of the write, for a caller who sees whole
+    /// objects: sent as the JSON the store wrote, not encoded again.
+    Stored(Arc<WatchEvent>),
+    /// The object as the caller is served it.
+    Served(Box<Object>),
+}
+
+impl Answer {
+    pub fn served(object: Object) -> Self {
+        Answer::Served(Box::new(object))
+    }
+
+    pub fn object(&self) -> &Object {
+        match self {
+            Answer::Stored(event) => &event.object,
+            Answer::Served(object) => object,
+        }
+    }
+
+    pub fn into_object(self) -> Object {
+        match self {
+            Answer::Stored(event) => corral_store::written_object(event),
+            Answer::Served(object) => *object,
+        }
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Stored(event) => match &event.encoded {
+                Some(json) => (
+                    [(CONTENT_TYPE, "application/json")],
+                    Bytes::copy_from_slice(json.as_bytes()),
+                )
+                    .into_response(),
+                None => Json(&event.object).into_response(),
+            },
+            Answer::Served(object) => Json(object).into_response(),
+        }
+    }
+}
+
+/// [`update`], answering with the store's JSON of the object when the
+/// caller sees whole objects.
+pub async fn update_answer(
+    server: &Server,
+    caller: &Identity,
+    current: &Object,
+    next: Object,
+    expected: u64,
+    change: &ChangeMeta,
+) -> Result<Answer, WriteError> {
     // A stale write is refused as stale before it is judged: its diff
     // against a newer object would name changes the caller never made.
     if expected != current.metadata.resource_version {
@@ -135,7 +200,7 @@ pub async fn update(
     };
     crate::security::keep_runtime(current, &mut next);
     if next == *current && expected == current.metadata.resource_version {
-        return Ok(ReadView::new(caller, registry).serve(next));
+        return Ok(Answer::served(ReadView::new(caller, registry).serve(next)));
     }
     admit(&registry, caller, Some(current), &next)?;
     // What a change may not do (a VM's disk only grows), whoever writes it.
@@ -150,8 +215,19 @@ pub async fn update(
     crate::security::admit(server, Some(current), &mut next)
         .await
         .map_err(WriteError::Refused)?;
-    let updated = workflows::update(server, current, next, expected, change).await;
-    finish(server, caller, registering, updated).await
+    let updated = workflows::update_event(server, current, next, expected, change).await;
+    if registering {
+        invalidate(server);
+    }
+    let updated = updated?;
+    let view = reader(server, caller).await.map_err(WriteError::Refused)?;
+    if view.sees_everything() {
+        Ok(Answer::Stored(updated))
+    } else {
+        Ok(Answer::served(
+            view.serve(corral_store::written_object(updated)),
+        ))
+    }
 }
 
 /// Deletes the object at `key`: people, and the controller managing it;

@@ -17,8 +17,8 @@ use corral_api::workflow::StepLogEntry;
 use corral_api::{HistoryQuery, Kind, Object, ObjectKey, RevisionRecord};
 use corral_store::{
     ChangeMeta, CompactionReport, HistorySize, LeaseRecord, ListContinue, ListPage, ListResult,
-    SealedRecord, SharedWatchStream, StepLogFilter, Store, StoreError, TokenRecord, WatchFilter,
-    WatchStream,
+    SealedRecord, SharedWatchStream, StepLogFilter, Store, StoreError, TokenRecord, WatchEvent,
+    WatchFilter, WatchStream,
 };
 
 /// A store that remembers the newest object write made through it.
@@ -107,6 +107,22 @@ impl Store for Tracked {
                 .update_logged(object, expected, change, logs)
                 .await,
         )
+    }
+
+    async fn update_logged_event(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Arc<WatchEvent>, StoreError> {
+        let event = self
+            .inner
+            .update_logged_event(object, expected, change, logs)
+            .await?;
+        self.written
+            .fetch_max(event.object.metadata.resource_version, Ordering::SeqCst);
+        Ok(event)
     }
 
     async fn delete(

@@ -38,13 +38,15 @@ mod retry;
 pub mod rollback;
 mod steps;
 
+use std::sync::Arc;
+
 use corral_api::kinds::ControllerSpec;
 use corral_api::workflow::{
     KEPT_INSTANCES, StepLogEntry, StoredInstance, StoredWorkflows, WorkflowInstance,
     WorkflowOutcome, WorkflowStatus,
 };
 use corral_api::{FieldError, Kind, Object};
-use corral_store::{ChangeMeta, StoreError};
+use corral_store::{ChangeMeta, StoreError, WatchEvent};
 use corral_workflow::RegisteredController;
 use serde_json::{Map, Value};
 
@@ -101,10 +103,24 @@ pub async fn create(
 pub async fn update(
     server: &Server,
     current: &Object,
-    mut next: Object,
+    next: Object,
     expected: u64,
     change: &ChangeMeta,
 ) -> Result<Object, WriteError> {
+    update_event(server, current, next, expected, change)
+        .await
+        .map(corral_store::written_object)
+}
+
+/// [`update`], answering with the store's event of the write: the object
+/// and the JSON the store wrote ([`corral_store::Store::update_logged_event`]).
+pub async fn update_event(
+    server: &Server,
+    current: &Object,
+    mut next: Object,
+    expected: u64,
+    change: &ChangeMeta,
+) -> Result<Arc<WatchEvent>, WriteError> {
     admit_controller(server, &next).await?;
     // Only the deletion itself marks an object as being deleted.
     next.metadata.deleting = current.metadata.deleting.clone();
@@ -159,7 +175,7 @@ pub async fn update(
     };
     let updated = server
         .store
-        .update_logged(next, expected, &change, &logs)
+        .update_logged_event(next, expected, &change, &logs)
         .await?;
     Ok(updated)
 }

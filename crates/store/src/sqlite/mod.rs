@@ -246,11 +246,14 @@ impl SqliteStore {
     }
 
     async fn write_object(&self, write: writer::Write) -> Result<Object, StoreError> {
+        // Copied here, on the caller's thread, unless nothing else holds
+        // the event any more.
+        self.write_event(write).await.map(crate::written_object)
+    }
+
+    async fn write_event(&self, write: writer::Write) -> Result<Arc<WatchEvent>, StoreError> {
         match self.write(write).await? {
-            // Copied here, on the caller's thread, unless nothing else
-            // holds the event any more.
-            writer::Written::Object(event) => Ok(Arc::try_unwrap(event)
-                .map_or_else(|shared| shared.object.clone(), |event| event.object)),
+            writer::Written::Object(event) => Ok(event),
             writer::Written::StepLogs => Err(StoreError::Corrupt(
                 "the sqlite writer answered an object write with a step-log append".into(),
             )),
@@ -334,7 +337,19 @@ impl Store for SqliteStore {
         change: &ChangeMeta,
         logs: &[StepLogEntry],
     ) -> Result<Object, StoreError> {
-        self.write_object(writer::Write::Update {
+        self.update_logged_event(object, expected, change, logs)
+            .await
+            .map(crate::written_object)
+    }
+
+    async fn update_logged_event(
+        &self,
+        object: Object,
+        expected: u64,
+        change: &ChangeMeta,
+        logs: &[StepLogEntry],
+    ) -> Result<Arc<WatchEvent>, StoreError> {
+        self.write_event(writer::Write::Update {
             object,
             expected,
             change: change.clone(),
