@@ -14,11 +14,17 @@
 //! for any pod. A claimed sandbox is thereafter exactly a pod's own: its
 //! removal, restart and recovery do not know the pool.
 //!
-//! The pool keeps [`POOL_SIZE`] spares, makes them one at a time and starts
-//! only [`REFILL_DELAY`] after the last claim (a burst of pods is not
-//! slowed by its own refill), and none while a [`PoolHold`] lives (the
-//! pods the agent restores at start, until each has checked or recovered
-//! its sandbox). Spares are removed when the agent stops and,
+//! The pool keeps [`POOL_SIZE`] spares and makes them one at a time, only
+//! while no pod of the node is starting: from the moment a new pod's id
+//! range is reserved (its first node step) until its containers have been
+//! started, or [`START_HOLD_LIMIT`] has passed. Making a spare (three
+//! helper processes, a network namespace, a veth) takes 5–12 ms of a
+//! 2-core node, and landing in a pod's `runc run` it made that pod's start
+//! about as much slower; between two starts it lands on the next pod's
+//! placement and address instead, work of the API server. A burst of pods
+//! is not slowed by its own refill either. None is made while a
+//! [`PoolHold`] lives (the pods the agent restores at start, until each
+//! has checked or recovered its sandbox). Spares are removed when the agent stops and,
 //! left by one that did not stop cleanly, when it starts. The bookkeeping
 //! ([`PoolBook`]) is pure and unit-tested; the namespaces and links are
 //! made by the agent's usual [`NetnsManager`] and [`crate::network`].
@@ -29,7 +35,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use corral_runtime::oci::userns::IdRange;
 use sha2::{Digest, Sha256};
@@ -42,8 +48,10 @@ use crate::sandbox::IDS_PER_POD;
 /// How many spares the node keeps ready.
 pub const POOL_SIZE: usize = 2;
 
-/// How long after the last claim the pool starts making spares again.
-pub const REFILL_DELAY: Duration = Duration::from_millis(50);
+/// The longest a pod's start keeps the pool from making spares: a start
+/// that waits on a long image pull, the node's fence or a failure it never
+/// reports lets the pool go on after this.
+pub const START_HOLD_LIMIT: Duration = Duration::from_secs(2);
 
 /// How long the pool waits after a spare could not be made.
 const RETRY_DELAY: Duration = Duration::from_secs(5);
@@ -95,6 +103,9 @@ pub struct PoolBook {
     making: usize,
     next: u64,
     closed: bool,
+    /// New pods starting on the node, and since when (no spare is made
+    /// meanwhile).
+    starting: BTreeMap<String, Instant>,
 }
 
 impl PoolBook {
@@ -170,6 +181,29 @@ impl PoolBook {
         ready.chain(reserved).collect()
     }
 
+    /// Pod `uid` begins its start at `now` (its id range is reserved).
+    pub fn begin_start(&mut self, uid: &str, now: Instant) {
+        self.starting.entry(uid.to_string()).or_insert(now);
+    }
+
+    /// Pod `uid`'s containers were started (or it was removed); whether it
+    /// was starting.
+    pub fn end_start(&mut self, uid: &str) -> bool {
+        self.starting.remove(uid).is_some()
+    }
+
+    /// When the pool may make spares again if no start ends before: `None`
+    /// when no pod is starting (starts older than [`START_HOLD_LIMIT`] are
+    /// forgotten).
+    pub fn busy_until(&mut self, now: Instant) -> Option<Instant> {
+        self.starting
+            .retain(|_, since| now.duration_since(*since) < START_HOLD_LIMIT);
+        self.starting
+            .values()
+            .map(|since| *since + START_HOLD_LIMIT)
+            .min()
+    }
+
     pub fn ready(&self) -> usize {
         self.ready.len()
     }
@@ -183,7 +217,8 @@ impl PoolBook {
 #[derive(Debug)]
 pub struct SandboxPool {
     book: Mutex<PoolBook>,
-    /// Told of each claim, so the pool refills, and of each hold let go.
+    /// Told of each claim, so the pool refills, of each pod's start ended
+    /// and of each hold let go.
     claimed: tokio::sync::Notify,
     /// How many [`PoolHold`]s live: no spare is made meanwhile.
     holds: AtomicUsize,
@@ -240,6 +275,8 @@ impl SandboxPool {
         if let Some(base) = ranges.get(uid) {
             return Ok(base);
         }
+        // A new pod: no spare is made until its containers run.
+        book.begin_start(uid, Instant::now());
         if let Some(spare) = book.take_ready() {
             match ranges.transfer(&spare.range_key(), uid) {
                 Ok(Transfer::Moved(base)) => {
@@ -265,6 +302,14 @@ impl SandboxPool {
     /// The spare reserved for pod `uid`, if any.
     pub fn take_reserved(&self, uid: &str) -> Option<Spare> {
         self.book().take_reserved(uid)
+    }
+
+    /// Pod `uid`'s containers were started, or it is being removed: the
+    /// pool may make spares again once no other pod is starting.
+    pub fn start_done(&self, uid: &str) {
+        if self.book().end_start(uid) {
+            self.claimed.notify_one();
+        }
     }
 
     /// How many spares are ready.
@@ -427,6 +472,17 @@ pub async fn run(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
                 () = shutdown.cancelled() => break,
             }
         }
+        let busy_until = pool.book().busy_until(Instant::now());
+        if let Some(until) = busy_until {
+            // A start ending (or a claim) notifies; a start that never
+            // reports its end is forgotten at `until`.
+            tokio::select! {
+                () = pool.claimed.notified() => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+                () = shutdown.cancelled() => break,
+            }
+            continue;
+        }
         let name = pool.book().start_making();
         match name {
             Some(name) => {
@@ -454,17 +510,11 @@ pub async fn run(ctx: Arc<AgentContext>, shutdown: CancellationToken) {
                 }
             }
             None => {
+                // A claim makes room; the claiming pod's start then holds
+                // the refill until its containers run (above).
                 tokio::select! {
                     () = pool.claimed.notified() => {}
                     () = shutdown.cancelled() => break,
-                }
-                // Quiet for a while first: pods starting together go first.
-                loop {
-                    tokio::select! {
-                        () = pool.claimed.notified() => {}
-                        () = tokio::time::sleep(REFILL_DELAY) => break,
-                        () = shutdown.cancelled() => break,
-                    }
                 }
             }
         }

@@ -255,6 +255,15 @@ impl PodWorkload {
         if !stop_only && self.ctx.fence.holds(spec) {
             return StepOutcome::NotYet;
         }
+        let outcome = self.stop_or_start_containers(spec, stop_only).await;
+        if !stop_only {
+            // Started or failed: the warm pool may refill now.
+            self.ctx.sandbox_pool.start_done(&self.uid());
+        }
+        outcome
+    }
+
+    async fn stop_or_start_containers(&mut self, spec: &PodSpec, stop_only: bool) -> StepOutcome {
         // `node/create-sandbox` made and wired it; only a sandbox lost
         // since (a reboot) or never made (a revision without a workflow)
         // is made here.

@@ -199,6 +199,7 @@ impl PodWorkload {
             ));
         }
         crate::sandbox_pool::discard_reserved(&self.ctx, &self.uid()).await;
+        self.ctx.sandbox_pool.start_done(&self.uid());
         let netns = self.ctx.netns.clone();
         let name = format!("pod-{}", short(&self.uid()));
         let _ = tokio::task::spawn_blocking(move || netns.remove(&name)).await;

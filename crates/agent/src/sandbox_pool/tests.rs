@@ -127,3 +127,43 @@ fn reserving_prefers_the_pods_own_range_then_a_spare_then_a_new_one() {
     assert!(fresh != base && fresh != own);
     assert_eq!(pool.take_reserved("pod-b"), None);
 }
+
+#[test]
+fn a_starting_pod_keeps_the_pool_busy_until_it_ends_or_the_limit_passes() {
+    let mut book = PoolBook::new(2);
+    let t0 = Instant::now();
+    assert_eq!(book.busy_until(t0), None, "nothing starting");
+    book.begin_start("pod-a", t0);
+    let later = t0 + Duration::from_millis(500);
+    book.begin_start("pod-b", later);
+    // Asked again (a second step of pod-a): its start keeps its time.
+    book.begin_start("pod-a", later);
+    assert_eq!(book.busy_until(later), Some(t0 + START_HOLD_LIMIT));
+    assert!(book.end_start("pod-a"));
+    assert!(!book.end_start("pod-a"), "ended once");
+    assert_eq!(book.busy_until(later), Some(later + START_HOLD_LIMIT));
+    // A start that never reports its end is forgotten after the limit.
+    assert_eq!(book.busy_until(later + START_HOLD_LIMIT), None);
+    assert!(!book.end_start("pod-b"), "already forgotten");
+}
+
+#[tokio::test]
+async fn a_new_pods_reservation_holds_the_refill_until_its_start_is_done() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ranges = IdRanges::open(&dir.path().join("ranges.json")).expect("open");
+    let pool = SandboxPool::new(2);
+    let own = ranges.allocate("pod-own").expect("own");
+    // A pod that holds its range (an in-place update) is not a start.
+    assert_eq!(pool.reserve_range(&ranges, "pod-own"), Ok(own));
+    assert_eq!(pool.book().busy_until(Instant::now()), None);
+    pool.reserve_range(&ranges, "pod-new").expect("range");
+    assert!(pool.book().busy_until(Instant::now()).is_some());
+    // Another pod's end changes nothing and wakes nobody.
+    pool.start_done("pod-other");
+    assert!(pool.book().busy_until(Instant::now()).is_some());
+    pool.start_done("pod-new");
+    assert_eq!(pool.book().busy_until(Instant::now()), None);
+    tokio::time::timeout(Duration::from_secs(1), pool.claimed.notified())
+        .await
+        .expect("the pool is told");
+}
