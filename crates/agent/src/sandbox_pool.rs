@@ -17,17 +17,18 @@
 //! The pool keeps [`POOL_SIZE`] spares and makes them one at a time, only
 //! while no pod of the node is starting: from the moment a new pod's id
 //! range is reserved (its first node step) until its containers have been
-//! started, or [`START_HOLD_LIMIT`] has passed. Making a spare (three
-//! helper processes, a network namespace, a veth) takes 5–12 ms of a
+//! started, or [`START_HOLD_LIMIT`] has passed. Making a spare (the
+//! namespace helper, a network namespace, a veth) takes 5–17 ms of a
 //! 2-core node, and landing in a pod's `runc run` it made that pod's start
 //! about as much slower; between two starts it lands on the next pod's
 //! placement and address instead, work of the API server. A burst of pods
 //! is not slowed by its own refill either. None is made while a
 //! [`PoolHold`] lives (the pods the agent restores at start, until each
-//! has checked or recovered its sandbox). Spares are removed when the agent stops and,
-//! left by one that did not stop cleanly, when it starts. The bookkeeping
-//! ([`PoolBook`]) is pure and unit-tested; the namespaces and links are
-//! made by the agent's usual [`NetnsManager`] and [`crate::network`].
+//! has checked or recovered its sandbox). Spares are removed when the
+//! agent stops and, left by one that did not stop cleanly, when it starts.
+//! The bookkeeping ([`PoolBook`]) is pure and unit-tested; the namespaces
+//! and links are made by the agent's usual [`NetnsManager`] and
+//! [`crate::network`].
 //!
 //! [`NetnsManager`]: corral_runtime::oci::netns::NetnsManager
 

@@ -161,6 +161,8 @@ async fn a_new_pods_reservation_holds_the_refill_until_its_start_is_done() {
     // Another pod's end changes nothing and wakes nobody.
     pool.start_done("pod-other");
     assert!(pool.book().busy_until(Instant::now()).is_some());
+    let woken = tokio::time::timeout(Duration::from_millis(20), pool.claimed.notified()).await;
+    assert!(woken.is_err(), "no wake-up for a pod that was not starting");
     pool.start_done("pod-new");
     assert_eq!(pool.book().busy_until(Instant::now()), None);
     tokio::time::timeout(Duration::from_secs(1), pool.claimed.notified())
