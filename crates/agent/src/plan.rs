@@ -83,9 +83,13 @@ pub fn requests(spec: &PodSpec) -> (u64, u64) {
 
 /// Whether `new` still fits a node with this capacity next to the `others`
 /// on it; the error says which resource is short, in the scheduler's words.
-pub fn fits(capacity: (u64, u64), others: &[PodSpec], new: &PodSpec) -> Result<(), String> {
+pub fn fits<'a>(
+    capacity: (u64, u64),
+    others: impl IntoIterator<Item = &'a PodSpec>,
+    new: &PodSpec,
+) -> Result<(), String> {
     let used = others
-        .iter()
+        .into_iter()
         .map(requests)
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     let wanted = requests(new);
@@ -328,13 +332,13 @@ mod tests {
         let big =
             spec(json!([{"name": "a", "image": "i", "resources": {"cpu": "1", "memory": "2Gi"}}]));
         let capacity = (2000, 1 << 30);
-        assert_eq!(fits(capacity, std::slice::from_ref(&small), &small), Ok(()));
+        assert_eq!(fits(capacity, [&small], &small), Ok(()));
         assert_eq!(
-            fits(capacity, std::slice::from_ref(&small), &big),
+            fits(capacity, [&small], &big),
             Err("insufficient memory: 960Mi free, 2Gi requested".to_string())
         );
         assert_eq!(
-            fits((1000, 1 << 30), &[small], &big),
+            fits((1000, 1 << 30), [&small], &big),
             Err("insufficient cpu: 500m free, 1 requested".to_string())
         );
     }

@@ -5,15 +5,22 @@
 //! (temporary file, fsync, rename, fsync of the directory); each later one
 //! is appended and fdatasynced, and the file is written again whole, with
 //! the newest record alone, once it passes [`FOLD_AT`] bytes.
+//!
+//! What a pod's neighbours on the node hold that a start or an update must
+//! respect (their IPv4 egress addresses, their specs) is also kept in
+//! memory ([`LocalState::neighbours`]): read from the files once, on first
+//! use, then kept current by every save and removal, so a pod's start does
+//! not read and parse every record file on the node.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use chrono::{DateTime, Utc};
-use corral_api::kinds::ContainerExit;
+use corral_api::kinds::{ContainerExit, PodSpec};
 use corral_api::{Object, ObjectKey};
 use serde::{Deserialize, Serialize};
 
@@ -137,10 +144,39 @@ pub struct ContainerRecord {
     pub data_restart: Option<String>,
 }
 
+/// What a pod on the node holds that its neighbours must respect, as its
+/// record last saved it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Neighbour {
+    pub key: ObjectKey,
+    /// Its IPv4 egress address, taken for it alone.
+    pub egress_ipv4: Option<std::net::Ipv4Addr>,
+    /// Its spec as last seen (`None` for one that does not parse).
+    pub spec: Option<Arc<PodSpec>>,
+}
+
+impl Neighbour {
+    fn of(record: &PodRecord) -> Self {
+        Neighbour {
+            key: record.pod.key(),
+            egress_ipv4: record.egress_ipv4,
+            spec: record.pod.typed_spec().ok().map(Arc::new),
+        }
+    }
+}
+
+/// The record files' neighbours by file name; `None` until first read.
+type NeighbourIndex = Arc<Mutex<Option<BTreeMap<String, Neighbour>>>>;
+
 /// The directory of pod records.
+///
+/// Each pod's record is saved and removed by the one task that runs the
+/// pod (never two saves of one pod at once), through this type only: the
+/// in-memory neighbours stay what the files say.
 #[derive(Debug, Clone)]
 pub struct LocalState {
     dir: PathBuf,
+    neighbours: NeighbourIndex,
 }
 
 fn file_name(key: &ObjectKey) -> String {
@@ -151,7 +187,10 @@ impl LocalState {
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, StateError> {
         let dir = dir.into();
         fs::create_dir_all(&dir).map_err(StateError::io("create", &dir))?;
-        Ok(LocalState { dir })
+        Ok(LocalState {
+            dir,
+            neighbours: NeighbourIndex::default(),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -174,12 +213,43 @@ impl LocalState {
         Ok(records)
     }
 
+    /// Every pod's [`Neighbour`], sorted by key, from memory (the record
+    /// files are read on the first call only). A caller leaves its own pod
+    /// out by key.
+    pub fn neighbours(&self) -> Result<Vec<Neighbour>, StateError> {
+        let mut index = self.lock_neighbours();
+        if index.is_none() {
+            // Read under the lock: a save meanwhile waits to update what
+            // this read found, so none is missed.
+            let read = self
+                .load_all()?
+                .iter()
+                .map(|record| (file_name(&record.pod.key()), Neighbour::of(record)))
+                .collect();
+            *index = Some(read);
+        }
+        let mut all: Vec<Neighbour> = index.iter().flat_map(|map| map.values().cloned()).collect();
+        all.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(all)
+    }
+
+    fn lock_neighbours(&self) -> std::sync::MutexGuard<'_, Option<BTreeMap<String, Neighbour>>> {
+        self.neighbours
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Writes a record durably before returning.
     pub fn save(&self, record: &PodRecord) -> Result<(), StateError> {
-        let path = self.dir.join(file_name(&record.pod.key()));
+        let name = file_name(&record.pod.key());
+        let path = self.dir.join(&name);
         let mut line = serde_json::to_vec(record).map_err(StateError::corrupt(&path))?;
         line.push(b'\n');
-        append_record(&path, &line)
+        append_record(&path, &line)?;
+        if let Some(index) = self.lock_neighbours().as_mut() {
+            index.insert(name, Neighbour::of(record));
+        }
+        Ok(())
     }
 
     /// Forgets the pod at `key` if the record there is still the one with
@@ -197,12 +267,18 @@ impl LocalState {
     }
 
     pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
-        let path = self.dir.join(file_name(key));
+        let name = file_name(key);
+        let path = self.dir.join(&name);
         match fs::remove_file(&path) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                 Err(StateError::io("remove", &path)(error))
             }
-            _ => Ok(()),
+            _ => {
+                if let Some(index) = self.lock_neighbours().as_mut() {
+                    index.remove(&name);
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -378,6 +454,79 @@ mod tests {
             .remove_if_uid(&record.pod.key(), &record.pod.metadata.uid)
             .unwrap();
         assert!(!path.exists());
+    }
+
+    fn pod_named(name: &str, egress: Option<[u8; 4]>) -> PodRecord {
+        let mut record = record();
+        record.pod = Object::new(
+            corral_api::Kind::Pod,
+            Some("a"),
+            name,
+            serde_json::json!({"containers": [{"name": "c", "image": "busybox"}]}),
+        );
+        record.egress_ipv4 = egress.map(std::net::Ipv4Addr::from);
+        record
+    }
+
+    fn egress_of(state: &LocalState) -> Vec<(String, Option<std::net::Ipv4Addr>)> {
+        state
+            .neighbours()
+            .unwrap()
+            .into_iter()
+            .map(|pod| (pod.key.name, pod.egress_ipv4))
+            .collect()
+    }
+
+    #[test]
+    fn neighbours_are_read_once_then_follow_every_save_and_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let before = LocalState::open(dir.path()).unwrap();
+        let one = pod_named("one", Some([10, 0, 0, 2]));
+        before.save(&one).unwrap();
+        // Another agent's records, found on the first call.
+        let state = LocalState::open(dir.path()).unwrap();
+        assert_eq!(
+            egress_of(&state),
+            [("one".into(), Some([10, 0, 0, 2].into()))]
+        );
+        let neighbour = &state.neighbours().unwrap()[0];
+        assert_eq!(
+            neighbour
+                .spec
+                .as_deref()
+                .map(|spec| spec.containers[0].image.as_str()),
+            Some("busybox")
+        );
+        // Saved and removed through the state: in memory at once.
+        let mut two = pod_named("two", None);
+        state.save(&two).unwrap();
+        two.egress_ipv4 = Some([10, 0, 0, 3].into());
+        state.save(&two).unwrap();
+        assert_eq!(
+            egress_of(&state),
+            [
+                ("one".into(), Some([10, 0, 0, 2].into())),
+                ("two".into(), Some([10, 0, 0, 3].into()))
+            ]
+        );
+        state.remove_if_uid(&one.pod.key(), "another uid").unwrap();
+        assert_eq!(egress_of(&state).len(), 2, "a record of another uid stays");
+        state
+            .remove_if_uid(&one.pod.key(), &one.pod.metadata.uid)
+            .unwrap();
+        assert_eq!(
+            egress_of(&state),
+            [("two".into(), Some([10, 0, 0, 3].into()))]
+        );
+        // The files are not read again: a record written past the state is
+        // not seen (the agent writes every record through it).
+        before.save(&pod_named("three", None)).unwrap();
+        assert_eq!(egress_of(&state).len(), 1);
+        assert_eq!(state.load_all().unwrap().len(), 2);
+        // A clone shares what it knows.
+        let clone = state.clone();
+        clone.remove(&two.pod.key()).unwrap();
+        assert!(egress_of(&state).is_empty());
     }
 
     #[test]

@@ -180,17 +180,17 @@ impl PodWorkload {
             self.record.address = Some(ipv6);
             unsaved = true;
         }
-        // Only a node that gives pods IPv4 egress reads every record to
-        // choose an address free of the others'.
+        // Only a node that gives pods IPv4 egress chooses an address free
+        // of the other pods' (kept in memory) and the VMs'.
         if self.record.egress_ipv4.is_none() && network.gives_egress() {
             let taken = self
                 .ctx
                 .state
-                .load_all()
+                .neighbours()
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|record| record.pod.key() != self.key())
-                .filter_map(|record| record.egress_ipv4)
+                .filter(|pod| pod.key != self.key())
+                .filter_map(|pod| pod.egress_ipv4)
                 // VMs take theirs from the same range.
                 .chain(crate::vms::state::vm_egress_addresses(&self.ctx.data_dir))
                 .collect();

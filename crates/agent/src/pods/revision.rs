@@ -149,15 +149,11 @@ impl PodWorkload {
     /// Whether `spec` fits this node next to the other pods it runs.
     pub(super) fn fits_here(&self, spec: &PodSpec) -> Result<(), String> {
         let capacity = crate::node::detect_status(None).capacity;
-        let others: Vec<PodSpec> = self
-            .ctx
-            .state
-            .load_all()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|record| record.pod.key() != self.key())
-            .filter_map(|record| typed_spec(&record.pod))
-            .collect();
-        crate::plan::fits((capacity.cpu.millis, capacity.memory.bytes), &others, spec)
+        let neighbours = self.ctx.state.neighbours().unwrap_or_default();
+        let others = neighbours
+            .iter()
+            .filter(|pod| pod.key != self.key())
+            .filter_map(|pod| pod.spec.as_deref());
+        crate::plan::fits((capacity.cpu.millis, capacity.memory.bytes), others, spec)
     }
 }

@@ -107,7 +107,7 @@ impl VmWorkload {
             .ctx
             .agent
             .state
-            .load_all()
+            .neighbours()
             .unwrap_or_default()
             .into_iter()
             .filter_map(|pod| pod.egress_ipv4)
