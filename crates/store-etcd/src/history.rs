@@ -208,22 +208,33 @@ pub(crate) async fn revision(
     let uid = uid_for_key(store, key)
         .await?
         .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
-    let records = records_of(store, &uid).await?;
-    let not_found = || StoreError::RevisionNotFound {
-        key: key.clone(),
-        revision,
-        kept: describe_kept(records.iter().map(|record| record.revision)),
+    // One record and its delta chain; every record is read only to say, on
+    // a miss, which revisions are kept.
+    let mut response = store
+        .kv()
+        .get(store.keys.revision(&uid, revision), None)
+        .await
+        .map_err(unavailable)?;
+    let record = match response.take_kvs().first() {
+        Some(kv) => Some(read_record(kv)?.record),
+        None => None,
     };
-    let Some(record) = records.iter().find(|record| record.revision == revision) else {
-        return Err(not_found());
+    let bytes = match record {
+        Some(_) => spec_bytes(store, &uid, revision).await?,
+        None => None,
     };
-    let bytes = spec_bytes(store, &uid, revision)
-        .await?
-        .ok_or_else(not_found)?;
+    let (Some(record), Some(bytes)) = (record, bytes) else {
+        let records = records_of(store, &uid).await?;
+        return Err(StoreError::RevisionNotFound {
+            key: key.clone(),
+            revision,
+            kept: describe_kept(records.iter().map(|record| record.revision)),
+        });
+    };
     let spec = serde_json::from_slice(&bytes).map_err(corrupt_json("revision spec"))?;
     Ok(RevisionRecord {
         spec: Some(spec),
-        ..record.clone()
+        ..record
     })
 }
 

@@ -6,6 +6,9 @@
 //!   own pod; prints writes/s and latency percentiles per C.
 //! - `list N`: creates N small pods, then times `list` of all of them and a
 //!   walk of 500-object pages (`list_page`).
+//! - `revisions [N…]`: gives one pod N revisions, then times reading one
+//!   revision with its spec (`revision`, what `diff`, rollback and a
+//!   Secret's clean-up read) and its whole history (`history`).
 //!
 //! `cargo run --release -p corral-store --example store_bench -- writes 1 16`
 //! Numbers go to `docs/BENCHMARKS.md` with the machine they ran on.
@@ -166,6 +169,60 @@ async fn pages(store: &SqliteStore) {
     }
 }
 
+/// The median of `rounds` timings of `read`.
+async fn median_of<F, Fut>(rounds: usize, mut read: F) -> Duration
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut timings = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let start = Instant::now();
+        read(round as u64).await;
+        timings.push(start.elapsed());
+    }
+    timings.sort();
+    percentile(&timings, 0.5)
+}
+
+async fn revisions(store: &SqliteStore, count: usize) {
+    let name = format!("revisions-{count}");
+    let mut object = store
+        .create(pod(&name, 0), &change())
+        .await
+        .expect("create");
+    for revision in 1..count {
+        let mut next = pod(&name, revision);
+        next.metadata = object.metadata.clone();
+        object = store
+            .update(next, object.metadata.resource_version, &change())
+            .await
+            .expect("update");
+    }
+    let key = object.key();
+    let middle = (count as u64 / 2).max(1);
+    let one = median_of(31, |round| {
+        let (store, key) = (store.clone(), key.clone());
+        let revision = (middle + round % 8).min(count as u64);
+        async move {
+            store.revision(&key, revision).await.expect("revision");
+        }
+    })
+    .await;
+    let all = median_of(11, |_| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store.history(&key).await.expect("history");
+        }
+    })
+    .await;
+    println!(
+        "revisions N={count}: one revision with its spec {:.3} ms, the whole history {:.3} ms (medians)",
+        one.as_secs_f64() * 1e3,
+        all.as_secs_f64() * 1e3,
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -189,6 +246,19 @@ async fn main() {
             let count = args.get(1).map_or(10_000, |n| n.parse().expect("a count"));
             list(&store, count).await;
         }
-        _ => eprintln!("usage: store_bench writes [C…] | list [N]"),
+        Some("revisions") => {
+            let counts: Vec<usize> = args[1..]
+                .iter()
+                .map(|count| count.parse().expect("a revision count"))
+                .collect();
+            for count in if counts.is_empty() {
+                vec![100, 1_000, 10_000]
+            } else {
+                counts
+            } {
+                revisions(&store, count.max(1)).await;
+            }
+        }
+        _ => eprintln!("usage: store_bench writes [C…] | list [N] | revisions [N…]"),
     }
 }

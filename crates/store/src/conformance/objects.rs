@@ -1,7 +1,7 @@
 //! Checks of object reads and writes: create, get, list, CAS update, spec
 //! revisions, delete and recreate.
 
-use corral_api::{AuthorClass, Kind};
+use corral_api::{AuthorClass, Kind, RevisionRecord};
 use serde_json::json;
 
 use super::{alice, at_minute, change, edit, key, new_object, pod, pod_spec};
@@ -350,13 +350,25 @@ pub async fn check_spec_revisions(store: &dyn Store) {
             Some(spec),
             "revision {revision} returns its spec"
         );
+        let summary = &history[usize::try_from(revision - 1).expect("a small revision")];
+        assert_eq!(
+            RevisionRecord {
+                spec: None,
+                ..record
+            },
+            *summary,
+            "revision {revision} carries its history record"
+        );
     }
     match store.revision(&web, 9).await {
         Err(StoreError::RevisionNotFound {
             key: missing,
             revision: 9,
-            ..
-        }) => assert_eq!(missing, web),
+            kept,
+        }) => {
+            assert_eq!(missing, web);
+            assert_eq!(kept, "1-4", "the miss names the revisions kept");
+        }
         other => panic!("a revision never written must be RevisionNotFound, got {other:?}"),
     }
     let never = key(Kind::Pod, Some("default"), "never");

@@ -175,20 +175,31 @@ pub(super) fn revision(
     revision: u64,
 ) -> Result<RevisionRecord, StoreError> {
     let uid = uid_for_key(conn, key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
-    let not_found = |records: &[RevisionRecord]| StoreError::RevisionNotFound {
-        key: key.clone(),
-        revision,
-        kept: describe_kept(records.iter().map(|record| record.revision)),
+    // One row and its delta chain; every record is read only to say, on a
+    // miss, which revisions are kept.
+    let not_found = || -> StoreError {
+        match records_of(conn, &uid) {
+            Ok(records) => StoreError::RevisionNotFound {
+                key: key.clone(),
+                revision,
+                kept: describe_kept(records.iter().map(|record| record.revision)),
+            },
+            Err(error) => error,
+        }
     };
-    let records = records_of(conn, &uid)?;
-    let Some(record) = records.iter().find(|record| record.revision == revision) else {
-        return Err(not_found(&records));
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {RECORD_COLUMNS} FROM revisions WHERE uid = ?1 AND revision = ?2"
+    ))?;
+    let mut rows = statement.query(params![uid, to_i64(revision)])?;
+    let Some(row) = rows.next()? else {
+        return Err(not_found());
     };
-    let bytes = spec_bytes(conn, &uid, revision)?.ok_or_else(|| not_found(&records))?;
+    let record = record_from_row(row)?;
+    let bytes = spec_bytes(conn, &uid, revision)?.ok_or_else(not_found)?;
     let spec = serde_json::from_slice(&bytes).map_err(corrupt_json("revision spec"))?;
     Ok(RevisionRecord {
         spec: Some(spec),
-        ..record.clone()
+        ..record
     })
 }
 
