@@ -95,6 +95,19 @@ fn revisions_history_diff_and_rollback() {
         serde_json::from_str(&cluster.ok(&["history", "pod/web", "-o", "json"])).unwrap();
     assert_eq!(history[2]["message"], "rollback to revision 1");
     assert_eq!(history[2]["author"], "admin");
+    // The newest N alone, oldest first; with a filter, the newest N that match.
+    let newest = |args: &[&str]| -> Vec<u64> {
+        let text = cluster.ok(&[&["history", "pod/web", "-o", "json"], args].concat());
+        let records: Vec<Value> = serde_json::from_str(&text).unwrap();
+        records
+            .iter()
+            .map(|r| r["revision"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(newest(&["--limit", "2"]), [2, 3]);
+    assert_eq!(newest(&["--limit", "1", "--author", "admin"]), [3]);
+    let refused = cluster.fails(&["history", "pod/web", "--limit", "0"]);
+    assert!(refused.contains("--limit"), "{refused}");
 }
 
 #[test]

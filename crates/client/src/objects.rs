@@ -147,6 +147,18 @@ impl Client {
         self.call(self.request(Method::GET, &path)).await
     }
 
+    /// The newest `limit` (at least one) revisions, oldest first.
+    pub async fn recent_history(
+        &self,
+        key: &ObjectKey,
+        limit: usize,
+    ) -> Result<Vec<RevisionRecord>, ClientError> {
+        let path = format!("{}/history", object_path(key));
+        let limit = [("limit", limit.max(1).to_string())];
+        self.call(self.request(Method::GET, &path).query(&limit))
+            .await
+    }
+
     pub async fn revision(
         &self,
         key: &ObjectKey,

@@ -475,6 +475,44 @@ async fn diff_rollback_and_cluster_history() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // One object's newest revisions, oldest first.
+    let revisions = |records: &Value| -> Vec<u64> {
+        records
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["revision"].as_u64().unwrap())
+            .collect()
+    };
+    let (status, newest) = call(
+        &server,
+        "GET",
+        &format!("{WEB}/history?limit=2"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{newest}");
+    assert_eq!(revisions(&newest), [2, 3]);
+    let (_, every) = call(
+        &server,
+        "GET",
+        &format!("{WEB}/history"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(revisions(&every), [1, 2, 3]);
+    let (status, refused) = call(
+        &server,
+        "GET",
+        &format!("{WEB}/history?limit=0"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(refused.to_string().contains("limit"), "{refused}");
 }
 
 #[tokio::test]

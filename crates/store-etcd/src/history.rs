@@ -12,7 +12,7 @@ use corral_api::history::{CompactionPolicy, KeptRevision};
 use corral_api::{HistoryQuery, ObjectKey, RevisionRecord};
 use corral_store::codec;
 use corral_store::{ChangeMeta, CompactionReport, HistorySize, StoreError, describe_kept};
-use etcd_client::{GetOptions, KeyValue, Txn, TxnOp};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::keys::store_revision;
@@ -181,6 +181,34 @@ pub(crate) async fn history(
         .await?
         .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     records_of(store, &uid).await
+}
+
+/// The newest `limit` records of the object at `key`, oldest first: the
+/// last keys of its range (the revision in a key is zero-padded).
+pub(crate) async fn recent_history(
+    store: &EtcdStore,
+    key: &ObjectKey,
+    limit: usize,
+) -> Result<Vec<RevisionRecord>, StoreError> {
+    let uid = uid_for_key(store, key)
+        .await?
+        .ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    let newest = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Key, SortOrder::Descend)
+        .with_limit(i64::try_from(limit.max(1)).unwrap_or(i64::MAX));
+    let mut response = store
+        .kv()
+        .get(store.keys.revisions(Some(&uid)), Some(newest))
+        .await
+        .map_err(unavailable)?;
+    let mut records = response
+        .take_kvs()
+        .iter()
+        .map(|kv| read_record(kv).map(|read| read.record))
+        .collect::<Result<Vec<_>, _>>()?;
+    records.reverse();
+    Ok(records)
 }
 
 async fn records_of(store: &EtcdStore, uid: &str) -> Result<Vec<RevisionRecord>, StoreError> {

@@ -341,6 +341,14 @@ impl Store for EtcdStore {
         history::history(self, key).await
     }
 
+    async fn recent_history(
+        &self,
+        key: &ObjectKey,
+        limit: usize,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        history::recent_history(self, key, limit).await
+    }
+
     async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError> {
         history::revision(self, key, revision).await
     }

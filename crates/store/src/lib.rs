@@ -405,6 +405,20 @@ pub trait Store: Send + Sync + 'static {
     /// deleted under that key), oldest first, without specs.
     async fn history(&self, key: &ObjectKey) -> Result<Vec<RevisionRecord>, StoreError>;
 
+    /// The newest `limit` (at least one) of [`Store::history`]'s records,
+    /// oldest first: what reads the latest revisions of an object whose
+    /// history is long. The default reads them all and keeps the newest.
+    async fn recent_history(
+        &self,
+        key: &ObjectKey,
+        limit: usize,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        let mut records = self.history(key).await?;
+        let older = records.len().saturating_sub(limit.max(1));
+        records.drain(..older);
+        Ok(records)
+    }
+
     /// One revision with its spec.
     async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError>;
 

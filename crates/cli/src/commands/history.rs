@@ -14,6 +14,7 @@ use crate::target::Target;
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
   corral history pod/web                     revisions of one object
+  corral history pod/web --limit 5           its five newest revisions
   corral history --since 1h                  everything that changed in the last hour
   corral history --since 1d --external       only people's changes
   corral history --since 2h --exclude-author scheduler --exclude-author ipam
@@ -41,6 +42,9 @@ pub struct HistoryArgs {
     /// Only objects of this kind.
     #[arg(long, value_name = "KIND")]
     kind: Option<String>,
+    /// Only the newest N changes that match (still listed oldest first).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    limit: Option<u64>,
     #[arg(short = 'o', long, value_enum, default_value_t)]
     output: Format,
 }
@@ -59,18 +63,28 @@ pub async fn history(config: Option<PathBuf>, args: HistoryArgs) -> anyhow::Resu
         exclude_authors: args.exclude_author.clone(),
         class,
         kind,
-        limit: None,
+        limit: args
+            .limit
+            .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX)),
     };
     let client = connect(config)?;
     let (records, single) = match &args.target {
         Some(target) => {
             let key = Target::parse(target, None)?.key(Some(&args.namespace))?;
-            let records: Vec<RevisionRecord> = client
-                .history(&key)
-                .await?
-                .into_iter()
-                .filter(|r| query.admits(r))
-                .collect();
+            // Unfiltered, the server reads the newest N alone; a filter
+            // needs every revision to find the newest N that match.
+            let unfiltered = HistoryQuery {
+                limit: None,
+                ..query.clone()
+            } == HistoryQuery::default();
+            let mut records: Vec<RevisionRecord> = match query.limit {
+                Some(limit) if unfiltered => client.recent_history(&key, limit).await?,
+                _ => client.history(&key).await?,
+            };
+            records.retain(|r| query.admits(r));
+            if let Some(limit) = query.limit {
+                records.drain(..records.len().saturating_sub(limit));
+            }
             (records, true)
         }
         None => (client.cluster_history(&query).await?, false),

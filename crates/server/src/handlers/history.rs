@@ -15,13 +15,28 @@ use crate::error::ApiError;
 use crate::query::Params;
 use crate::render::{RevisionDiff, diff_specs};
 
+/// `GET …/history[?limit=N]`: every revision kept, or the newest `N`;
+/// oldest first either way.
 pub async fn object_history(
     State(server): State<SharedServer>,
     Caller(_caller): Caller,
     Path(params): Path<HashMap<String, String>>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Vec<RevisionRecord>>, ApiError> {
     let key = Target::from_params(&params)?.key()?;
-    let records = server.store.history(&key).await?;
+    let records = match Params::parse(query.as_deref()).number("limit")? {
+        None => server.store.history(&key).await?,
+        Some(0) => {
+            return Err(ApiError::BadRequest(
+                "query parameter limit: must be at least 1 (leave it out for every revision)"
+                    .into(),
+            ));
+        }
+        Some(limit) => {
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            server.store.recent_history(&key, limit).await?
+        }
+    };
     if records.is_empty() {
         return Err(ApiError::NotFound(format!("{key} has no history")));
     }

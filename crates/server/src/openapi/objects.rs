@@ -107,7 +107,12 @@ impl ObjectDocs {
     }
 
     pub(crate) fn history(&self) -> Value {
-        json!({"summary": "the object's revisions, oldest first", "parameters": self.named,
+        let limit = query(
+            "limit",
+            json!({"type": "integer", "minimum": 1}),
+            "only the newest N revisions (default: every one kept)",
+        );
+        json!({"summary": "the object's revisions, oldest first", "parameters": self.named_and(vec![limit]),
             "responses": ok(json!({"type": "array", "items": schema_ref("RevisionRecord")}), "revisions")})
     }
 

@@ -150,6 +150,14 @@ impl Store for Tracked {
         self.inner.history(key).await
     }
 
+    async fn recent_history(
+        &self,
+        key: &ObjectKey,
+        limit: usize,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        self.inner.recent_history(key, limit).await
+    }
+
     async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError> {
         self.inner.revision(key, revision).await
     }

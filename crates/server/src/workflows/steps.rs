@@ -410,7 +410,7 @@ pub async fn step_logs(
         Some(object) => object.metadata.uid,
         None => server
             .store
-            .history(key)
+            .recent_history(key, 1)
             .await?
             .last()
             .map(|record| record.uid.clone())

@@ -327,6 +327,16 @@ pub async fn check_spec_revisions(store: &dyn Store) {
         assert_eq!(record.uid, "uid-web");
         assert!(record.spec.is_none(), "history carries no specs");
     }
+    for (limit, newest) in [(2, &history[2..]), (0, &history[3..]), (10, &history[..])] {
+        assert_eq!(
+            store
+                .recent_history(&web, limit)
+                .await
+                .expect("recent history"),
+            newest,
+            "the newest {limit} (at least one), oldest first"
+        );
+    }
     assert_eq!(history[1].time, at_minute(1));
     assert_eq!(history[1].message, "bob at minute 1");
     assert_eq!(history[3].message, "moved off node-1");
@@ -378,6 +388,13 @@ pub async fn check_spec_revisions(store: &dyn Store) {
             Err(StoreError::NotFound { .. })
         ),
         "history of an unknown key"
+    );
+    assert!(
+        matches!(
+            store.recent_history(&never, 1).await,
+            Err(StoreError::NotFound { .. })
+        ),
+        "recent history of an unknown key"
     );
     assert!(
         matches!(

@@ -157,6 +157,25 @@ pub(super) fn history(
     records_of(conn, &uid)
 }
 
+/// The newest `limit` records of the object at `key`, oldest first.
+pub(super) fn recent_history(
+    conn: &Connection,
+    key: &ObjectKey,
+    limit: usize,
+) -> Result<Vec<RevisionRecord>, StoreError> {
+    let uid = uid_for_key(conn, key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
+    let mut statement = conn.prepare_cached(&format!(
+        "SELECT {RECORD_COLUMNS} FROM revisions WHERE uid = ?1 ORDER BY revision DESC LIMIT ?2"
+    ))?;
+    let mut rows = statement.query(params![uid, to_i64(limit.max(1) as u64)])?;
+    let mut records = Vec::new();
+    while let Some(row) = rows.next()? {
+        records.push(record_from_row(row)?);
+    }
+    records.reverse();
+    Ok(records)
+}
+
 fn records_of(conn: &Connection, uid: &str) -> Result<Vec<RevisionRecord>, StoreError> {
     let mut statement = conn.prepare(&format!(
         "SELECT {RECORD_COLUMNS} FROM revisions WHERE uid = ?1 ORDER BY revision"

@@ -389,6 +389,16 @@ impl Store for SqliteStore {
         self.read(move |conn| history::history(conn, &key)).await
     }
 
+    async fn recent_history(
+        &self,
+        key: &ObjectKey,
+        limit: usize,
+    ) -> Result<Vec<RevisionRecord>, StoreError> {
+        let key = key.clone();
+        self.read(move |conn| history::recent_history(conn, &key, limit))
+            .await
+    }
+
     async fn revision(&self, key: &ObjectKey, revision: u64) -> Result<RevisionRecord, StoreError> {
         let key = key.clone();
         self.read(move |conn| history::revision(conn, &key, revision))
