@@ -293,10 +293,19 @@ async fn health_problem(
     corral_api::health::unhealthy_now(object, node.as_ref(), now)
 }
 
+/// Revisions the dashboard's timeline shows, newest first; `corral history`
+/// lists them all.
+const TIMELINE_ROWS: usize = 100;
+
 async fn history_part(server: &SharedServer, key: &ObjectKey) -> Result<String, ApiError> {
-    let records = server.store.history(key).await?;
+    // One more than shown says whether older ones are left out.
+    let mut records = server.store.recent_history(key, TIMELINE_ROWS + 1).await?;
     if records.is_empty() {
         return Err(ApiError::NotFound(format!("{key} has no history")));
+    }
+    let older = records.len() > TIMELINE_ROWS;
+    if older {
+        records.remove(0);
     }
     let mut html = String::from(
         "<table id=\"timeline\"><thead><tr><th>REVISION</th><th>TIME</th><th>AUTHOR</th>\
@@ -321,8 +330,25 @@ async fn history_part(server: &SharedServer, key: &ObjectKey) -> Result<String, 
             }),
         );
     }
+    if older {
+        let _ = write!(
+            html,
+            "<tr class=\"older\"><td colspan=\"5\">older revisions are not shown: \
+             <code>corral history {}</code></td></tr>",
+            escape(&history_target(key))
+        );
+    }
     html.push_str("</tbody></table>");
     Ok(html)
+}
+
+/// `KIND/NAME` (with `-n NS` outside `default`), as `corral history` takes it.
+fn history_target(key: &ObjectKey) -> String {
+    let target = format!("{}/{}", key.kind.as_str().to_lowercase(), key.name);
+    match key.namespace.as_str() {
+        "" | "default" => target,
+        namespace => format!("{target} -n {namespace}"),
+    }
 }
 
 /// Revisions `from` and `to` side by side, line by line, changed lines
@@ -423,6 +449,59 @@ async fn steplogs_part(server: &SharedServer, key: &ObjectKey) -> Result<String,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_timeline_shows_the_newest_revisions_and_says_when_older_ones_are_left_out() {
+        let store = corral_store::sqlite::SqliteStore::open_in_memory().expect("store");
+        let server = crate::Server::with(
+            std::sync::Arc::new(store),
+            std::sync::Arc::new(crate::SystemClock),
+            std::sync::Arc::new(crate::clock::SequentialIds::default()),
+        );
+        let change = corral_store::ChangeMeta {
+            author: "alice".into(),
+            class: corral_api::AuthorClass::External,
+            message: "edit".into(),
+            time: Utc::now(),
+            always_record: false,
+        };
+        let config = |revision: usize| {
+            let spec = serde_json::json!({"data": {"n": revision.to_string()}});
+            let mut object = Object::new(Kind::Config, Some("team"), "site", spec);
+            object.metadata.uid = "uid-site".into();
+            object
+        };
+        let mut object = server
+            .store
+            .create(config(1), &change)
+            .await
+            .expect("create");
+        let key = object.key();
+        let rows = |html: &str| html.matches("<tr data-revision=").count();
+        for revision in 2..=TIMELINE_ROWS + 1 {
+            let html = history_part(&server, &key).await.expect("timeline");
+            assert_eq!(rows(&html), revision - 1);
+            assert!(!html.contains("older revisions"), "{html}");
+            let mut next = config(revision);
+            next.metadata = object.metadata.clone();
+            object = server
+                .store
+                .update(next, object.metadata.resource_version, &change)
+                .await
+                .expect("update");
+        }
+        let html = history_part(&server, &key).await.expect("timeline");
+        assert_eq!(rows(&html), TIMELINE_ROWS);
+        let newest = format!("<tr data-revision=\"{}\">", TIMELINE_ROWS + 1);
+        assert!(html.contains(&newest), "the newest first: {html}");
+        assert!(!html.contains("<tr data-revision=\"1\">"), "{html}");
+        assert!(
+            html.contains(
+                "older revisions are not shown: <code>corral history config/site -n team</code>"
+            ),
+            "{html}"
+        );
+    }
 
     #[test]
     fn side_by_side_pairs_changed_lines() {
