@@ -216,11 +216,7 @@ pub async fn update_answer(
         .await
         .map_err(WriteError::Refused)?;
     let updated = workflows::update_event(server, current, next, expected, change).await;
-    if registering {
-        invalidate(server);
-    }
-    let updated = updated?;
-    let view = reader(server, caller).await.map_err(WriteError::Refused)?;
+    let (updated, view) = written_view(server, caller, registering, updated).await?;
     if view.sees_everything() {
         Ok(Answer::Stored(updated))
     } else {
@@ -323,10 +319,23 @@ async fn finish(
     registering: bool,
     written: Result<Object, WriteError>,
 ) -> Result<Object, WriteError> {
+    let (written, view) = written_view(server, caller, registering, written).await?;
+    Ok(view.serve(written))
+}
+
+/// After a write: forget the registry if a registration changed (whether
+/// or not the write went through), then the write's result with the mask
+/// the caller's answer is served through.
+async fn written_view<T>(
+    server: &Server,
+    caller: &Identity,
+    registering: bool,
+    written: Result<T, WriteError>,
+) -> Result<(T, ReadView), WriteError> {
     if registering {
         invalidate(server);
     }
     let written = written?;
     let view = reader(server, caller).await.map_err(WriteError::Refused)?;
-    Ok(view.serve(written))
+    Ok((written, view))
 }
