@@ -165,8 +165,8 @@ impl Neighbour {
     }
 }
 
-/// The record files' neighbours by file name; `None` until first read.
-type NeighbourIndex = Arc<Mutex<Option<BTreeMap<String, Neighbour>>>>;
+/// The record files' neighbours by pod; `None` until first read.
+type NeighbourIndex = Arc<Mutex<Option<BTreeMap<ObjectKey, Neighbour>>>>;
 
 /// The directory of pod records.
 ///
@@ -224,16 +224,17 @@ impl LocalState {
             let read = self
                 .load_all()?
                 .iter()
-                .map(|record| (file_name(&record.pod.key()), Neighbour::of(record)))
+                .map(|record| (record.pod.key(), Neighbour::of(record)))
                 .collect();
             *index = Some(read);
         }
-        let mut all: Vec<Neighbour> = index.iter().flat_map(|map| map.values().cloned()).collect();
-        all.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(all)
+        Ok(index
+            .as_ref()
+            .map(|pods| pods.values().cloned().collect())
+            .unwrap_or_default())
     }
 
-    fn lock_neighbours(&self) -> std::sync::MutexGuard<'_, Option<BTreeMap<String, Neighbour>>> {
+    fn lock_neighbours(&self) -> std::sync::MutexGuard<'_, Option<BTreeMap<ObjectKey, Neighbour>>> {
         self.neighbours
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -241,13 +242,12 @@ impl LocalState {
 
     /// Writes a record durably before returning.
     pub fn save(&self, record: &PodRecord) -> Result<(), StateError> {
-        let name = file_name(&record.pod.key());
-        let path = self.dir.join(&name);
+        let path = self.dir.join(file_name(&record.pod.key()));
         let mut line = serde_json::to_vec(record).map_err(StateError::corrupt(&path))?;
         line.push(b'\n');
         append_record(&path, &line)?;
         if let Some(index) = self.lock_neighbours().as_mut() {
-            index.insert(name, Neighbour::of(record));
+            index.insert(record.pod.key(), Neighbour::of(record));
         }
         Ok(())
     }
@@ -267,15 +267,14 @@ impl LocalState {
     }
 
     pub fn remove(&self, key: &ObjectKey) -> Result<(), StateError> {
-        let name = file_name(key);
-        let path = self.dir.join(&name);
+        let path = self.dir.join(file_name(key));
         match fs::remove_file(&path) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                 Err(StateError::io("remove", &path)(error))
             }
             _ => {
                 if let Some(index) = self.lock_neighbours().as_mut() {
-                    index.remove(&name);
+                    index.remove(key);
                 }
                 Ok(())
             }
