@@ -492,8 +492,14 @@ mod tests {
         }
         let html = history_part(&server, &key).await.expect("timeline");
         assert_eq!(rows(&html), TIMELINE_ROWS);
+        let first_row = html.find("<tr data-revision=").expect("a row");
         let newest = format!("<tr data-revision=\"{}\">", TIMELINE_ROWS + 1);
-        assert!(html.contains(&newest), "the newest first: {html}");
+        assert_eq!(
+            html.find(&newest),
+            Some(first_row),
+            "the newest first: {html}"
+        );
+        assert!(html.contains("<tr data-revision=\"2\">"), "{html}");
         assert!(!html.contains("<tr data-revision=\"1\">"), "{html}");
         assert!(
             html.contains(
