@@ -50,11 +50,13 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
         return Ok(false);
     }
     let key = pod.key();
-    let history = server.store.history(&key).await?;
-    if history
-        .iter()
-        .any(|r| r.revision == revision && r.message.starts_with(AUTOMATIC))
-    {
+    // The failed revision itself an automatic rollback: never roll back again.
+    let automatic = match server.store.revision(&key, revision).await {
+        Ok(record) => record.message.starts_with(AUTOMATIC),
+        Err(StoreError::RevisionNotFound { .. }) => false,
+        Err(error) => return Err(error),
+    };
+    if automatic {
         return Ok(false);
     }
     let previous = server.store.revision(&key, revision - 1).await?;
@@ -102,6 +104,83 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corral_api::Kind;
+    use std::sync::Arc;
+
+    /// Pod `name` (rollback: auto) at revision 2, written with `message`,
+    /// as its failed update leaves it.
+    async fn failed_at_two(server: &Server, name: &str, message: &str) -> Object {
+        let change = |message: &str| ChangeMeta {
+            author: "alice".into(),
+            class: AuthorClass::External,
+            message: message.into(),
+            time: chrono::Utc::now(),
+            always_record: false,
+        };
+        let pod = |image: &str| {
+            let spec = serde_json::json!({"rollback": "auto", "containers": [{"name": "app", "image": image}]});
+            let mut object = Object::new(Kind::Pod, Some("default"), name, spec);
+            object.metadata.uid = format!("uid-{name}");
+            object
+        };
+        let first = server
+            .store
+            .create(pod("app:1"), &change("first"))
+            .await
+            .expect("create");
+        let mut next = pod("app:2");
+        next.metadata = first.metadata.clone();
+        let mut second = server
+            .store
+            .update(next, first.metadata.resource_version, &change(message))
+            .await
+            .expect("update");
+        assert_eq!(second.metadata.revision, 2);
+        second.status = serde_json::json!({"workflow": {"instances": [{
+            "id": "update-2", "workflow": "update", "definition": "pod-update", "revision": 2,
+            "startedAt": chrono::Utc::now(), "outcome": "failed",
+        }]}});
+        second
+    }
+
+    #[tokio::test]
+    async fn a_failed_revision_is_rolled_back_unless_it_is_an_automatic_rollback() {
+        let server = Server::with(
+            Arc::new(corral_store::sqlite::SqliteStore::open_in_memory().expect("store")),
+            Arc::new(crate::SystemClock),
+            Arc::new(crate::clock::SequentialIds::default()),
+        );
+        let web = failed_at_two(&server, "web", "new image").await;
+        assert!(maybe_roll_back(&server, &web).await.expect("rollback"));
+        let rolled = server
+            .store
+            .get(&web.key())
+            .await
+            .expect("get")
+            .expect("web");
+        assert_eq!(rolled.metadata.revision, 3);
+        assert_eq!(rolled.spec["containers"][0]["image"], "app:1");
+        let newest = server
+            .store
+            .recent_history(&web.key(), 1)
+            .await
+            .expect("history");
+        assert!(newest[0].message.starts_with(AUTOMATIC), "{:?}", newest[0]);
+
+        let looping = format!("{AUTOMATIC} to revision 1: revision 0 never became ready");
+        let api = failed_at_two(&server, "api", &looping).await;
+        assert!(!maybe_roll_back(&server, &api).await.expect("no rollback"));
+        let kept = server
+            .store
+            .get(&api.key())
+            .await
+            .expect("get")
+            .expect("api");
+        assert_eq!(
+            kept.metadata.revision, 2,
+            "an automatic rollback is not rolled back"
+        );
+    }
 
     #[test]
     fn the_quick_check_spells_auto_as_a_stored_spec_does() {
