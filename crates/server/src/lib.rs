@@ -122,6 +122,18 @@ impl Server {
             fence_after_seconds: std::sync::OnceLock::new(),
         })
     }
+
+    /// A server on an in-memory SQLite store, with sequential ids (unit
+    /// tests; the integration tests have their own in `tests/common`).
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> SharedServer {
+        let store = corral_store::sqlite::SqliteStore::open_in_memory().expect("in-memory store");
+        Self::with(
+            Arc::new(store),
+            Arc::new(SystemClock),
+            Arc::new(clock::SequentialIds::default()),
+        )
+    }
 }
 
 /// The whole HTTP API, built from [`routes::table`]: object routes exist

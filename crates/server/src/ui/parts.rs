@@ -452,12 +452,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_timeline_shows_the_newest_revisions_and_says_when_older_ones_are_left_out() {
-        let store = corral_store::sqlite::SqliteStore::open_in_memory().expect("store");
-        let server = crate::Server::with(
-            std::sync::Arc::new(store),
-            std::sync::Arc::new(crate::SystemClock),
-            std::sync::Arc::new(crate::clock::SequentialIds::default()),
-        );
+        let server = crate::Server::in_memory();
         let change = corral_store::ChangeMeta {
             author: "alice".into(),
             class: corral_api::AuthorClass::External,

@@ -105,7 +105,6 @@ pub async fn maybe_roll_back(server: &Server, pod: &Object) -> Result<bool, Stor
 mod tests {
     use super::*;
     use corral_api::Kind;
-    use std::sync::Arc;
 
     /// Pod `name` (rollback: auto) at revision 2, written with `message`,
     /// as its failed update leaves it.
@@ -145,11 +144,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_revision_is_rolled_back_unless_it_is_an_automatic_rollback() {
-        let server = Server::with(
-            Arc::new(corral_store::sqlite::SqliteStore::open_in_memory().expect("store")),
-            Arc::new(crate::SystemClock),
-            Arc::new(crate::clock::SequentialIds::default()),
-        );
+        let server = Server::in_memory();
         let web = failed_at_two(&server, "web", "new image").await;
         assert!(maybe_roll_back(&server, &web).await.expect("rollback"));
         let rolled = server
