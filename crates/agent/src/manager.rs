@@ -185,28 +185,18 @@ impl Manager {
         let sender = match self.workers.get(&key) {
             Some((_, sender)) if !sender.is_closed() => sender.clone(),
             _ => {
-                // A worker that died leaves its record on disk: resume from it.
-                let record = self
-                    .ctx
-                    .state
-                    .load_all()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find(|record| {
-                        record.pod.key() == key && record.pod.metadata.uid == pod.metadata.uid
-                    })
-                    .unwrap_or_else(|| PodRecord {
-                        pod: pod.clone(),
-                        admitted_revision: 0,
-                        recent_images: Vec::new(),
-                        pulling: Vec::new(),
-                        containers: BTreeMap::new(),
-                        generations: BTreeMap::new(),
-                        netns: None,
-                        egress_ipv4: None,
-                        address: None,
-                        recovery: None,
-                    });
+                // A worker that died leaves its record on disk: resume from
+                // it (its file alone is read).
+                let record = match self.ctx.state.load(&key) {
+                    Ok(record) => record,
+                    Err(error) => {
+                        tracing::warn!(pod = %key, error = %crate::chain(&error), "its record is unreadable: the pod starts from the API's view");
+                        None
+                    }
+                };
+                let record = record
+                    .filter(|record| record.pod.metadata.uid == pod.metadata.uid)
+                    .unwrap_or_else(|| PodRecord::new(pod.clone()));
                 self.spawn(record, None)
             }
         };

@@ -101,6 +101,24 @@ pub struct PodRecord {
     pub recovery: Option<crate::recovery::RecoveryReport>,
 }
 
+impl PodRecord {
+    /// A pod this node has not run yet: nothing admitted, nothing chosen.
+    pub fn new(pod: Object) -> Self {
+        PodRecord {
+            pod,
+            admitted_revision: 0,
+            recent_images: Vec::new(),
+            containers: BTreeMap::new(),
+            pulling: Vec::new(),
+            generations: BTreeMap::new(),
+            netns: None,
+            egress_ipv4: None,
+            address: None,
+            recovery: None,
+        }
+    }
+}
+
 /// One container of a pod as the agent last ran it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -252,6 +270,17 @@ impl LocalState {
         Ok(())
     }
 
+    /// The record of the pod at `key` (`None`: there is none), read from
+    /// its one file.
+    pub fn load(&self, key: &ObjectKey) -> Result<Option<PodRecord>, StateError> {
+        let path = self.dir.join(file_name(key));
+        match fs::read(&path) {
+            Ok(bytes) => parse_record(&path, &bytes).map(Some),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(StateError::io("read", &path)(error)),
+        }
+    }
+
     /// Forgets the pod at `key` if the record there is still the one with
     /// `uid` (a pod recreated under the same name keeps its new record).
     pub fn remove_if_uid(&self, key: &ObjectKey, uid: &str) -> Result<(), StateError> {
@@ -355,16 +384,9 @@ mod tests {
             serde_json::json!({}),
         );
         let mut record = PodRecord {
-            pod,
             admitted_revision: 1,
             recent_images: vec![vec!["busybox".into()]],
-            pulling: Vec::new(),
-            containers: BTreeMap::new(),
-            generations: BTreeMap::new(),
-            netns: None,
-            egress_ipv4: None,
-            address: None,
-            recovery: None,
+            ..PodRecord::new(pod)
         };
         record.containers.insert(
             "web".into(),
@@ -400,6 +422,26 @@ mod tests {
         reopened.remove(&record.pod.key()).unwrap();
         reopened.remove(&record.pod.key()).unwrap();
         assert!(reopened.load_all().unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_record_is_read_from_its_file_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = LocalState::open(dir.path()).unwrap();
+        let mut record = record();
+        assert_eq!(state.load(&record.pod.key()).unwrap(), None);
+        state.save(&record).unwrap();
+        record.admitted_revision = 2;
+        state.save(&record).unwrap();
+        assert_eq!(state.load(&record.pod.key()).unwrap(), Some(record.clone()));
+        // Another pod's broken file is not read.
+        std::fs::write(dir.path().join("a_other.json"), b"{not json").unwrap();
+        assert_eq!(state.load(&record.pod.key()).unwrap(), Some(record.clone()));
+        let other = ObjectKey::new(corral_api::Kind::Pod, Some("a"), "other");
+        assert!(matches!(
+            state.load(&other),
+            Err(StateError::Corrupt { .. })
+        ));
     }
 
     fn file_of(dir: &Path, record: &PodRecord) -> PathBuf {
