@@ -183,17 +183,18 @@ impl PodWorkload {
         // Only a node that gives pods IPv4 egress chooses an address free
         // of the other pods' (kept in memory) and the VMs'.
         if self.record.egress_ipv4.is_none() && network.gives_egress() {
-            let taken = self
-                .ctx
-                .state
-                .neighbours()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|pod| pod.key != self.key())
-                .filter_map(|pod| pod.egress_ipv4)
-                // VMs take theirs from the same range.
-                .chain(crate::vms::state::vm_egress_addresses(&self.ctx.data_dir))
-                .collect();
+            // VMs take theirs from the same range.
+            let vms = crate::vms::state::VmState::open(crate::vms::state_dir(&self.ctx.data_dir));
+            let taken = vms
+                .and_then(|vms| {
+                    crate::vms::state::egress_addresses_taken(&self.ctx.state, &vms, &self.key())
+                })
+                .map_err(|e| {
+                    format!(
+                        "cannot choose a free IPv4 egress address: {}",
+                        crate::chain(&e)
+                    )
+                })?;
             self.record.egress_ipv4 = network
                 .allocate_egress(&taken)
                 .map_err(|e| crate::chain(&e))?;

@@ -102,25 +102,17 @@ impl VmWorkload {
         if self.record.egress_ipv4.is_some() {
             return Ok(self.record.egress_ipv4);
         }
-        let own = self.key();
-        let taken = self
-            .ctx
-            .agent
-            .state
-            .neighbours()
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|pod| pod.egress_ipv4)
-            .chain(
-                self.ctx
-                    .state
-                    .load_all()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|record| record.vm.key() != own)
-                    .filter_map(|record| record.egress_ipv4),
+        let taken = super::state::egress_addresses_taken(
+            &self.ctx.agent.state,
+            &self.ctx.state,
+            &self.key(),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot choose a free IPv4 egress address: {}",
+                crate::chain(&e)
             )
-            .collect();
+        })?;
         let preferred = network
             .config()
             .egress_range

@@ -1,14 +1,16 @@
 //! What the agent remembers of each VM it runs: one JSON file per VM under
 //! `DATA/agent/vms/`, written atomically (temporary file, fsync, rename).
 
+use std::collections::BTreeSet;
 use std::fs;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 use corral_api::{Object, ObjectKey};
 use serde::{Deserialize, Serialize};
 
-use crate::state::StateError;
+use crate::state::{LocalState, StateError};
 
 /// One VM as this node runs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,15 +78,26 @@ impl VmRecord {
     }
 }
 
-/// The IPv4 egress addresses the VMs recorded under `data_dir` hold
-/// (pods must not take them; unreadable records hold none).
-pub fn vm_egress_addresses(data_dir: &std::path::Path) -> Vec<std::net::Ipv4Addr> {
-    VmState::open(super::state_dir(data_dir))
-        .and_then(|state| state.load_all())
-        .unwrap_or_default()
+/// The IPv4 egress addresses the node's pods (`pods`) and VMs (`vms`)
+/// hold, but `own`'s: what a new pod or VM must not take. A record that
+/// cannot be read is an error, not "none taken": an address chosen past it
+/// could be one a running pod or VM already has.
+pub fn egress_addresses_taken(
+    pods: &LocalState,
+    vms: &VmState,
+    own: &ObjectKey,
+) -> Result<BTreeSet<Ipv4Addr>, StateError> {
+    let pods = pods
+        .neighbours()?
         .into_iter()
-        .filter_map(|record| record.egress_ipv4)
-        .collect()
+        .filter(|pod| pod.key != *own)
+        .filter_map(|pod| pod.egress_ipv4);
+    let vms = vms
+        .load_all()?
+        .into_iter()
+        .filter(|record| record.vm.key() != *own)
+        .filter_map(|record| record.egress_ipv4);
+    Ok(pods.chain(vms).collect())
 }
 
 /// The VM records on disk.
@@ -178,5 +191,59 @@ mod tests {
         state.remove(&record.vm.key()).unwrap();
         state.remove(&record.vm.key()).unwrap();
         assert!(state.load_all().unwrap().is_empty());
+    }
+
+    fn pod_record(name: &str, egress: [u8; 4]) -> crate::state::PodRecord {
+        let mut record = crate::state::PodRecord::new(Object::new(
+            Kind::Pod,
+            Some("default"),
+            name,
+            serde_json::json!({}),
+        ));
+        record.egress_ipv4 = Some(Ipv4Addr::from(egress));
+        record
+    }
+
+    #[test]
+    fn egress_taken_is_every_pod_and_vm_but_the_asker_and_an_unreadable_record_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let pods = LocalState::open(dir.path().join("pods")).unwrap();
+        let vms = VmState::open(dir.path().join("vms")).unwrap();
+        let web = pod_record("web", [10, 0, 0, 2]);
+        pods.save(&web).unwrap();
+        pods.save(&pod_record("db", [10, 0, 0, 3])).unwrap();
+        let mut vm = VmRecord::new(Object::new(
+            Kind::VirtualMachine,
+            Some("default"),
+            "builder",
+            serde_json::json!({}),
+        ));
+        vm.egress_ipv4 = Some(Ipv4Addr::new(10, 0, 0, 4));
+        vms.save(&vm).unwrap();
+        let taken = |own: &ObjectKey| egress_addresses_taken(&pods, &vms, own).unwrap();
+        let all = |last: &[u8]| -> BTreeSet<Ipv4Addr> {
+            last.iter().map(|l| Ipv4Addr::new(10, 0, 0, *l)).collect()
+        };
+        assert_eq!(taken(&web.pod.key()), all(&[3, 4]));
+        assert_eq!(taken(&vm.vm.key()), all(&[2, 3]));
+        // A VM and a pod of one name are two objects.
+        let pod_named_builder = ObjectKey::new(Kind::Pod, Some("default"), "builder");
+        assert_eq!(taken(&pod_named_builder), all(&[2, 3, 4]));
+
+        // A VM record that does not parse: no address is chosen past it.
+        let broken = dir.path().join("vms").join("default_broken.json");
+        fs::write(&broken, b"{not json").unwrap();
+        let error = egress_addresses_taken(&pods, &vms, &web.pod.key()).unwrap_err();
+        assert!(error.to_string().contains("default_broken.json"), "{error}");
+        fs::remove_file(&broken).unwrap();
+        // Nor past a pod record that does not parse (read on first use).
+        let fresh = LocalState::open(dir.path().join("pods")).unwrap();
+        fs::write(
+            dir.path().join("pods").join("default_cut.json"),
+            b"{\"pod\":",
+        )
+        .unwrap();
+        let error = egress_addresses_taken(&fresh, &vms, &web.pod.key()).unwrap_err();
+        assert!(error.to_string().contains("default_cut.json"), "{error}");
     }
 }
