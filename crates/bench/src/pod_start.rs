@@ -95,7 +95,12 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     node.collect_step_times("warm-up", "start", &mut times)
         .await?;
     breakdowns.push(times.table("the first pod after launch (warm-up), start workflow"));
-    let summary = one_after_another(n, |i| node.start_pod(format!("seq-{i}"))).await?;
+    let corral_pid = Some(node.process.pid());
+    let (summary, corral_cpu) = cpu_per_start(corral_pid, n, async {
+        one_after_another(n, |i| node.start_pod(format!("seq-{i}"))).await
+    })
+    .await?;
+    let mut cpu_lines = vec![format!("{CORRAL}, 1 at a time: {corral_cpu}")];
     let corral_one_at_a_time = summary.median;
     starts.push(row(CORRAL, 1, summary));
     let mut times = StepTimes::default();
@@ -174,8 +179,14 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
         "runc with corral's sandbox {}",
         report::millis(floor.run(format!("{prefix}-sandboxed-warm-up")).await?)
     ));
-    let summary =
-        one_after_another(n, |i| floor.run(format!("{prefix}-sandboxed-seq-{i}"))).await?;
+    let (summary, floor_cpu) = cpu_per_start(None, n, async {
+        one_after_another(n, |i| floor.run(format!("{prefix}-sandboxed-seq-{i}"))).await
+    })
+    .await?;
+    cpu_lines.push(format!(
+        "{SANDBOXED_FLOOR}, 1 at a time: {} in runc (this benchmark runs and reaps it)",
+        report::millis(floor_cpu.reaped)
+    ));
     // The same starts with the pause a corral start leaves between its
     // `runc run`s (the rest of its median): on some machines a runc started
     // after a pause takes far longer than one started right after another.
@@ -285,12 +296,65 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     for line in memory {
         println!("{line}");
     }
+    println!();
+    println!(
+        "CPU per start over the row (/proc/PID/stat; `runc init` becomes the container and is counted in neither):"
+    );
+    for line in cpu_lines {
+        println!("- {line}");
+    }
     // Where corral's time goes, step by step (corral analyze blame, summed).
     for table in breakdowns {
         println!();
         print!("{table}");
     }
     Ok(())
+}
+
+/// The CPU a process used over a row of starts, per start.
+#[derive(Debug, Clone, Copy)]
+struct CpuPerStart {
+    /// Its own threads'.
+    own: Duration,
+    /// The commands it ran and reaped (runc, namespace helpers).
+    reaped: Duration,
+}
+
+impl std::fmt::Display for CpuPerStart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} in its own threads, {} in the commands it ran and reaped (runc, namespace helpers)",
+            report::millis(self.own),
+            report::millis(self.reaped)
+        )
+    }
+}
+
+/// Runs `work`, a row of `count` starts, and returns its result with the
+/// CPU per start of process `pid` (`None`: this one).
+async fn cpu_per_start<T>(
+    pid: Option<u32>,
+    count: usize,
+    work: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(T, CpuPerStart)> {
+    let read = || -> anyhow::Result<(Duration, Duration)> {
+        Ok((
+            crate::scale::cpu_time(pid)?,
+            crate::scale::reaped_children_cpu_time(pid)?,
+        ))
+    };
+    let (own_before, reaped_before) = read()?;
+    let result = work.await?;
+    let (own, reaped) = read()?;
+    let starts = u32::try_from(count).unwrap_or(u32::MAX).max(1);
+    Ok((
+        result,
+        CpuPerStart {
+            own: own.saturating_sub(own_before) / starts,
+            reaped: reaped.saturating_sub(reaped_before) / starts,
+        },
+    ))
 }
 
 pub(crate) fn row(system: &str, clients: usize, summary: Summary) -> Row {

@@ -33,25 +33,48 @@ fn clock_ticks() -> f64 {
 /// CPU time (user + system, all threads) process `pid` has used, or this
 /// process's with `None`.
 pub fn cpu_time(pid: Option<u32>) -> anyhow::Result<Duration> {
+    stat_cpu(pid, Whose::Own)
+}
+
+/// CPU time (user + system) of the children process `pid` (`None`: this
+/// one) waited for, and of theirs: the commands it ran and reaped.
+pub fn reaped_children_cpu_time(pid: Option<u32>) -> anyhow::Result<Duration> {
+    stat_cpu(pid, Whose::ReapedChildren)
+}
+
+/// Which CPU times of a `/proc/PID/stat` line.
+#[derive(Debug, Clone, Copy)]
+enum Whose {
+    /// `utime + stime` (fields 14 and 15): the process's threads.
+    Own,
+    /// `cutime + cstime` (fields 16 and 17): its waited-for children.
+    ReapedChildren,
+}
+
+fn stat_cpu(pid: Option<u32>, whose: Whose) -> anyhow::Result<Duration> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/stat"),
         None => "/proc/self/stat".to_string(),
     };
     let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-    let ticks = parse_cpu_ticks(&text).with_context(|| format!("cannot parse {path}"))?;
+    let ticks = parse_cpu_ticks(&text, whose).with_context(|| format!("cannot parse {path}"))?;
     Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks()))
 }
 
-/// `utime + stime` (fields 14 and 15) of a `/proc/PID/stat` line. The
+/// The two CPU times `whose` names of a `/proc/PID/stat` line, summed. The
 /// command name (field 2) is in parentheses and may hold spaces, so fields
 /// are counted after its closing one.
-fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+fn parse_cpu_ticks(stat: &str, whose: Whose) -> Option<u64> {
     let after_name = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
     // after_name starts at field 3 (state): utime is field 14.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    let first = match whose {
+        Whose::Own => 11,
+        Whose::ReapedChildren => 13,
+    };
+    let user: u64 = fields.get(first)?.parse().ok()?;
+    let system: u64 = fields.get(first + 1)?.parse().ok()?;
+    Some(user + system)
 }
 
 /// CPU time of several processes (`None`: this one) over the same wall
@@ -254,9 +277,18 @@ mod tests {
     #[test]
     fn cpu_ticks_are_counted_after_the_command_name() {
         // Fields 14 and 15 are 7 and 5; the name holds a space and a ')'.
-        let stat = "1234 (corral (x) y) S 1 2 3 4 5 6 7 8 9 10 7 5 0 0 20 0 9 0 100 200 300";
-        assert_eq!(parse_cpu_ticks(stat), Some(12));
-        assert_eq!(parse_cpu_ticks("1234 (short) S 1"), None);
+        // Fields 16 and 17 (the reaped children's) are 3 and 4.
+        let stat = "1234 (corral (x) y) S 1 2 3 4 5 6 7 8 9 10 7 5 3 4 20 0 9 0 100 200 300";
+        assert_eq!(parse_cpu_ticks(stat, Whose::Own), Some(12));
+        assert_eq!(parse_cpu_ticks(stat, Whose::ReapedChildren), Some(7));
+        assert_eq!(parse_cpu_ticks("1234 (short) S 1", Whose::Own), None);
+        assert_eq!(
+            parse_cpu_ticks(
+                "1234 (short) S 1 2 3 4 5 6 7 8 9 10 7 5 3",
+                Whose::ReapedChildren
+            ),
+            None
+        );
     }
 
     #[test]
@@ -271,6 +303,23 @@ mod tests {
         assert!(cpu_time(None).expect("own cpu time") > Duration::ZERO);
         let (rss, peak) = memory(std::process::id()).expect("own memory");
         assert!(rss > 0 && peak >= rss);
+    }
+
+    #[test]
+    fn a_child_waited_for_counts_as_reaped() {
+        let before = reaped_children_cpu_time(None).expect("children's cpu time");
+        // Busy children until the kernel has counted a tick of theirs.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while reaped_children_cpu_time(None).expect("children's cpu time") == before
+            && Instant::now() < deadline
+        {
+            let status = std::process::Command::new("sh")
+                .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])
+                .status()
+                .expect("sh runs");
+            assert!(status.success());
+        }
+        assert!(reaped_children_cpu_time(None).expect("children's cpu time") > before);
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod stages;
 mod table;
 pub(crate) mod workload;
 
-pub(crate) use measure::cpu_time;
+pub(crate) use measure::{cpu_time, reaped_children_cpu_time};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
