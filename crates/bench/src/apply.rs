@@ -191,7 +191,7 @@ async fn server_cpu<T>(
 }
 
 /// `requests` as a divisor of a [`Duration`].
-fn count(requests: usize) -> u32 {
+pub(crate) fn count(requests: usize) -> u32 {
     u32::try_from(requests).unwrap_or(u32::MAX).max(1)
 }
 

@@ -347,12 +347,11 @@ async fn cpu_per_start<T>(
     let (own_before, reaped_before) = read()?;
     let result = work.await?;
     let (own, reaped) = read()?;
-    let starts = u32::try_from(count).unwrap_or(u32::MAX).max(1);
     Ok((
         result,
         CpuPerStart {
-            own: own.saturating_sub(own_before) / starts,
-            reaped: reaped.saturating_sub(reaped_before) / starts,
+            own: own.saturating_sub(own_before) / apply::count(count),
+            reaped: reaped.saturating_sub(reaped_before) / apply::count(count),
         },
     ))
 }
