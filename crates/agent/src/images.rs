@@ -124,28 +124,21 @@ pub(crate) async fn prune(
 mod tests {
     use super::*;
     use corral_api::{Kind, Object};
-    use std::collections::BTreeMap;
 
     fn record(image: &str, recent: &[&[&str]], pulling: &[&str]) -> PodRecord {
         PodRecord {
-            pod: Object::new(
-                Kind::Pod,
-                None,
-                "web",
-                serde_json::json!({"containers": [{"name": "c", "image": image}]}),
-            ),
             admitted_revision: 1,
             recent_images: recent
                 .iter()
                 .map(|r| r.iter().map(|s| s.to_string()).collect())
                 .collect(),
             pulling: pulling.iter().map(|s| s.to_string()).collect(),
-            containers: BTreeMap::new(),
-            generations: BTreeMap::new(),
-            netns: None,
-            egress_ipv4: None,
-            address: None,
-            recovery: None,
+            ..PodRecord::new(Object::new(
+                Kind::Pod,
+                None,
+                "web",
+                serde_json::json!({"containers": [{"name": "c", "image": image}]}),
+            ))
         }
     }
 
