@@ -13,6 +13,7 @@ use corral_runtime::bundle::{
     ContainerConfig, NetworkNamespace, ProcessOverrides, merge_process, resolve_user_in_rootfs,
     write_bundle,
 };
+use corral_runtime::cgroup_migration::MigrationPrimer;
 use corral_runtime::image::{Image, ImageError, ImageStore, PullOptions, Registry, RegistryError};
 use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status, reap};
 
@@ -121,6 +122,10 @@ pub struct ContainerRunner {
     pub runtimes: Runtimes,
     /// `DATA/pods`: per-pod directories (rootfs layers, bundles, logs).
     pub pods_dir: PathBuf,
+    /// Nudged as a container start begins, so the runtime's move of the
+    /// container into its cgroup does not wait out a kernel grace period
+    /// (see [`corral_runtime::cgroup_migration`]).
+    pub cgroup_primer: Arc<MigrationPrimer>,
 }
 
 impl std::fmt::Debug for ContainerRunner {
@@ -188,6 +193,9 @@ impl ContainerRunner {
         let began = Instant::now();
         // Known before any work: a node without the runtime says so first.
         self.runtimes.for_class(spec.runtime)?;
+        // The runtime moves the container into its cgroup some 10 ms from
+        // now: the kernel's lock for that is made warm meanwhile.
+        self.cgroup_primer.nudge();
         let image = self.ensure_image(&container.image)?;
         let runtime_id = runtime_id(uid, &container.name, generation);
         let dir = pod_dir(&self.pods_dir, uid)

@@ -60,6 +60,7 @@ use std::time::Duration;
 
 use corral_client::Client;
 use corral_client::runtime::{Informer, Scope};
+use corral_runtime::cgroup_migration::MigrationPrimer;
 use corral_runtime::image::ImageStore;
 use corral_runtime::oci::netns::NetnsManager;
 use corral_runtime::oci::{OciRuntime, RuncCli, reap};
@@ -268,6 +269,7 @@ pub fn context(
                 gvisor_host_stack,
             },
             pods_dir,
+            cgroup_primer: Arc::new(MigrationPrimer::new()),
         },
         state: LocalState::open(data.join("agent").join("pods"))?,
         netns: Arc::new(NetnsManager::new(data.join("netns"))),

@@ -362,6 +362,8 @@ async fn exec(
         .for_class(spec.runtime)
         .map_err(|error| EndpointError::Conflict(error.to_string()))?
         .clone();
+    // `runc exec` moves its process into the container's cgroup too.
+    endpoint.ctx.runner.cgroup_primer.nudge();
     let exec_spec = ExecSpec {
         args,
         tty,

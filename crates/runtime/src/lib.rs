@@ -11,6 +11,9 @@
 //!   and process liveness.
 //! - [`vm`]: the QEMU driver (command line, KVM probe, disk, tap, process).
 //! - [`mounts`]: the mount table (mount points, unmounting a directory's).
+//! - [`cgroup_migration`]: keeps the kernel's cgroup migration lock warm
+//!   for the next container start (an idle node's `runc` otherwise waits
+//!   out an RCU grace period).
 //! - [`find_binary`]: the executables the runtime drives, found on `PATH`.
 //!
 //! It must not talk to the API server, decide policy (what a pod may do is
@@ -20,6 +23,7 @@
 //! `spawn_blocking`.
 
 pub mod bundle;
+pub mod cgroup_migration;
 pub mod image;
 pub mod mounts;
 pub mod oci;

@@ -28,6 +28,9 @@ impl PodWorkload {
     /// The pod's namespaces, made if missing, and wired; returns a note.
     pub(super) async fn ensure_sandbox(&mut self) -> Result<String, String> {
         let began = std::time::Instant::now();
+        // The containers start next, and runc then moves each into its
+        // cgroup: the kernel's lock for that is made warm from now on.
+        self.ctx.runner.cgroup_primer.nudge();
         let (path, created, pooled) = match &self.record.netns {
             Some(path) if netns::exists(path) => (path.clone(), false, false),
             stale => {
