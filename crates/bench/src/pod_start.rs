@@ -189,7 +189,10 @@ pub async fn run(args: PodStartArgs) -> anyhow::Result<()> {
     ));
     // The same starts with the pause a corral start leaves between its
     // `runc run`s (the rest of its median): on some machines a runc started
-    // after a pause takes far longer than one started right after another.
+    // after a pause takes far longer than one started right after another
+    // (its move into the container's cgroup waits out an RCU grace period
+    // when nothing took the kernel's lock for that lately; corral's agent
+    // takes it ahead of its own starts, design 0052, this floor does not).
     let spacing = corral_one_at_a_time.saturating_sub(summary.median);
     starts.push(row(SANDBOXED_FLOOR, 1, summary));
     floor.remove_all().await?;
