@@ -24,18 +24,23 @@
 //! warning; starts are then as slow as without it, never wrong.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
+
+use crate::mounts::Mount;
 
 /// Where this process's own `cgroup.procs` is, from `/proc/self/cgroup`
 /// and `/proc/self/mountinfo`: in the cgroup v2 hierarchy if it is
 /// mounted, else in the first mounted v1 hierarchy. `None` when no
 /// hierarchy this process is in is mounted here.
 pub fn own_procs_file(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
-    let mounts: Vec<CgroupMount<'_>> = mountinfo.lines().filter_map(CgroupMount::parse).collect();
+    let mounts: Vec<CgroupMount> = crate::mounts::mounts(mountinfo)
+        .into_iter()
+        .filter_map(CgroupMount::of)
+        .collect();
     let memberships = proc_cgroup.lines().filter_map(|line| {
         let mut fields = line.splitn(3, ':');
         let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
@@ -61,61 +66,45 @@ pub fn own_procs_file(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
     first_v1
 }
 
-/// One cgroup file system mount from `/proc/self/mountinfo`.
+/// A cgroup file system among the mounts.
 #[derive(Debug)]
-struct CgroupMount<'a> {
-    /// The cgroup the mount shows at its mount point.
-    root: &'a str,
-    mount_point: &'a str,
+struct CgroupMount {
+    mount: Mount,
     unified: bool,
-    /// A v1 hierarchy's super options (`rw,cpu,cpuacct`, `rw,name=systemd`).
-    options: &'a str,
 }
 
-impl<'a> CgroupMount<'a> {
-    fn parse(line: &'a str) -> Option<Self> {
-        let (before, after) = line.split_once(" - ")?;
-        let mut fields = before.split(' ');
-        let (root, mount_point) = (fields.nth(3)?, fields.next()?);
-        let mut after = after.split(' ');
-        let (fs_type, options) = (after.next()?, after.nth(1)?);
-        let unified = match fs_type {
+impl CgroupMount {
+    fn of(mount: Mount) -> Option<Self> {
+        let unified = match mount.fs_type.as_str() {
             "cgroup2" => true,
             "cgroup" => false,
             _ => return None,
         };
-        Some(CgroupMount {
-            root,
-            mount_point,
-            unified,
-            options,
-        })
+        Some(CgroupMount { mount, unified })
     }
 
-    /// Whether this mount is the hierarchy of a `/proc/self/cgroup` line.
+    /// Whether this mount is the hierarchy of a `/proc/self/cgroup` line
+    /// (a v1 hierarchy lists its controllers among its options).
     fn holds(&self, unified: bool, controllers: &str) -> bool {
         if unified || self.unified {
             return unified && self.unified;
         }
-        let options: Vec<&str> = self.options.split(',').collect();
+        let options: Vec<&str> = self.mount.super_options.split(',').collect();
         controllers.split(',').all(|c| options.contains(&c))
     }
 
     /// `cgroup.procs` of cgroup `path` (as `/proc/self/cgroup` names it)
     /// under this mount; `None` when the mount does not show that cgroup.
     fn procs_file(&self, path: &str) -> Option<PathBuf> {
-        let relative = if self.root == "/" {
+        let root = self.mount.root.as_str();
+        let relative = if root == "/" {
             path
         } else {
-            path.strip_prefix(self.root)
+            path.strip_prefix(root)
                 .filter(|rest| rest.is_empty() || rest.starts_with('/'))?
         };
         let relative = relative.trim_start_matches('/');
-        Some(
-            Path::new(self.mount_point)
-                .join(relative)
-                .join("cgroup.procs"),
-        )
+        Some(self.mount.mount_point.join(relative).join("cgroup.procs"))
     }
 }
 

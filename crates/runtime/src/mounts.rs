@@ -1,7 +1,7 @@
 //! The mount table (`/proc/self/mountinfo`): which paths are mount points,
-//! and unmounting everything a directory holds. The one reader of it in
-//! corral (the agent's volumes, `corral lab down`, the benchmarks' and
-//! tests' clean-ups use it).
+//! what is mounted there, and unmounting everything a directory holds. The
+//! one reader of it in corral (the agent's volumes, `corral lab down`, the
+//! cgroup migration primer, the benchmarks' and tests' clean-ups use it).
 
 use std::path::{Path, PathBuf};
 
@@ -13,13 +13,46 @@ pub fn mount_points() -> Vec<PathBuf> {
     parse(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
 }
 
-/// The mount points of a mountinfo text: the fifth field of each line,
-/// with the kernel's octal escapes undone.
+/// The mount points of a mountinfo text, in table order.
 fn parse(table: &str) -> Vec<PathBuf> {
+    mounts(table)
+        .into_iter()
+        .map(|mount| mount.mount_point)
+        .collect()
+}
+
+/// One mount of the table: the fields corral reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// What of the mounted file system shows at the mount point (`/`, or
+    /// a directory of it for a bind mount or a cgroup namespace's view).
+    pub root: String,
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    /// The file system's own options (`rw,cpu,cpuacct` for a cgroup v1
+    /// hierarchy).
+    pub super_options: String,
+}
+
+/// The mounts of a mountinfo text (fields 4 and 5, then the file system
+/// type and its options after the ` - ` separator), with the kernel's
+/// octal escapes undone; lines that are not mounts are skipped.
+pub fn mounts(table: &str) -> Vec<Mount> {
     table
         .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .map(|escaped| PathBuf::from(unescape(escaped)))
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let mut fields = before.split_whitespace();
+            let (root, mount_point) = (fields.nth(3)?, fields.next()?);
+            let mut after = after.split_whitespace();
+            let (fs_type, super_options) = (after.next()?, after.nth(1).unwrap_or(""));
+            Some(Mount {
+                root: unescape(root),
+                mount_point: PathBuf::from(unescape(mount_point)),
+                fs_type: fs_type.to_string(),
+                super_options: super_options.to_string(),
+            })
+        })
         .collect()
 }
 
@@ -106,6 +139,32 @@ mod tests {
                 PathBuf::from("/"),
                 PathBuf::from("/var/lib/corral/pods/a b/x"),
                 PathBuf::from("/var/lib/corral/pods/a b/x/y"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_mount_names_its_root_type_and_options() {
+        let table = "\
+25 24 0:23 / /sys/fs/cgroup/unified rw,nosuid shared:5 - cgroup2 cgroup2 rw,nsdelegate
+27 24 0:25 /a\\040b /mnt/cpu rw,nosuid shared:7 - cgroup cgroup rw,cpu,cpuacct
+not a mount line
+";
+        assert_eq!(
+            mounts(table),
+            [
+                Mount {
+                    root: "/".into(),
+                    mount_point: PathBuf::from("/sys/fs/cgroup/unified"),
+                    fs_type: "cgroup2".into(),
+                    super_options: "rw,nsdelegate".into(),
+                },
+                Mount {
+                    root: "/a b".into(),
+                    mount_point: PathBuf::from("/mnt/cpu"),
+                    fs_type: "cgroup".into(),
+                    super_options: "rw,cpu,cpuacct".into(),
+                },
             ]
         );
     }
