@@ -27,7 +27,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use crate::mounts::Mount;
@@ -37,10 +37,19 @@ use crate::mounts::Mount;
 /// mounted, else in the first mounted v1 hierarchy. `None` when no
 /// hierarchy this process is in is mounted here.
 pub fn own_procs_file(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
-    let mounts: Vec<CgroupMount> = crate::mounts::mounts(mountinfo)
+    procs_file_among(proc_cgroup, &cgroup_mounts(mountinfo))
+}
+
+/// The cgroup file systems of a mount table.
+fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    crate::mounts::mounts(mountinfo)
         .into_iter()
         .filter_map(CgroupMount::of)
-        .collect();
+        .collect()
+}
+
+/// [`own_procs_file`] among cgroup mounts already read.
+fn procs_file_among(proc_cgroup: &str, mounts: &[CgroupMount]) -> Option<PathBuf> {
     let memberships = proc_cgroup.lines().filter_map(|line| {
         let mut fields = line.splitn(3, ':');
         let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
@@ -109,13 +118,22 @@ impl CgroupMount {
 }
 
 /// The write a nudge makes, on the calling thread: `0` to this process's
-/// own `cgroup.procs` (resolved afresh each time, so the process is never
-/// moved back to where it was moved away from); returns the file. Blocks
+/// own `cgroup.procs`; returns the file. Which cgroup this process is in
+/// is read at each write (so it is never moved back to where it was
+/// moved away from); the cgroup file systems are read from the mount
+/// table once per process (a node's table grows with its pods). Blocks
 /// for up to a grace period when the lock is cold.
 pub fn prime_now() -> std::io::Result<PathBuf> {
+    static MOUNTS: OnceLock<Vec<CgroupMount>> = OnceLock::new();
+    let mounts = match MOUNTS.get() {
+        Some(mounts) => mounts,
+        None => {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+            MOUNTS.get_or_init(|| cgroup_mounts(&mountinfo))
+        }
+    };
     let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup")?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let file = own_procs_file(&proc_cgroup, &mountinfo).ok_or_else(|| {
+    let file = procs_file_among(&proc_cgroup, mounts).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
             "no cgroup hierarchy of this process is mounted",
