@@ -32,14 +32,6 @@ use std::time::Instant;
 
 use crate::mounts::Mount;
 
-/// Where this process's own `cgroup.procs` is, from `/proc/self/cgroup`
-/// and `/proc/self/mountinfo`: in the cgroup v2 hierarchy if it is
-/// mounted, else in the first mounted v1 hierarchy. `None` when no
-/// hierarchy this process is in is mounted here.
-pub fn own_procs_file(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
-    procs_file_among(proc_cgroup, &cgroup_mounts(mountinfo))
-}
-
 /// The cgroup file systems of a mount table.
 fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
     crate::mounts::mounts(mountinfo)
@@ -48,7 +40,10 @@ fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
         .collect()
 }
 
-/// [`own_procs_file`] among cgroup mounts already read.
+/// Where this process's own `cgroup.procs` is, from `/proc/self/cgroup`
+/// (`proc_cgroup`) and the cgroup file systems mounted: in the cgroup v2
+/// hierarchy if it is mounted, else in the first mounted v1 hierarchy.
+/// `None` when no hierarchy this process is in is mounted here.
 fn procs_file_among(proc_cgroup: &str, mounts: &[CgroupMount]) -> Option<PathBuf> {
     let memberships = proc_cgroup.lines().filter_map(|line| {
         let mut fields = line.splitn(3, ':');
@@ -236,6 +231,11 @@ fn prime(nudges: &mpsc::Receiver<()>, write: fn() -> std::io::Result<PathBuf>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`procs_file_among`] the cgroup mounts of a mount table's text.
+    fn own_procs_file(proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
+        procs_file_among(proc_cgroup, &cgroup_mounts(mountinfo))
+    }
 
     /// This development machine: v1 controllers beside a v2 hierarchy at
     /// `/sys/fs/cgroup/unified`.
