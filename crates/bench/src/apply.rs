@@ -67,6 +67,11 @@ pub struct ApplyArgs {
     /// Client counts to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     clients: Vec<usize>,
+    /// Rows to measure, comma-separated, of: corral, corral-etcd, etcd-http,
+    /// etcdctl, floor. Default: all. For profiling one row on its own (the
+    /// ratio column needs etcd-http).
+    #[arg(long, value_delimiter = ',', value_parser = ["corral", "corral-etcd", "etcd-http", "etcdctl", "floor"])]
+    only: Vec<String>,
 }
 
 pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
@@ -117,47 +122,58 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let mut cpu_rows = Vec::new();
     // Whose CPU each system's server side is: corral on etcd is both.
     let (corral_pid, corral_etcd_pid, etcd_pid) = (corral.pid(), corral_etcd.pid(), etcd.pid());
+    let measured = |row: &str| args.only.is_empty() || args.only.iter().any(|only| only == row);
     for &clients in &args.clients {
         let requests = args.requests;
-        println!("C={clients}: {CORRAL} …");
-        let (summary, cpu) =
-            server_cpu(&[corral_pid], corral_apply(&client, requests, clients)).await?;
-        rows.push(row(CORRAL, clients, summary));
-        cpu_rows.push((CORRAL, clients, cpu / count(requests)));
-        corral.ensure_running()?;
+        if measured("corral") {
+            println!("C={clients}: {CORRAL} …");
+            let (summary, cpu) =
+                server_cpu(&[corral_pid], corral_apply(&client, requests, clients)).await?;
+            rows.push(row(CORRAL, clients, summary));
+            cpu_rows.push((CORRAL, clients, cpu / count(requests)));
+            corral.ensure_running()?;
+        }
 
-        println!("C={clients}: {CORRAL_ETCD} …");
-        let (summary, cpu) = server_cpu(
-            &[corral_etcd_pid, etcd_pid],
-            corral_apply(&client_etcd, requests, clients),
-        )
-        .await?;
-        rows.push(row(CORRAL_ETCD, clients, summary));
-        cpu_rows.push((CORRAL_ETCD, clients, cpu / count(requests)));
-        corral_etcd.ensure_running()?;
+        if measured("corral-etcd") {
+            println!("C={clients}: {CORRAL_ETCD} …");
+            let (summary, cpu) = server_cpu(
+                &[corral_etcd_pid, etcd_pid],
+                corral_apply(&client_etcd, requests, clients),
+            )
+            .await?;
+            rows.push(row(CORRAL_ETCD, clients, summary));
+            cpu_rows.push((CORRAL_ETCD, clients, cpu / count(requests)));
+            corral_etcd.ensure_running()?;
+        }
 
-        println!("C={clients}: {ETCD_HTTP} …");
-        let (summary, cpu) = server_cpu(
-            &[etcd_pid],
-            etcd_http_put(&http, &etcd.client_url, requests, clients),
-        )
-        .await?;
-        rows.push(row(ETCD_HTTP, clients, summary));
-        cpu_rows.push((ETCD_HTTP, clients, cpu / count(requests)));
+        if measured("etcd-http") {
+            println!("C={clients}: {ETCD_HTTP} …");
+            let (summary, cpu) = server_cpu(
+                &[etcd_pid],
+                etcd_http_put(&http, &etcd.client_url, requests, clients),
+            )
+            .await?;
+            rows.push(row(ETCD_HTTP, clients, summary));
+            cpu_rows.push((ETCD_HTTP, clients, cpu / count(requests)));
+        }
 
-        println!("C={clients}: {ETCDCTL} …");
-        let summary = etcdctl_put(&etcd.client_url, requests, clients).await?;
-        rows.push(row(ETCDCTL, clients, summary));
-        etcd.ensure_running()?;
+        if measured("etcdctl") {
+            println!("C={clients}: {ETCDCTL} …");
+            let summary = etcdctl_put(&etcd.client_url, requests, clients).await?;
+            rows.push(row(ETCDCTL, clients, summary));
+            etcd.ensure_running()?;
+        }
 
-        println!("C={clients}: {FLOOR} …");
-        let summary = fdatasync_floor(
-            &floor_dir.path().join(format!("c{clients}")),
-            requests,
-            clients,
-        )
-        .await?;
-        rows.push(row(FLOOR, clients, summary));
+        if measured("floor") {
+            println!("C={clients}: {FLOOR} …");
+            let summary = fdatasync_floor(
+                &floor_dir.path().join(format!("c{clients}")),
+                requests,
+                clients,
+            )
+            .await?;
+            rows.push(row(FLOOR, clients, summary));
+        }
     }
     let order = [CORRAL, CORRAL_ETCD, ETCD_HTTP, ETCDCTL, FLOOR];
     rows.sort_by_key(|row| {
