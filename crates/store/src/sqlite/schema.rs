@@ -201,8 +201,10 @@ pub(super) fn prepare(conn: &mut Connection, durable: bool) -> Result<(), StoreE
             )));
         }
     }
-    // Every commit is fsynced before it returns: an acknowledged write
-    // survives kill -9 and power loss.
+    // Every commit is synced before it returns: an acknowledged write
+    // survives kill -9 and power loss. (With `fdatasync`: the bundled
+    // SQLite is built with HAVE_FDATASYNC, see .cargo/config.toml and
+    // design 0053.)
     conn.pragma_update(None, "synchronous", "FULL")?;
     // Temporary structures (a large sort, a statement journal) stay in
     // memory, not in a temp file opened, written and deleted each time.
