@@ -197,6 +197,7 @@ impl ContainerRunner {
         // now: the kernel's lock for that is made warm meanwhile.
         self.cgroup_primer.nudge();
         let image = self.ensure_image(&container.image)?;
+        let imaged = began.elapsed();
         let runtime_id = runtime_id(uid, &container.name, generation);
         let dir = pod_dir(&self.pods_dir, uid)
             .join("containers")
@@ -213,6 +214,7 @@ impl ContainerRunner {
                     reference: container.image.clone(),
                     source: Box::new(source),
                 })?;
+        let mounted_at = began.elapsed();
         let config_error = |message: String| ContainerError::Config {
             container: container.name.clone(),
             message,
@@ -296,7 +298,7 @@ impl ContainerRunner {
         let prepared = began.elapsed();
         // One runtime command (`run --detach`), not `create` then `start`.
         let started = runtime.run_detached(&runtime_id, &bundle, &ContainerIo::combined(&log));
-        tracing::debug!(container = %runtime_id, ?prepared, started = ?began.elapsed(), "container started");
+        tracing::debug!(container = %runtime_id, ?imaged, mounted = ?mounted_at, ?prepared, started = ?began.elapsed(), "container started");
         let pid = match started {
             Ok(pid) => pid,
             Err(error) => {
