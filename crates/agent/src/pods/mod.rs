@@ -255,6 +255,12 @@ impl PodWorkload {
         if !stop_only && self.ctx.fence.holds(spec) {
             return StepOutcome::NotYet;
         }
+        if stop_only {
+            // `node/start-changed-containers` comes next and runc then
+            // moves the new containers into their cgroups: the kernel's
+            // lock for that is made warm while the old ones stop.
+            self.ctx.runner.cgroup_primer.nudge();
+        }
         let outcome = self.stop_or_start_containers(spec, stop_only).await;
         if !stop_only {
             // Started or failed: the warm pool may refill now.
