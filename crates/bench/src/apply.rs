@@ -67,11 +67,20 @@ pub struct ApplyArgs {
     /// Client counts to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     clients: Vec<usize>,
-    /// Rows to measure, comma-separated, of: corral, corral-etcd, etcd-http,
-    /// etcdctl, floor. Default: all. For profiling one row on its own (the
-    /// ratio column needs etcd-http).
-    #[arg(long, value_delimiter = ',', value_parser = ["corral", "corral-etcd", "etcd-http", "etcdctl", "floor"])]
-    only: Vec<String>,
+    /// Rows to measure, comma-separated. Default: all. For profiling one
+    /// row on its own (the ratio column needs etcd-http).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Measured>,
+}
+
+/// The rows `--only` picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Measured {
+    Corral,
+    CorralEtcd,
+    EtcdHttp,
+    Etcdctl,
+    Floor,
 }
 
 pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
@@ -122,10 +131,10 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let mut cpu_rows = Vec::new();
     // Whose CPU each system's server side is: corral on etcd is both.
     let (corral_pid, corral_etcd_pid, etcd_pid) = (corral.pid(), corral_etcd.pid(), etcd.pid());
-    let measured = |row: &str| args.only.is_empty() || args.only.iter().any(|only| only == row);
+    let measured = |row: Measured| args.only.is_empty() || args.only.contains(&row);
     for &clients in &args.clients {
         let requests = args.requests;
-        if measured("corral") {
+        if measured(Measured::Corral) {
             println!("C={clients}: {CORRAL} …");
             let (summary, cpu) =
                 server_cpu(&[corral_pid], corral_apply(&client, requests, clients)).await?;
@@ -134,7 +143,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             corral.ensure_running()?;
         }
 
-        if measured("corral-etcd") {
+        if measured(Measured::CorralEtcd) {
             println!("C={clients}: {CORRAL_ETCD} …");
             let (summary, cpu) = server_cpu(
                 &[corral_etcd_pid, etcd_pid],
@@ -146,7 +155,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             corral_etcd.ensure_running()?;
         }
 
-        if measured("etcd-http") {
+        if measured(Measured::EtcdHttp) {
             println!("C={clients}: {ETCD_HTTP} …");
             let (summary, cpu) = server_cpu(
                 &[etcd_pid],
@@ -157,14 +166,14 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             cpu_rows.push((ETCD_HTTP, clients, cpu / count(requests)));
         }
 
-        if measured("etcdctl") {
+        if measured(Measured::Etcdctl) {
             println!("C={clients}: {ETCDCTL} …");
             let summary = etcdctl_put(&etcd.client_url, requests, clients).await?;
             rows.push(row(ETCDCTL, clients, summary));
             etcd.ensure_running()?;
         }
 
-        if measured("floor") {
+        if measured(Measured::Floor) {
             println!("C={clients}: {FLOOR} …");
             let summary = fdatasync_floor(
                 &floor_dir.path().join(format!("c{clients}")),
