@@ -570,3 +570,15 @@ async fn a_live_event_carries_the_body_the_store_wrote() {
         );
     }
 }
+
+/// The bundled SQLite syncs its WAL with `fdatasync` (design 0053): the
+/// flag that tells its build `fdatasync` exists reaches every build of the
+/// workspace (`.cargo/config.toml`).
+#[test]
+fn the_bundled_sqlite_is_built_to_sync_with_fdatasync() {
+    let flags = option_env!("LIBSQLITE3_FLAGS").unwrap_or_default();
+    assert!(
+        flags.contains("-DHAVE_FDATASYNC=1"),
+        "LIBSQLITE3_FLAGS={flags:?}"
+    );
+}
