@@ -56,9 +56,43 @@ pub fn mounts(table: &str) -> Vec<Mount> {
         .collect()
 }
 
-/// True when something is mounted on `path`.
+/// True when something is mounted on `path`. The kernel says so for the
+/// path itself (`statx`, Linux 5.8 on): no read of the mount table, which
+/// on a node grows with its pods. The table is read only when the kernel
+/// does not tell.
 pub fn is_mount_point(path: &Path) -> bool {
-    mount_points().iter().any(|mounted| mounted == path)
+    mount_root(path).unwrap_or_else(|| mount_points().iter().any(|mounted| mounted == path))
+}
+
+/// Whether `path` (not following a last symlink) is the root of a mount,
+/// from `statx`'s `STATX_ATTR_MOUNT_ROOT`; `Some(false)` when it does not
+/// exist, `None` when the kernel cannot tell.
+fn mount_root(path: &Path) -> Option<bool> {
+    use std::os::unix::ffi::OsStrExt;
+
+    use nix::libc;
+
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `path` is NUL-terminated and lives across the call; `stat`
+    // is a writable `statx` the call fills.
+    let result = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT,
+            0,
+            stat.as_mut_ptr(),
+        )
+    };
+    if result != 0 {
+        let missing = std::io::Error::last_os_error().kind() == std::io::ErrorKind::NotFound;
+        return missing.then_some(false);
+    }
+    // SAFETY: statx succeeded, so it filled `stat` (and it started zeroed).
+    let stat = unsafe { stat.assume_init() };
+    let flag = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    (stat.stx_attributes_mask & flag != 0).then_some(stat.stx_attributes & flag != 0)
 }
 
 /// Mount points strictly below `dir`, deepest first.
@@ -191,5 +225,22 @@ not a mount line
     fn this_process_sees_the_root_mount() {
         assert!(is_mount_point(Path::new("/")));
         assert!(!mounts_below(Path::new("/")).contains(&PathBuf::from("/")));
+    }
+
+    #[test]
+    fn the_kernel_tells_mount_points_without_the_table() {
+        // /proc and /sys are mounts wherever corral runs; the kernel's
+        // answer agrees with the table for them.
+        for mounted in ["/", "/proc", "/sys"] {
+            let path = Path::new(mounted);
+            assert_eq!(mount_root(path), Some(true), "{mounted}");
+            assert!(mount_points().iter().any(|m| m == path), "{mounted}");
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(mount_root(dir.path()), Some(false));
+        assert!(!is_mount_point(dir.path()));
+        let missing = dir.path().join("missing");
+        assert_eq!(mount_root(&missing), Some(false));
+        assert!(!is_mount_point(&missing));
     }
 }
