@@ -12,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params, 
 use super::schema::{
     class_from_text, corrupt_json, kind_from_text, time_from_text, time_to_text, to_i64, to_u64,
 };
+use super::steplogs;
 use crate::codec;
 use crate::{ChangeMeta, HistorySize, STEP_LOG_ENTRIES_KEPT, StoreError, describe_kept};
 
@@ -320,6 +321,8 @@ pub(super) fn compact_batch(
             .query_map(params![after, batch], |row| row.get(0))?
             .collect::<Result<_, _>>()?,
     };
+    // Every entry findable by object, so the trims below see them all.
+    steplogs::index_tail(&tx, true)?;
     let (mut removed, mut trimmed) = (0u64, 0u64);
     let mut last_uid = None;
     for uid in uids {
@@ -343,24 +346,36 @@ pub(super) fn compact_batch(
 
 /// Trims the step log of `uid`: to its newest [`STEP_LOG_ENTRIES_KEPT`]
 /// entries (by append order), or to nothing once no revision of it is
-/// left. Returns how many entries went.
+/// left. Returns how many entries went. Every entry of `uid` must be in
+/// `step_logs_by_object` ([`steplogs::index_tail`] with `every`).
 fn trim_step_logs(conn: &Connection, uid: &str, revisions_left: bool) -> Result<u64, StoreError> {
-    if !revisions_left {
-        let removed = conn
-            .prepare_cached("DELETE FROM step_logs WHERE object_uid = ?1")?
-            .execute([uid])?;
-        return Ok(removed as u64);
-    }
-    // The seq of the oldest entry kept, if there are more than that many
-    // (a walk of the index `step_logs_object` from its newest entry).
-    let offset = to_i64(STEP_LOG_ENTRIES_KEPT.saturating_sub(1) as u64);
+    // Entries below `before` go: all of them, or those older than the
+    // oldest one kept (a walk of the object's index entries from its
+    // newest).
+    let before = if revisions_left {
+        let offset = to_i64(STEP_LOG_ENTRIES_KEPT.saturating_sub(1) as u64);
+        let oldest_kept: Option<i64> = conn
+            .prepare_cached(
+                "SELECT seq FROM step_logs_by_object WHERE object_uid = ?1
+                 ORDER BY seq DESC LIMIT 1 OFFSET ?2",
+            )?
+            .query_row(params![uid, offset], |row| row.get(0))
+            .optional()?;
+        match oldest_kept {
+            Some(seq) => seq,
+            None => return Ok(0),
+        }
+    } else {
+        i64::MAX
+    };
     let removed = conn
         .prepare_cached(
-            "DELETE FROM step_logs WHERE object_uid = ?1 AND seq <
-             (SELECT seq FROM step_logs WHERE object_uid = ?1
-              ORDER BY seq DESC LIMIT 1 OFFSET ?2)",
+            "DELETE FROM step_logs WHERE seq IN
+             (SELECT seq FROM step_logs_by_object WHERE object_uid = ?1 AND seq < ?2)",
         )?
-        .execute(params![uid, offset])?;
+        .execute(params![uid, before])?;
+    conn.prepare_cached("DELETE FROM step_logs_by_object WHERE object_uid = ?1 AND seq < ?2")?
+        .execute(params![uid, before])?;
     Ok(removed as u64)
 }
 

@@ -6,7 +6,8 @@
 //! encodes everything before it writes a row, so one that fails for its
 //! own reasons has changed nothing and is answered with its error while
 //! the others go on (a statement failing mid-write fails the group: see
-//! [`objects::Failure`]). Then the watch-event window is
+//! [`objects::Failure`]). Then a batch of new step-log entries is indexed
+//! when enough have gathered, the watch-event window is
 //! applied, the transaction commits (`synchronous=FULL`: one fsync for the
 //! group), the group's events are broadcast in store-revision order, and
 //! every caller is answered. While one group is being fsynced the next one
@@ -206,6 +207,7 @@ fn apply_group(
             Err(Failure::Group(error)) => return Err(error),
         }
     }
+    steplogs::index_tail(&tx, false)?;
     events::prune(&tx, db.window(), newest_time, &mut state.pruner)?;
     tx.commit()?;
     Ok(results)
