@@ -67,8 +67,9 @@ pub struct ApplyArgs {
     /// Client counts to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
     clients: Vec<usize>,
-    /// Rows to measure, comma-separated. Default: all. For profiling one
-    /// row on its own (the ratio column needs etcd-http).
+    /// Rows to measure, comma-separated. Default: all. Only the processes
+    /// those rows use are started (etcd for its rows and corral-etcd). For
+    /// profiling one row on its own; the ratio column needs etcd-http.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<Measured>,
 }
@@ -96,25 +97,31 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     println!("machine: {}", machine::describe());
     println!("corral: {}", corral_binary.display());
 
+    let measured = |row: Measured| args.only.is_empty() || args.only.contains(&row);
+    // Only what the measured rows use is started: etcd for its own rows and
+    // as corral's datastore, each corral server with its busy node.
+    let wants_etcd = [Measured::CorralEtcd, Measured::EtcdHttp, Measured::Etcdctl]
+        .into_iter()
+        .any(measured);
     // `corral server`, not `corral up`: this measures the API's write path,
     // on both backends alike, without a node reacting to every revision
     // (the benchmark pod's image is not pullable; `pod-start` measures nodes).
     let (mut corral, mut etcd) = tokio::try_join!(
-        CorralProcess::start_with(&corral_binary, &["server"]),
-        EtcdProcess::start()
+        started_if(
+            measured(Measured::Corral),
+            Served::start(&corral_binary, &["server"])
+        ),
+        started_if(wants_etcd, EtcdProcess::start())
     )?;
-    let client = Client::new(&corral.config)?;
     // The same corral, as `corral server` on the benchmark's etcd.
-    let datastore = format!("etcd://{}", etcd.client_url.trim_start_matches("http://"));
-    let mut corral_etcd =
-        CorralProcess::start_with(&corral_binary, &["server", "--datastore", &datastore]).await?;
-    let client_etcd = Client::new(&corral_etcd.config)?;
-    // A pod on no node is placed again at each revision; one on a node is
-    // updated in place, which is what this measures.
-    let _nodes = tokio::try_join!(
-        busy_node(&client, &corral.config),
-        busy_node(&client_etcd, &corral_etcd.config)
-    )?;
+    let mut corral_etcd = match &etcd {
+        Some(etcd) if measured(Measured::CorralEtcd) => {
+            let datastore = format!("etcd://{}", etcd.client_url.trim_start_matches("http://"));
+            let args = ["server", "--datastore", &datastore];
+            Some(Served::start(&corral_binary, &args).await?)
+        }
+        _ => None,
+    };
     let http = reqwest::Client::builder()
         .timeout(corral_client::REQUEST_TIMEOUT)
         .build()?;
@@ -129,36 +136,37 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     let mut cpu_rows = Vec::new();
-    // Whose CPU each system's server side is: corral on etcd is both.
-    let (corral_pid, corral_etcd_pid, etcd_pid) = (corral.pid(), corral_etcd.pid(), etcd.pid());
-    let measured = |row: Measured| args.only.is_empty() || args.only.contains(&row);
     for &clients in &args.clients {
         let requests = args.requests;
-        if measured(Measured::Corral) {
+        if let Some(corral) = &mut corral {
             println!("C={clients}: {CORRAL} …");
-            let (summary, cpu) =
-                server_cpu(&[corral_pid], corral_apply(&client, requests, clients)).await?;
+            let (summary, cpu) = server_cpu(
+                &[corral.process.pid()],
+                corral_apply(&corral.client, requests, clients),
+            )
+            .await?;
             rows.push(row(CORRAL, clients, summary));
             cpu_rows.push((CORRAL, clients, cpu / count(requests)));
-            corral.ensure_running()?;
+            corral.process.ensure_running()?;
         }
 
-        if measured(Measured::CorralEtcd) {
+        // Whose CPU each system's server side is: corral on etcd is both.
+        if let (Some(corral_etcd), Some(etcd)) = (&mut corral_etcd, &etcd) {
             println!("C={clients}: {CORRAL_ETCD} …");
             let (summary, cpu) = server_cpu(
-                &[corral_etcd_pid, etcd_pid],
-                corral_apply(&client_etcd, requests, clients),
+                &[corral_etcd.process.pid(), etcd.pid()],
+                corral_apply(&corral_etcd.client, requests, clients),
             )
             .await?;
             rows.push(row(CORRAL_ETCD, clients, summary));
             cpu_rows.push((CORRAL_ETCD, clients, cpu / count(requests)));
-            corral_etcd.ensure_running()?;
+            corral_etcd.process.ensure_running()?;
         }
 
-        if measured(Measured::EtcdHttp) {
+        if let Some(etcd) = etcd.as_ref().filter(|_| measured(Measured::EtcdHttp)) {
             println!("C={clients}: {ETCD_HTTP} …");
             let (summary, cpu) = server_cpu(
-                &[etcd_pid],
+                &[etcd.pid()],
                 etcd_http_put(&http, &etcd.client_url, requests, clients),
             )
             .await?;
@@ -166,7 +174,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             cpu_rows.push((ETCD_HTTP, clients, cpu / count(requests)));
         }
 
-        if measured(Measured::Etcdctl) {
+        if let Some(etcd) = etcd.as_mut().filter(|_| measured(Measured::Etcdctl)) {
             println!("C={clients}: {ETCDCTL} …");
             let summary = etcdctl_put(&etcd.client_url, requests, clients).await?;
             rows.push(row(ETCDCTL, clients, summary));
@@ -195,6 +203,43 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     println!();
     print!("{}", cpu_table(&cpu_rows));
     Ok(())
+}
+
+/// A `corral server` under measurement, its admin client and its busy node.
+struct Served {
+    // Dropped first: the node goes before its server.
+    _node: HollowCluster,
+    client: Client,
+    process: CorralProcess,
+}
+
+impl Served {
+    /// Starts `corral COMMAND_ARGS` and its busy node: a pod on no node is
+    /// placed again at each revision; one on a node is updated in place,
+    /// which is what this measures.
+    async fn start(binary: &std::path::Path, command_args: &[&str]) -> anyhow::Result<Served> {
+        let process = CorralProcess::start_with(binary, command_args).await?;
+        let client = Client::new(&process.config)?;
+        let node = busy_node(&client, &process.config).await?;
+        Ok(Served {
+            _node: node,
+            client,
+            process,
+        })
+    }
+}
+
+/// `start`'s result when `wanted`, else `None` (and nothing started: the
+/// future is never polled).
+async fn started_if<T>(
+    wanted: bool,
+    start: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<Option<T>> {
+    if wanted {
+        start.await.map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 /// Runs `work` and returns its result with the CPU time (user + system,
