@@ -117,8 +117,8 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
     let mut corral_etcd = match &etcd {
         Some(etcd) if measured(Measured::CorralEtcd) => {
             let datastore = format!("etcd://{}", etcd.client_url.trim_start_matches("http://"));
-            let args = ["server", "--datastore", &datastore];
-            Some(Served::start(&corral_binary, &args).await?)
+            let command = ["server", "--datastore", &datastore];
+            Some(Served::start(&corral_binary, &command).await?)
         }
         _ => None,
     };

@@ -245,12 +245,8 @@ fn wal_frames(path: &std::path::Path) -> u64 {
     std::fs::metadata(wal).map_or(0, |meta| meta.len().saturating_sub(HEADER) / FRAME)
 }
 
-#[tokio::test]
-async fn an_update_of_a_two_kilobyte_pod_writes_a_handful_of_pages() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("store.db");
-    let store = SqliteStore::open(&path).expect("open");
-    let pods = 40;
+/// Pods `p0`… (uids `uid-0`…), created; their resource versions.
+async fn create_pods(store: &SqliteStore, pods: usize) -> Vec<u64> {
     let mut versions = Vec::new();
     for index in 0..pods {
         let created = store
@@ -262,14 +258,30 @@ async fn an_update_of_a_two_kilobyte_pod_writes_a_handful_of_pages() {
             .expect("create");
         versions.push(created.metadata.resource_version);
     }
-    // Start the WAL over, so that its size counts only the updates.
-    Connection::open(&path)
+    versions
+}
+
+/// Checkpoints the WAL into the database and empties it, so that its size
+/// counts only what is written next.
+fn restart_wal(path: &std::path::Path) {
+    Connection::open(path)
         .expect("a second connection")
         .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
             row.get::<_, i64>(0)
         })
         .expect("checkpoint");
-    assert_eq!(wal_frames(&path), 0);
+    assert_eq!(wal_frames(path), 0);
+}
+
+#[tokio::test]
+async fn an_update_of_a_two_kilobyte_pod_writes_a_handful_of_pages() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let store = SqliteStore::open(&path).expect("open");
+    let pods = 40;
+    let mut versions = create_pods(&store, pods).await;
+    // Start the WAL over, so that its size counts only the updates.
+    restart_wal(&path);
 
     let updates = 60;
     for round in 0..updates {
@@ -429,17 +441,7 @@ async fn an_update_and_its_step_log_write_no_page_of_an_index_by_object() {
     let path = dir.path().join("store.db");
     let store = SqliteStore::open(&path).expect("open");
     let pods = 16;
-    let mut versions = Vec::new();
-    for index in 0..pods {
-        let created = store
-            .create(
-                pod(&format!("p{index}"), &format!("uid-{index}"), 0),
-                &change("create"),
-            )
-            .await
-            .expect("create");
-        versions.push(created.metadata.resource_version);
-    }
+    let mut versions = create_pods(&store, pods).await;
     // Enough history and log that every object's entries span leaves of
     // their own, as on a store that has run for a while; then the WAL
     // starts over and counts the next updates.
@@ -447,12 +449,7 @@ async fn an_update_and_its_step_log_write_no_page_of_an_index_by_object() {
     let updates = 50;
     for round in 0..warm + updates {
         if round == warm {
-            Connection::open(&path)
-                .expect("a second connection")
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
-                    row.get::<_, i64>(0)
-                })
-                .expect("checkpoint");
+            restart_wal(&path);
         }
         let index = (round * 7) % pods;
         let uid = format!("uid-{index}");
