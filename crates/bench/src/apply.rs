@@ -24,7 +24,9 @@
 //!
 //! A second table gives the server CPU per write of the first three rows
 //! (`utime + stime` of the server's processes over the row, divided by the
-//! requests), which depends far less on the machine's load than ops/s.
+//! requests), which depends far less on the machine's load than ops/s, and
+//! the CPU per write of the benchmark's own clients, which share the
+//! machine with the server.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -146,7 +148,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             )
             .await?;
             rows.push(row(CORRAL, clients, summary));
-            cpu_rows.push((CORRAL, clients, cpu / count(requests)));
+            cpu_rows.push((CORRAL, clients, cpu.per_request(requests)));
             corral.process.ensure_running()?;
         }
 
@@ -159,7 +161,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             )
             .await?;
             rows.push(row(CORRAL_ETCD, clients, summary));
-            cpu_rows.push((CORRAL_ETCD, clients, cpu / count(requests)));
+            cpu_rows.push((CORRAL_ETCD, clients, cpu.per_request(requests)));
             corral_etcd.process.ensure_running()?;
         }
 
@@ -171,7 +173,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
             )
             .await?;
             rows.push(row(ETCD_HTTP, clients, summary));
-            cpu_rows.push((ETCD_HTTP, clients, cpu / count(requests)));
+            cpu_rows.push((ETCD_HTTP, clients, cpu.per_request(requests)));
         }
 
         if let Some(etcd) = etcd.as_mut().filter(|_| measured(Measured::Etcdctl)) {
@@ -242,22 +244,48 @@ async fn started_if<T>(
     }
 }
 
-/// Runs `work` and returns its result with the CPU time (user + system,
-/// all threads) the server processes `pids` used meanwhile: what a write
-/// costs the server side, which — unlike ops/s — hardly depends on what
-/// else the machine is doing.
+/// CPU time (user + system, all threads) over a row: the server's
+/// processes, and this benchmark's own (its clients: encoding requests,
+/// TLS or plain HTTP, decoding answers).
+#[derive(Debug, Clone, Copy)]
+struct RowCpu {
+    server: Duration,
+    client: Duration,
+}
+
+impl RowCpu {
+    fn per_request(self, requests: usize) -> RowCpu {
+        RowCpu {
+            server: self.server / count(requests),
+            client: self.client / count(requests),
+        }
+    }
+}
+
+/// Runs `work` and returns its result with the CPU time the server
+/// processes `pids` and this process used meanwhile: what a write costs
+/// each side, which — unlike ops/s — hardly depends on what else the
+/// machine is doing.
 async fn server_cpu<T>(
     pids: &[u32],
     work: impl std::future::Future<Output = anyhow::Result<T>>,
-) -> anyhow::Result<(T, Duration)> {
-    let total = || -> anyhow::Result<Duration> {
-        pids.iter()
+) -> anyhow::Result<(T, RowCpu)> {
+    let total = || -> anyhow::Result<RowCpu> {
+        let server = pids
+            .iter()
             .map(|pid| crate::scale::cpu_time(Some(*pid)))
-            .sum::<anyhow::Result<Duration>>()
+            .sum::<anyhow::Result<Duration>>()?;
+        let client = crate::scale::cpu_time(None)?;
+        Ok(RowCpu { server, client })
     };
     let before = total()?;
     let result = work.await?;
-    Ok((result, total()?.saturating_sub(before)))
+    let after = total()?;
+    let used = RowCpu {
+        server: after.server.saturating_sub(before.server),
+        client: after.client.saturating_sub(before.client),
+    };
+    Ok((result, used))
 }
 
 /// `requests` as a divisor of a [`Duration`].
@@ -266,20 +294,21 @@ pub(crate) fn count(requests: usize) -> u32 {
 }
 
 /// Server CPU per write beside etcd's for its HTTP put at the same client
-/// count. For `corral apply` the measured window also holds the benchmark's
-/// unmeasured creates and history checks, a few per client.
-fn cpu_table(rows: &[(&str, usize, Duration)]) -> String {
+/// count, and what the benchmark's clients spent per write. For `corral
+/// apply` the measured window also holds the benchmark's unmeasured creates
+/// and history checks, a few per client.
+fn cpu_table(rows: &[(&str, usize, RowCpu)]) -> String {
     let mut out = String::from(
-        "| system | clients | server CPU per write (its processes) | ÷ etcd v3 HTTP put |\n|---|---:|---:|---:|\n",
+        "| system | clients | server CPU per write (its processes) | ÷ etcd v3 HTTP put | client CPU per write (this benchmark) |\n|---|---:|---:|---:|---:|\n",
     );
     for (system, clients, cpu) in rows {
         let base = rows
             .iter()
             .find(|(other, c, _)| *other == ETCD_HTTP && c == clients)
-            .map(|(_, _, base)| *base);
+            .map(|(_, _, base)| base.server);
         let ratio = match base {
             Some(base) if !base.is_zero() => {
-                format!("{:.2}×", cpu.as_secs_f64() / base.as_secs_f64())
+                format!("{:.2}×", cpu.server.as_secs_f64() / base.as_secs_f64())
             }
             _ => "-".into(),
         };
@@ -289,8 +318,9 @@ fn cpu_table(rows: &[(&str, usize, Duration)]) -> String {
             _ => "etcd",
         };
         out.push_str(&format!(
-            "| {system} | {clients} | {:.0} µs ({who}) | {ratio} |\n",
-            cpu.as_secs_f64() * 1e6
+            "| {system} | {clients} | {:.0} µs ({who}) | {ratio} | {:.0} µs |\n",
+            cpu.server.as_secs_f64() * 1e6,
+            cpu.client.as_secs_f64() * 1e6
         ));
     }
     out
