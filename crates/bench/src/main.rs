@@ -14,6 +14,13 @@
 //! nodes (simulated agents, like kubemark) against a real server. It asserts nothing about
 //! speed: performance is measured, not asserted in tests.
 
+/// The allocator of corral's own binary (`crates/cli`): the benchmark's
+/// clients stand in for `corral apply` and corral's other clients, and its
+/// hollow nodes for agents, all of which run with it. Both rows of a
+/// comparison share the process, so the peer's client gets it too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod apply;
 mod corral_pods;
 mod hollow;
