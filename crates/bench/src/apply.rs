@@ -142,7 +142,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
         let requests = args.requests;
         if let Some(corral) = &mut corral {
             println!("C={clients}: {CORRAL} …");
-            let (summary, cpu) = server_cpu(
+            let (summary, cpu) = row_cpu(
                 &[corral.process.pid()],
                 corral_apply(&corral.client, requests, clients),
             )
@@ -155,7 +155,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
         // Whose CPU each system's server side is: corral on etcd is both.
         if let (Some(corral_etcd), Some(etcd)) = (&mut corral_etcd, &etcd) {
             println!("C={clients}: {CORRAL_ETCD} …");
-            let (summary, cpu) = server_cpu(
+            let (summary, cpu) = row_cpu(
                 &[corral_etcd.process.pid(), etcd.pid()],
                 corral_apply(&corral_etcd.client, requests, clients),
             )
@@ -167,7 +167,7 @@ pub async fn run(args: ApplyArgs) -> anyhow::Result<()> {
 
         if let Some(etcd) = etcd.as_ref().filter(|_| measured(Measured::EtcdHttp)) {
             println!("C={clients}: {ETCD_HTTP} …");
-            let (summary, cpu) = server_cpu(
+            let (summary, cpu) = row_cpu(
                 &[etcd.pid()],
                 etcd_http_put(&http, &etcd.client_url, requests, clients),
             )
@@ -266,7 +266,7 @@ impl RowCpu {
 /// processes `pids` and this process used meanwhile: what a write costs
 /// each side, which — unlike ops/s — hardly depends on what else the
 /// machine is doing.
-async fn server_cpu<T>(
+async fn row_cpu<T>(
     pids: &[u32],
     work: impl std::future::Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<(T, RowCpu)> {
