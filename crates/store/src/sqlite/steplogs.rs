@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use corral_api::workflow::{LogLevel, StepLogEntry};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 use serde_json::Value;
 
 use super::schema::{
@@ -67,28 +67,24 @@ pub(super) fn insert(conn: &Connection, encoded: &EncodedEntries<'_>) -> Result<
 /// Indexes by object the entries past the index mark, inside the
 /// caller's write transaction: when there are [`INDEX_BATCH`] of them or
 /// more, or any at all when `every` is set (before entries are deleted by
-/// object). Returns how many it indexed.
-pub(super) fn index_tail(conn: &Connection, every: bool) -> Result<u64, StoreError> {
+/// object).
+pub(super) fn index_tail(conn: &Connection, every: bool) -> Result<(), StoreError> {
     let indexed = schema::get_meta(conn, META_STEP_LOGS_INDEXED)?;
-    // The last rowid: one seek, not a scan.
+    // The last rowid: one seek, not a scan (NULL when the table is empty).
     let newest: Option<i64> = conn
         .prepare_cached("SELECT MAX(seq) FROM step_logs")?
-        .query_row([], |row| row.get(0))
-        .optional()?
-        .flatten();
+        .query_row([], |row| row.get(0))?;
     let newest = newest.map_or(0, to_u64);
     let waiting = newest.saturating_sub(indexed);
     if waiting == 0 || (!every && waiting < INDEX_BATCH) {
-        return Ok(0);
+        return Ok(());
     }
-    let added = conn
-        .prepare_cached(
-            "INSERT INTO step_logs_by_object (object_uid, seq)
-             SELECT object_uid, seq FROM step_logs WHERE seq > ?1",
-        )?
-        .execute([schema::to_i64(indexed)])?;
-    schema::set_meta(conn, META_STEP_LOGS_INDEXED, newest)?;
-    Ok(added as u64)
+    conn.prepare_cached(
+        "INSERT INTO step_logs_by_object (object_uid, seq)
+         SELECT object_uid, seq FROM step_logs WHERE seq > ?1",
+    )?
+    .execute([schema::to_i64(indexed)])?;
+    schema::set_meta(conn, META_STEP_LOGS_INDEXED, newest)
 }
 
 /// The entries of object `uid` that pass `filter`, in time order (ties in
