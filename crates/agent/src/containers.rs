@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use corral_api::kinds::{Container, PodSpec, RuntimeClass};
-use corral_api::security::{NetworkStack, network_stack};
+use corral_api::security::{NetworkStack, Relaxation, network_stack};
 use corral_runtime::bundle::{
     ContainerConfig, NetworkNamespace, ProcessOverrides, merge_process, resolve_user_in_rootfs,
     write_bundle,
@@ -141,6 +141,67 @@ pub fn pod_dir(pods_dir: &Path, uid: &str) -> PathBuf {
     pods_dir.join(uid)
 }
 
+/// Below a pod's directory: the files of its containers whose root file
+/// system is writable (their overlay `upper` holds what they write), on
+/// the node's disk.
+const DISK_CONTAINERS: &str = "containers";
+
+/// Below a pod's directory: a tmpfs of its own ([`mount_run_dir`]) holding
+/// the files of its containers with a read-only root (the default): the
+/// bundle, the overlay's mount point, `upper` and `work`. Nothing there
+/// outlives a reboot any more than the container does, and the `upper` of
+/// a read-only root only ever holds the mount points the node made. Each
+/// container start creates about fifteen files and directories there;
+/// on the disk, every creation is a metadata write, and on an ext4
+/// without a journal each one also scans past the inodes deleted in the
+/// last minutes (docs/design/0055-container-files-on-a-tmpfs.md).
+const RUN_CONTAINERS: &str = "run";
+
+/// The largest a pod's [`RUN_CONTAINERS`] tmpfs may grow: bundles and
+/// runtime logs of a few containers, kilobytes each.
+const RUN_TMPFS_OPTIONS: &str = "mode=0711,size=64m";
+
+/// The directory of container `runtime_id` of pod `uid`: on the pod's
+/// tmpfs unless its root file system is `writable`.
+fn container_dir(pods_dir: &Path, uid: &str, runtime_id: &str, writable: bool) -> PathBuf {
+    let place = if writable {
+        DISK_CONTAINERS
+    } else {
+        RUN_CONTAINERS
+    };
+    pod_dir(pods_dir, uid).join(place).join(runtime_id)
+}
+
+/// Both places a container's directory may be: a record does not say
+/// whether the pod's root was writable when the container started.
+fn container_dirs(pods_dir: &Path, uid: &str, runtime_id: &str) -> [PathBuf; 2] {
+    [false, true].map(|writable| container_dir(pods_dir, uid, runtime_id, writable))
+}
+
+/// Mounts the pod's tmpfs for the files of its read-only containers at
+/// `dir` unless it is there (idempotent): passable by everyone (a
+/// container's init runs as the pod's unprivileged host uid), no device
+/// files, no set-uid. Unmounted with every other mount below the pod's
+/// directory when the pod is removed ([`crate::volumes::release`]).
+fn mount_run_dir(dir: &Path) -> Result<(), ContainerError> {
+    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+    if corral_runtime::mounts::is_mount_point(dir) {
+        return Ok(());
+    }
+    use nix::mount::MsFlags;
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(RUN_TMPFS_OPTIONS),
+    )
+    .map_err(|errno| ContainerError::Io {
+        path: dir.to_path_buf(),
+        source: errno.into(),
+    })
+}
+
 /// A container's log file.
 pub fn log_path(pods_dir: &Path, uid: &str, container: &str) -> PathBuf {
     pod_dir(pods_dir, uid)
@@ -199,12 +260,17 @@ impl ContainerRunner {
         let image = self.ensure_image(&container.image)?;
         let imaged = began.elapsed();
         let runtime_id = runtime_id(uid, &container.name, generation);
-        let dir = pod_dir(&self.pods_dir, uid)
-            .join("containers")
-            .join(&runtime_id);
+        let writable = sandbox.relax.contains(&Relaxation::WritableRootfs);
+        let dir = container_dir(&self.pods_dir, uid, &runtime_id, writable);
+        if !writable && let Some(run_dir) = dir.parent() {
+            mount_run_dir(run_dir)?;
+        }
         // The directory is made before the runtime hears of the id: without
-        // it no earlier start of this id can have left a container behind.
-        let started_before = dir.exists();
+        // it (in either place: an agent before this layout made it on the
+        // disk) no earlier start of this id can have left a container behind.
+        let started_before = container_dirs(&self.pods_dir, uid, &runtime_id)
+            .iter()
+            .any(|dir| dir.exists());
         std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
         let mounted =
             self.images
@@ -443,9 +509,6 @@ impl ContainerRunner {
 
     /// Unmounts and removes a container's files after it stopped.
     pub fn cleanup(&self, uid: &str, record: &ContainerRecord) -> Result<(), ContainerError> {
-        let dir = pod_dir(&self.pods_dir, uid)
-            .join("containers")
-            .join(&record.runtime_id);
         let bundle = crate::pod_data::files::bundle_dir(&self.pods_dir, uid, &record.runtime_id);
         if let Err(error) = std::fs::remove_dir_all(&bundle)
             && error.kind() != std::io::ErrorKind::NotFound
@@ -455,7 +518,9 @@ impl ContainerRunner {
                 source: error,
             });
         }
-        remove_container_dir(&dir)
+        container_dirs(&self.pods_dir, uid, &record.runtime_id)
+            .iter()
+            .try_for_each(|dir| remove_container_dir(dir))
     }
 
     /// Removes what is left of the pod's containers once they are all
@@ -466,10 +531,11 @@ impl ContainerRunner {
     /// stopped in between leaves it to this sweep, since its directory
     /// goes only after that delete.
     pub fn cleanup_all(&self, uid: &str, spec: &PodSpec) {
-        let containers = pod_dir(&self.pods_dir, uid).join("containers");
-        let Ok(entries) = std::fs::read_dir(&containers) else {
-            return;
-        };
+        let pod = pod_dir(&self.pods_dir, uid);
+        let entries = [RUN_CONTAINERS, DISK_CONTAINERS]
+            .into_iter()
+            .filter_map(|place| std::fs::read_dir(pod.join(place)).ok())
+            .flatten();
         let runtime = self.runtimes.for_class(spec.runtime).ok();
         for entry in entries.flatten() {
             if let (Some(runtime), Some(id)) = (runtime, entry.file_name().to_str()) {

@@ -476,3 +476,102 @@ spec:
     let dmesg = String::from_utf8_lossy(&output.stdout);
     assert!(dmesg.contains("gVisor"), "{dmesg}");
 }
+
+/// The file system below `path`: the type of the deepest mount holding it.
+fn fs_type_of(path: &std::path::Path) -> String {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    corral_runtime::mounts::mounts(&table)
+        .into_iter()
+        .filter(|mount| path.starts_with(&mount.mount_point))
+        .max_by_key(|mount| mount.mount_point.components().count())
+        .map(|mount| mount.fs_type)
+        .unwrap()
+}
+
+/// The one container directory of pod `name` below `place` (`run` or
+/// `containers`) of its directory on the node.
+fn container_dir(cluster: &Cluster, name: &str, place: &str) -> std::path::PathBuf {
+    let uid = cluster.get_json(&format!("pod/{name}"))["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dir = cluster.data_dir.path().join("pods").join(uid).join(place);
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "one container of pod/{name}: {entries:?}");
+    entries[0].clone()
+}
+
+/// A read-only root's container files (bundle, overlay) live on a tmpfs
+/// of the pod's, not on the node's disk; a writable root's stay on the
+/// disk, where what the container writes goes. Neither outlives its pod.
+#[test]
+fn container_files_are_on_a_tmpfs_unless_the_root_is_writable() {
+    let cluster = &common::start_node();
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest(
+            "policy.yaml",
+            "kind: Policy
+metadata: {name: writable-ok}
+spec:
+  namespaces: [default]
+  grant: [writable-rootfs, run-as-root, no-user-namespace]
+",
+        ),
+    ]);
+    // Root on the host's ids: the image's files are the host root's.
+    let writable = pod(
+        "writable",
+        "  security: {relax: [writable-rootfs, run-as-root, no-user-namespace]}\n",
+        "exec sleep 3606",
+    );
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest("ro.yaml", &pod("readonly", "", "exec sleep 3607")),
+    ]);
+    cluster.ok(&["apply", "-f", &cluster.manifest("rw.yaml", &writable)]);
+    running(cluster, "readonly");
+    running(cluster, "writable");
+
+    let readonly = container_dir(cluster, "readonly", "run");
+    let pod_dir = readonly.parent().unwrap().parent().unwrap().to_path_buf();
+    assert_eq!(fs_type_of(&readonly.join("bundle")), "tmpfs");
+    assert_eq!(fs_type_of(&readonly.join("rootfs")), "overlay");
+    assert!(readonly.join("bundle/config.json").is_file());
+    assert!(!pod_dir.join("containers").exists(), "nothing on the disk");
+
+    let written = container_dir(cluster, "writable", "containers");
+    let disk = fs_type_of(&cluster.data_dir.path().join("pods"));
+    assert_ne!(disk, "tmpfs", "the test's data dir is on a disk");
+    assert_eq!(fs_type_of(&written.join("upper")), disk);
+    sh_ok(cluster, "writable", "echo kept > /written");
+    assert_eq!(
+        std::fs::read_to_string(written.join("upper/written")).unwrap(),
+        "kept\n",
+        "what the container writes is on the disk"
+    );
+
+    for name in ["readonly", "writable"] {
+        cluster.ok(&["delete", &format!("pod/{name}")]);
+    }
+    wait_for("both pods to be gone", Duration::from_secs(60), || {
+        ["readonly", "writable"]
+            .iter()
+            .all(|name| {
+                !cluster
+                    .corral(&["get", &format!("pod/{name}")])
+                    .status
+                    .success()
+            })
+            .then_some(())
+    });
+    for dir in [&pod_dir, written.parent().unwrap().parent().unwrap()] {
+        assert!(!dir.exists(), "{} is removed", dir.display());
+        assert!(corral_runtime::mounts::mounts_below(dir).is_empty());
+    }
+}
