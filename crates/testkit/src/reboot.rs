@@ -6,8 +6,9 @@
 //! [`simulate_reboot`] leaves a node's data dir as a reboot does: every
 //! container killed (runc's state dirs stay: they are on the data dir), every
 //! mount below the data dir gone (overlay rootfs, the pinned namespace
-//! files, the data tmpfs) and with them every pod namespace and veth, the
-//! pods' cgroups gone; the files (pod records, images) as they were.
+//! files, the data tmpfs, the tmpfs of read-only containers' files) and
+//! with them every pod namespace and veth, the pods' cgroups gone; the
+//! files (pod records, images) as they were.
 //!
 //! [`pods_running`] says, per pod record, whether the pod runs: each
 //! container meant to run has a live init (runc's `state.json`, checked
