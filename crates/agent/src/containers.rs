@@ -17,6 +17,9 @@ use corral_runtime::cgroup_migration::MigrationPrimer;
 use corral_runtime::image::{Image, ImageError, ImageStore, PullOptions, Registry, RegistryError};
 use corral_runtime::oci::{ContainerIo, OciRuntime, Signal, Status, reap};
 
+use crate::container_files::{
+    container_dir, container_dirs, every_container_dir, mount_run_dir, remove_container_dir,
+};
 use crate::mount_points::prepare_mount_point;
 use crate::plan::config_hash;
 use crate::sandbox::{self, PodSandbox};
@@ -139,67 +142,6 @@ impl std::fmt::Debug for ContainerRunner {
 /// The directory of one pod's files.
 pub fn pod_dir(pods_dir: &Path, uid: &str) -> PathBuf {
     pods_dir.join(uid)
-}
-
-/// Below a pod's directory: the files of its containers whose root file
-/// system is writable (their overlay `upper` holds what they write), on
-/// the node's disk.
-const DISK_CONTAINERS: &str = "containers";
-
-/// Below a pod's directory: a tmpfs of its own ([`mount_run_dir`]) holding
-/// the files of its containers with a read-only root (the default): the
-/// bundle, the overlay's mount point, `upper` and `work`. Nothing there
-/// outlives a reboot any more than the container does, and the `upper` of
-/// a read-only root only ever holds the mount points the node made. Each
-/// container start creates about fifteen files and directories there;
-/// on the disk, every creation is a metadata write, and on an ext4
-/// without a journal each one also scans past the inodes deleted in the
-/// last minutes (docs/design/0055-container-files-on-a-tmpfs.md).
-const RUN_CONTAINERS: &str = "run";
-
-/// The largest a pod's [`RUN_CONTAINERS`] tmpfs may grow: bundles and
-/// runtime logs of a few containers, kilobytes each.
-const RUN_TMPFS_OPTIONS: &str = "mode=0711,size=64m";
-
-/// The directory of container `runtime_id` of pod `uid`: on the pod's
-/// tmpfs unless its root file system is `writable`.
-fn container_dir(pods_dir: &Path, uid: &str, runtime_id: &str, writable: bool) -> PathBuf {
-    let place = if writable {
-        DISK_CONTAINERS
-    } else {
-        RUN_CONTAINERS
-    };
-    pod_dir(pods_dir, uid).join(place).join(runtime_id)
-}
-
-/// Both places a container's directory may be: a record does not say
-/// whether the pod's root was writable when the container started.
-fn container_dirs(pods_dir: &Path, uid: &str, runtime_id: &str) -> [PathBuf; 2] {
-    [false, true].map(|writable| container_dir(pods_dir, uid, runtime_id, writable))
-}
-
-/// Mounts the pod's tmpfs for the files of its read-only containers at
-/// `dir` unless it is there (idempotent): passable by everyone (a
-/// container's init runs as the pod's unprivileged host uid), no device
-/// files, no set-uid. Unmounted with every other mount below the pod's
-/// directory when the pod is removed ([`crate::volumes::release`]).
-fn mount_run_dir(dir: &Path) -> Result<(), ContainerError> {
-    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-    if corral_runtime::mounts::is_mount_point(dir) {
-        return Ok(());
-    }
-    use nix::mount::MsFlags;
-    nix::mount::mount(
-        Some("tmpfs"),
-        dir,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(RUN_TMPFS_OPTIONS),
-    )
-    .map_err(|errno| ContainerError::Io {
-        path: dir.to_path_buf(),
-        source: errno.into(),
-    })
 }
 
 /// A container's log file.
@@ -524,40 +466,23 @@ impl ContainerRunner {
     }
 
     /// Removes what is left of the pod's containers once they are all
-    /// stopped: each directory under the pod's `containers`, with the
-    /// container of that id deleted from the runtime first. A container
+    /// stopped: each container directory of the pod (in either place),
+    /// with the container of that id deleted from the runtime first. A container
     /// stopped for a new revision is deleted from the runtime after the
     /// record that forgets it is saved (`pods/revision.rs`); an agent
     /// stopped in between leaves it to this sweep, since its directory
     /// goes only after that delete.
     pub fn cleanup_all(&self, uid: &str, spec: &PodSpec) {
-        let pod = pod_dir(&self.pods_dir, uid);
-        let entries = [RUN_CONTAINERS, DISK_CONTAINERS]
-            .into_iter()
-            .filter_map(|place| std::fs::read_dir(pod.join(place)).ok())
-            .flatten();
         let runtime = self.runtimes.for_class(spec.runtime).ok();
-        for entry in entries.flatten() {
-            if let (Some(runtime), Some(id)) = (runtime, entry.file_name().to_str()) {
+        for dir in every_container_dir(&self.pods_dir, uid) {
+            if let (Some(runtime), Some(id)) = (runtime, dir.file_name().and_then(|n| n.to_str())) {
                 // A container the runtime no longer knows is fine.
                 let _ = runtime.delete(id, true);
             }
-            if let Err(error) = remove_container_dir(&entry.path()) {
+            if let Err(error) = remove_container_dir(&dir) {
                 tracing::warn!(error = %crate::chain(&error), "cannot remove a container's files");
             }
         }
-    }
-}
-
-/// Unmounts a container's rootfs and removes its directory.
-fn remove_container_dir(dir: &Path) -> Result<(), ContainerError> {
-    let _ = corral_runtime::image::unmount_rootfs(dir);
-    match std::fs::remove_dir_all(dir) {
-        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(ContainerError::Io {
-            path: dir.to_path_buf(),
-            source: error,
-        }),
-        _ => Ok(()),
     }
 }
 

@@ -15,6 +15,7 @@
 //! placement or addresses: those come from the API.
 
 pub mod bound;
+mod container_files;
 pub mod containers;
 pub mod dns;
 pub mod exec;
