@@ -467,11 +467,11 @@ impl ContainerRunner {
 
     /// Removes what is left of the pod's containers once they are all
     /// stopped: each container directory of the pod (in either place),
-    /// with the container of that id deleted from the runtime first. A container
-    /// stopped for a new revision is deleted from the runtime after the
-    /// record that forgets it is saved (`pods/revision.rs`); an agent
-    /// stopped in between leaves it to this sweep, since its directory
-    /// goes only after that delete.
+    /// with the container of that id deleted from the runtime first. A
+    /// container stopped for a new revision is deleted from the runtime
+    /// after the record that forgets it is saved (`pods/revision.rs`); an
+    /// agent stopped in between leaves it to this sweep, since its
+    /// directory goes only after that delete.
     pub fn cleanup_all(&self, uid: &str, spec: &PodSpec) {
         let runtime = self.runtimes.for_class(spec.runtime).ok();
         for dir in every_container_dir(&self.pods_dir, uid) {

@@ -326,19 +326,7 @@ spec:
         ),
         "{refused}"
     );
-    cluster.ok(&[
-        "apply",
-        "-f",
-        &cluster.manifest(
-            "policy.yaml",
-            "kind: Policy
-metadata: {name: kernel-stack}
-spec:
-  namespaces: [default]
-  grant: [host-network-stack]
-",
-        ),
-    ]);
+    common::grant(cluster, "kernel-stack", &["host-network-stack"]);
     cluster.ok(&["apply", "-f", &path]);
     let host_address = running_address(cluster, "hoststack");
     let answer = wait_for("hoststack to answer", Duration::from_secs(20), || {

@@ -319,19 +319,7 @@ spec:
     );
     assert!(why.contains("32-bit-syscalls"), "{why}");
 
-    cluster.ok(&[
-        "apply",
-        "-f",
-        &cluster.manifest(
-            "policy32.yaml",
-            "kind: Policy
-metadata: {name: legacy}
-spec:
-  namespaces: [default]
-  grant: [32-bit-syscalls]
-",
-        ),
-    ]);
+    common::grant(cluster, "legacy", &["32-bit-syscalls"]);
     let relaxed = pod(
         "legacy",
         "  security: {relax: [32-bit-syscalls]}\n",
@@ -368,19 +356,7 @@ fn relaxations_need_both_halves() {
     assert!(cluster.fails(&["get", "pod/rooted"]).contains("not found"));
 
     // A Policy grants, the pod does not ask: the default sandbox.
-    cluster.ok(&[
-        "apply",
-        "-f",
-        &cluster.manifest(
-            "policy.yaml",
-            "kind: Policy
-metadata: {name: root-ok}
-spec:
-  namespaces: [default]
-  grant: [run-as-root]
-",
-        ),
-    ]);
+    common::grant(cluster, "root-ok", &["run-as-root"]);
     cluster.ok(&[
         "apply",
         "-f",
@@ -510,19 +486,11 @@ fn container_dir(cluster: &Cluster, name: &str, place: &str) -> std::path::PathB
 #[test]
 fn container_files_are_on_a_tmpfs_unless_the_root_is_writable() {
     let cluster = &common::start_node();
-    cluster.ok(&[
-        "apply",
-        "-f",
-        &cluster.manifest(
-            "policy.yaml",
-            "kind: Policy
-metadata: {name: writable-ok}
-spec:
-  namespaces: [default]
-  grant: [writable-rootfs, run-as-root, no-user-namespace]
-",
-        ),
-    ]);
+    common::grant(
+        cluster,
+        "writable-ok",
+        &["writable-rootfs", "run-as-root", "no-user-namespace"],
+    );
     // Root on the host's ids: the image's files are the host root's.
     let writable = pod(
         "writable",

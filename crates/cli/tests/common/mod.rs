@@ -276,6 +276,20 @@ pub fn start_node() -> Cluster {
     cluster
 }
 
+/// Applies Policy `name`, granting `relaxations` to namespace `default`
+/// (the cluster's half of a two-party opt-in).
+pub fn grant(cluster: &Cluster, name: &str, relaxations: &[&str]) {
+    let policy = format!(
+        "kind: Policy\nmetadata: {{name: {name}}}\nspec:\n  namespaces: [default]\n  grant: [{}]\n",
+        relaxations.join(", ")
+    );
+    cluster.ok(&[
+        "apply",
+        "-f",
+        &cluster.manifest(&format!("policy-{name}.yaml"), &policy),
+    ]);
+}
+
 /// Imports the busybox image into the node's store (`local/busybox:1`, or
 /// `name`), straight into its data dir.
 pub fn import_busybox(cluster: &Cluster, name: Option<&str>) {
