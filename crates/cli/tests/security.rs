@@ -453,14 +453,14 @@ spec:
     assert!(dmesg.contains("gVisor"), "{dmesg}");
 }
 
-/// The file system below `path`: the type of the deepest mount holding it.
-fn fs_type_of(path: &std::path::Path) -> String {
+/// The deepest mount holding `path`: its mount point and file system type.
+fn mount_of(path: &std::path::Path) -> (std::path::PathBuf, String) {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     corral_runtime::mounts::mounts(&table)
         .into_iter()
         .filter(|mount| path.starts_with(&mount.mount_point))
         .max_by_key(|mount| mount.mount_point.components().count())
-        .map(|mount| mount.fs_type)
+        .map(|mount| (mount.mount_point, mount.fs_type))
         .unwrap()
 }
 
@@ -508,15 +508,18 @@ fn container_files_are_on_a_tmpfs_unless_the_root_is_writable() {
 
     let readonly = container_dir(cluster, "readonly", "run");
     let pod_dir = readonly.parent().unwrap().parent().unwrap().to_path_buf();
-    assert_eq!(fs_type_of(&readonly.join("bundle")), "tmpfs");
-    assert_eq!(fs_type_of(&readonly.join("rootfs")), "overlay");
+    let tmpfs = (pod_dir.join("run"), "tmpfs".to_string());
+    assert_eq!(mount_of(&readonly.join("bundle")), tmpfs);
+    assert_eq!(mount_of(&readonly.join("upper")), tmpfs);
+    assert_eq!(mount_of(&readonly.join("rootfs")).1, "overlay");
     assert!(readonly.join("bundle/config.json").is_file());
     assert!(!pod_dir.join("containers").exists(), "nothing on the disk");
 
+    // On the file system of the data dir itself, no mount of the pod's.
     let written = container_dir(cluster, "writable", "containers");
-    let disk = fs_type_of(&cluster.data_dir.path().join("pods"));
-    assert_ne!(disk, "tmpfs", "the test's data dir is on a disk");
-    assert_eq!(fs_type_of(&written.join("upper")), disk);
+    let data_dir = mount_of(cluster.data_dir.path());
+    assert_eq!(mount_of(&written.join("upper")), data_dir);
+    assert_eq!(mount_of(&written.join("bundle")), data_dir);
     sh_ok(cluster, "writable", "echo kept > /written");
     assert_eq!(
         std::fs::read_to_string(written.join("upper/written")).unwrap(),
