@@ -19,6 +19,7 @@
 //! mutex directly, between the writer's groups; no lock is held across an
 //! `.await`.
 
+mod encoded;
 mod events;
 mod export;
 mod history;
@@ -314,6 +315,7 @@ impl Store for SqliteStore {
         logs: &[StepLogEntry],
     ) -> Result<Object, StoreError> {
         self.write_object(writer::Write::Create {
+            parts: encoded::EncodedParts::of(&object)?,
             object,
             change: change.clone(),
             logs: logs.to_vec(),
@@ -350,6 +352,7 @@ impl Store for SqliteStore {
         logs: &[StepLogEntry],
     ) -> Result<Arc<WatchEvent>, StoreError> {
         self.write_event(writer::Write::Update {
+            parts: encoded::EncodedParts::of(&object)?,
             object,
             expected,
             change: change.clone(),

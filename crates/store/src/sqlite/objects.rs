@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use corral_api::{Kind, Object, ObjectKey};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::encoded::EncodedParts;
 use super::events;
 use super::history::{self, EncodedRevision, NewRevision};
 use super::schema::{self, META_REVISION, corrupt_json, to_i64};
@@ -234,6 +235,7 @@ pub(super) fn create(
     conn: &Connection,
     specs: &mut Specs<'_>,
     mut object: Object,
+    parts: EncodedParts,
     change: &ChangeMeta,
 ) -> Result<Applied, Failure> {
     let key = object.key();
@@ -253,8 +255,8 @@ pub(super) fn create(
         deleted: false,
         seq: resource_version,
     };
-    let revision = specs.encode(conn, &new, &object.spec)?;
-    let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
+    let body = parts.body(&object)?;
+    let revision = specs.encode_bytes(conn, &new, parts.into_spec())?;
     // Nothing is written before this point.
     Rows {
         resource_version,
@@ -334,6 +336,7 @@ pub(super) fn update(
     conn: &Connection,
     specs: &mut Specs<'_>,
     mut object: Object,
+    parts: EncodedParts,
     expected: u64,
     change: &ChangeMeta,
 ) -> Result<Applied, Failure> {
@@ -342,8 +345,8 @@ pub(super) fn update(
     check_version(&key, expected, stored.resource_version)?;
     let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
-    let bytes = spec_bytes(&object.spec)?;
-    let spec_changed = change.always_record || !is_stored_spec(conn, specs, &key, &stored, &bytes)?;
+    let spec_changed =
+        change.always_record || !is_stored_spec(conn, specs, &key, &stored, parts.spec())?;
     object.metadata.uid = stored.uid;
     object.metadata.created_at = stored.created_at;
     object.metadata.revision = stored.revision;
@@ -360,12 +363,12 @@ pub(super) fn update(
         deleted: false,
         seq: resource_version,
     };
+    let body = parts.body(&object)?;
     let revision = if spec_changed {
-        Some(specs.encode_bytes(conn, &new, bytes)?)
+        Some(specs.encode_bytes(conn, &new, parts.into_spec())?)
     } else {
         None
     };
-    let body = serde_json::to_string(&object).map_err(corrupt_json("object"))?;
     // Nothing is written before this point.
     Rows {
         resource_version,

@@ -26,6 +26,7 @@ use corral_api::{Object, ObjectKey};
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
+use super::encoded::EncodedParts;
 use super::events::{self, EventPruner};
 use super::objects::{self, Applied, Failure};
 use super::specs::SpecCache;
@@ -39,12 +40,15 @@ const MAX_GROUP: usize = 512;
 pub(super) enum Write {
     Create {
         object: Object,
+        /// Its spec and status as JSON, encoded by the caller.
+        parts: EncodedParts,
         change: ChangeMeta,
         /// Step log entries written with the object, in its savepoint.
         logs: Vec<StepLogEntry>,
     },
     Update {
         object: Object,
+        parts: EncodedParts,
         expected: u64,
         change: ChangeMeta,
         logs: Vec<StepLogEntry>,
@@ -223,22 +227,24 @@ fn apply(
     match write {
         Write::Create {
             object,
+            parts,
             change,
             logs,
         } => {
             let logs = steplogs::encode(&logs)?;
-            let applied = objects::create(conn, &mut specs, object, &change)?;
+            let applied = objects::create(conn, &mut specs, object, parts, &change)?;
             steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(applied)
         }
         Write::Update {
             object,
+            parts,
             expected,
             change,
             logs,
         } => {
             let logs = steplogs::encode(&logs)?;
-            let applied = objects::update(conn, &mut specs, object, expected, &change)?;
+            let applied = objects::update(conn, &mut specs, object, parts, expected, &change)?;
             steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(applied)
         }
