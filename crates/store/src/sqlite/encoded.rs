@@ -46,17 +46,16 @@ impl EncodedParts {
     pub(crate) fn body(&self, object: &Object) -> Result<String, StoreError> {
         let kind = serde_json::to_string(&object.kind).map_err(corrupt_json("object"))?;
         let metadata = serde_json::to_string(&object.metadata).map_err(corrupt_json("object"))?;
-        let status = self.status.as_deref().unwrap_or_default();
-        let mut body = String::with_capacity(
-            kind.len() + metadata.len() + self.spec.len() + status.len() + 40,
-        );
+        let status_len = self.status.as_ref().map_or(0, String::len);
+        let mut body =
+            String::with_capacity(kind.len() + metadata.len() + self.spec.len() + status_len + 40);
         body.push_str("{\"kind\":");
         body.push_str(&kind);
         body.push_str(",\"metadata\":");
         body.push_str(&metadata);
         body.push_str(",\"spec\":");
         body.push_str(&self.spec);
-        if self.status.is_some() {
+        if let Some(status) = &self.status {
             body.push_str(",\"status\":");
             body.push_str(status);
         }
