@@ -3,9 +3,16 @@
 //!
 //! The log always starts at a store revision: everything up to
 //! `events_compacted` is gone, everything after it is kept, so a watch from
-//! before it gets `Expired`. Pruning by count costs one primary-key seek
-//! per group; pruning by age runs at most once per second of write time and
-//! finds its cut on the `events_time` index, so neither scans the log.
+//! before it gets `Expired`.
+//!
+//! The table is a ring of [`EVENT_SLOTS`] rows (design 0057): the event of
+//! store revision `rv` is written over slot `rv % EVENT_SLOTS`, whose
+//! previous event is a full ring behind and so outside every window. The
+//! count window moves `events_compacted` only, and the ring drops what it
+//! passed over as later writes take their slots; no write deletes at the
+//! head of the table while it appends at the tail. The age window still
+//! deletes (it binds only when writes are rare), found on the `events_time`
+//! index at most once per second of write time, so nothing scans the log.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use corral_api::ObjectKey;
@@ -14,11 +21,36 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
 use crate::{EventType, EventWindow, StoreError};
 
+/// Rows in the event ring, and so the largest count window: the default
+/// window's count. Schema version 8 names the same number in SQL.
+pub(super) const EVENT_SLOTS: u64 = EventWindow::DEFAULT.count;
+
 /// How far write time must move before the age window is applied again.
 const AGE_PRUNE_EVERY: TimeDelta = TimeDelta::seconds(1);
 
-/// Appends the event of the write at `resource_version`; `body` is the
-/// object as JSON, `time` the write's change time.
+/// The ring slot of store revision `resource_version`.
+pub(super) fn slot(resource_version: u64) -> i64 {
+    to_i64(resource_version % EVENT_SLOTS)
+}
+
+/// The slot ranges, inclusive and in revision order, that hold the events
+/// of store revisions `first..=last` (at most [`EVENT_SLOTS`] of them):
+/// one range, or two where the revisions wrap around the ring.
+pub(super) fn slot_ranges(first: u64, last: u64) -> Vec<(i64, i64)> {
+    if first > last {
+        return Vec::new();
+    }
+    let last = last.min(first.saturating_add(EVENT_SLOTS - 1));
+    let (from, to) = (slot(first), slot(last));
+    if from <= to {
+        vec![(from, to)]
+    } else {
+        vec![(from, to_i64(EVENT_SLOTS - 1)), (0, to)]
+    }
+}
+
+/// Writes the event of the write at `resource_version` into its slot;
+/// `body` is the object as JSON, `time` the write's change time.
 pub(super) fn insert(
     conn: &Connection,
     resource_version: u64,
@@ -28,10 +60,12 @@ pub(super) fn insert(
     time: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     conn.prepare_cached(
-        "INSERT INTO events (resource_version, kind, namespace, name, type, body, time)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT OR REPLACE INTO events
+         (slot, resource_version, kind, namespace, name, type, body, time)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
+        slot(resource_version),
         to_i64(resource_version),
         key.kind.as_str(),
         key.namespace,
@@ -43,7 +77,8 @@ pub(super) fn insert(
     Ok(())
 }
 
-/// Forgets the events through `through` in a transaction of its own.
+/// Forgets the events through `through` in a transaction of its own. Their
+/// rows stay until the ring reaches them; no read returns them.
 pub(super) fn compact(conn: &mut Connection, through: u64) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     forget(&tx, through)?;
@@ -51,11 +86,8 @@ pub(super) fn compact(conn: &mut Connection, through: u64) -> Result<(), StoreEr
     Ok(())
 }
 
-/// Forgets the events through `through` and records how far the log now
-/// starts.
+/// Records that the log starts after `through`, if it started earlier.
 fn forget(conn: &Connection, through: u64) -> Result<(), StoreError> {
-    conn.prepare_cached("DELETE FROM events WHERE resource_version <= ?1")?
-        .execute([to_i64(through)])?;
     if schema::get_meta(conn, META_EVENTS_COMPACTED)? < through {
         schema::set_meta(conn, META_EVENTS_COMPACTED, through)?;
     }
@@ -77,48 +109,47 @@ pub(super) fn prune(
     pruner: &mut EventPruner,
 ) -> Result<(), StoreError> {
     let newest = schema::get_meta(conn, META_REVISION)?;
-    let mut through = newest.saturating_sub(window.count.max(1));
+    // The store keeps the count within 1..=EVENT_SLOTS.
+    let mut through = newest.saturating_sub(window.count);
     if let Some(now) = newest_time {
         let due = pruner
             .last_age_prune
             .is_none_or(|last| now >= last + AGE_PRUNE_EVERY || now < last);
         if due {
             pruner.last_age_prune = Some(now);
-            through = through.max(aged_out(conn, window, now)?);
+            through = through.max(drop_aged(conn, window, now)?);
         }
     }
-    if through == 0 {
-        return Ok(());
-    }
-    // Cheap when there is nothing to drop: one seek on the primary key.
-    let oldest: Option<i64> = conn
-        .prepare_cached("SELECT min(resource_version) FROM events")?
-        .query_row([], |row| row.get(0))?;
-    if oldest.is_some_and(|oldest| oldest <= to_i64(through)) {
-        forget(conn, through)?;
-    }
-    Ok(())
+    forget(conn, through)
 }
 
-/// The newest store revision whose event is older than the window's age at
-/// `now` (0 if none): everything through it goes, so the log still starts
-/// at one revision even if change times are not in revision order.
-fn aged_out(conn: &Connection, window: EventWindow, now: DateTime<Utc>) -> Result<u64, StoreError> {
+/// Deletes the events older than the window's age at `now` and returns the
+/// newest store revision among them (0 if none): everything through it is
+/// forgotten, so the log still starts at one revision even if change times
+/// are not in revision order.
+fn drop_aged(
+    conn: &Connection,
+    window: EventWindow,
+    now: DateTime<Utc>,
+) -> Result<u64, StoreError> {
     let Some(cutoff) = TimeDelta::from_std(window.max_age)
         .ok()
         .and_then(|age| now.checked_sub_signed(age))
     else {
         return Ok(0);
     };
-    // Without the hint SQLite answers max() by walking the primary key
-    // down from the newest event: the whole log when nothing is old.
+    let cutoff = schema::time_to_millis(cutoff);
     let through: Option<i64> = conn
         .prepare_cached(
             "SELECT max(resource_version) FROM events INDEXED BY events_time WHERE time < ?1",
         )?
-        .query_row([schema::time_to_millis(cutoff)], |row| row.get(0))
+        .query_row([cutoff], |row| row.get(0))
         .optional()?
         .flatten();
+    if through.is_some() {
+        conn.prepare_cached("DELETE FROM events INDEXED BY events_time WHERE time < ?1")?
+            .execute([cutoff])?;
+    }
     Ok(through.map_or(0, to_u64))
 }
 

@@ -179,10 +179,11 @@ impl SqliteStore {
     }
 
     /// Sets the watch-event window from the next write on (default
-    /// [`EventWindow::DEFAULT`]). A count of 0 is taken as 1.
+    /// [`EventWindow::DEFAULT`]). A count of 0 is taken as 1, and one over
+    /// the event ring's 10,000 slots as 10,000 (design 0057).
     pub fn set_event_window(&self, window: EventWindow) {
         let window = EventWindow {
-            count: window.count.max(1),
+            count: window.count.clamp(1, events::EVENT_SLOTS),
             ..window
         };
         *self
@@ -573,5 +574,7 @@ impl EventRetention for SqliteStore {
 
 #[cfg(test)]
 mod layout_tests;
+#[cfg(test)]
+mod ring_tests;
 #[cfg(test)]
 mod tests;

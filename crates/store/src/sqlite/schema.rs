@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use crate::StoreError;
 
 /// The schema this code writes; kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -186,9 +186,44 @@ DROP INDEX step_logs_object;
 INSERT INTO meta (key, value) SELECT 'step_logs_indexed', COALESCE(MAX(seq), 0) FROM step_logs;
 ";
 
+/// Version 8: the watch-event log becomes a ring of
+/// [`EVENT_SLOTS`](super::events::EVENT_SLOTS) rows (design 0057). The
+/// event of store revision `rv` is written over slot `rv % 10000`, which
+/// holds the event of `rv - 10000` (outside every window), so a write no
+/// longer deletes the oldest events at the head of the table while it
+/// appends its own at the tail: about a fifth of the pages a write wrote.
+/// The count window is kept by `events_compacted` alone; there is no index
+/// by revision (a revision's slot is known). The events kept are those of
+/// the newest 10,000 revisions past `events_compacted`; if a lagging
+/// window left more, the newest win their slots and the log starts after
+/// the ones they displace.
+const SCHEMA_V8: &str = "
+CREATE TABLE event_slots (
+    slot             INTEGER PRIMARY KEY,
+    resource_version INTEGER NOT NULL,
+    kind             TEXT NOT NULL,
+    namespace        TEXT NOT NULL,
+    name             TEXT NOT NULL,
+    type             TEXT NOT NULL,
+    body             TEXT NOT NULL,
+    time             INTEGER NOT NULL
+);
+INSERT OR REPLACE INTO event_slots
+    (slot, resource_version, kind, namespace, name, type, body, time)
+    SELECT resource_version % 10000, resource_version, kind, namespace, name, type, body, time
+    FROM events
+    WHERE resource_version > (SELECT value FROM meta WHERE key = 'events_compacted')
+    ORDER BY resource_version;
+UPDATE meta SET value = max(value, (SELECT value FROM meta WHERE key = 'revision') - 10000)
+    WHERE key = 'events_compacted';
+DROP TABLE events;
+ALTER TABLE event_slots RENAME TO events;
+CREATE INDEX events_time ON events (time);
+";
+
 /// The migrations, in order: entry `n` brings version `n` to `n + 1`.
-const MIGRATIONS: [&str; 7] = [
-    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7,
+const MIGRATIONS: [&str; 8] = [
+    SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
 ];
 
 /// Gives an empty database the schema of an older `version`, as that

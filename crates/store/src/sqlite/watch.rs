@@ -15,14 +15,15 @@ use rusqlite::{Connection, params};
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::events::event_type_from_text;
+use super::events;
 use super::objects::parse_object;
 use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
 use super::{Database, read};
 use crate::{SharedWatchStream, StoreError, WatchEvent, WatchFilter, WatchStream};
 
-/// Events read from the table at a time while catching up.
-const BATCH: usize = 512;
+/// Store revisions whose events are read from the table at a time while
+/// catching up.
+const BATCH: u64 = 512;
 
 struct WatchState {
     db: Arc<Database>,
@@ -39,8 +40,10 @@ struct Batch {
     events: Vec<WatchEvent>,
     /// Whether the read reached the newest event.
     complete: bool,
-    /// The store revision when the table was read.
-    store_revision: u64,
+    /// The newest store revision the read covered: every event through it
+    /// that passes the filter is in `events` (the store revision when the
+    /// table was read, if `complete`).
+    through: u64,
 }
 
 pub(super) async fn watch(
@@ -101,12 +104,11 @@ async fn next_event(
             .await;
             match batch {
                 Ok(batch) => {
-                    if batch.complete {
-                        state.catching_up = false;
-                        // Everything committed so far was in the table:
-                        // the live events at or below it are duplicates.
-                        state.cursor = state.cursor.max(batch.store_revision);
-                    }
+                    // Everything committed through `batch.through` was in
+                    // the table: the events read are delivered first, and
+                    // live events at or below it are duplicates.
+                    state.catching_up = !batch.complete;
+                    state.cursor = state.cursor.max(batch.through);
                     state.pending.extend(batch.events);
                 }
                 Err(error) => {
@@ -147,40 +149,49 @@ fn read_batch(
         });
     }
     let store_revision = schema::get_meta(&tx, META_REVISION)?;
+    // The next BATCH store revisions, found by their slots in the ring; a
+    // slot that holds another revision (one a ring behind, not yet
+    // overwritten) is skipped by the revision bounds.
+    let through = store_revision.min(cursor.saturating_add(BATCH));
     let mut events = Vec::new();
     {
         let mut statement = tx.prepare_cached(
             "SELECT resource_version, type, body FROM events
-             WHERE resource_version > ?1
-               AND (?2 IS NULL OR kind = ?2)
-               AND (?3 IS NULL OR namespace = ?3)
-               AND (?4 IS NULL OR name = ?4)
-             ORDER BY resource_version LIMIT ?5",
+             WHERE slot BETWEEN ?1 AND ?2
+               AND resource_version > ?3 AND resource_version <= ?4
+               AND (?5 IS NULL OR kind = ?5)
+               AND (?6 IS NULL OR namespace = ?6)
+               AND (?7 IS NULL OR name = ?7)
+             ORDER BY slot",
         )?;
-        let mut rows = statement.query(params![
-            to_i64(cursor),
-            filter.kind.map(|kind| kind.as_str()),
-            filter.namespace,
-            filter.name,
-            to_i64(BATCH as u64),
-        ])?;
-        while let Some(row) = rows.next()? {
-            let resource_version = to_u64(row.get(0)?);
-            let event_type = event_type_from_text(&row.get::<_, String>(1)?)?;
-            let object = parse_object(&row.get::<_, String>(2)?)?;
-            if object.metadata.resource_version != resource_version {
-                return Err(StoreError::Corrupt(format!(
-                    "event {resource_version} holds an object at resourceVersion {}",
-                    object.metadata.resource_version
-                )));
+        for (first_slot, last_slot) in events::slot_ranges(cursor.saturating_add(1), through) {
+            let mut rows = statement.query(params![
+                first_slot,
+                last_slot,
+                to_i64(cursor),
+                to_i64(through),
+                filter.kind.map(|kind| kind.as_str()),
+                filter.namespace,
+                filter.name,
+            ])?;
+            while let Some(row) = rows.next()? {
+                let resource_version = to_u64(row.get(0)?);
+                let event_type = events::event_type_from_text(&row.get::<_, String>(1)?)?;
+                let object = parse_object(&row.get::<_, String>(2)?)?;
+                if object.metadata.resource_version != resource_version {
+                    return Err(StoreError::Corrupt(format!(
+                        "event {resource_version} holds an object at resourceVersion {}",
+                        object.metadata.resource_version
+                    )));
+                }
+                events.push(WatchEvent::new(event_type, object));
             }
-            events.push(WatchEvent::new(event_type, object));
         }
     }
     tx.commit()?;
     Ok(Batch {
-        complete: events.len() < BATCH,
+        complete: through == store_revision,
+        through,
         events,
-        store_revision,
     })
 }
