@@ -285,20 +285,7 @@ async fn an_update_of_a_two_kilobyte_pod_writes_a_handful_of_pages() {
     restart_wal(&path);
 
     let updates = 60;
-    for round in 0..updates {
-        let index = (round * 7) % pods;
-        let mut update = pod(
-            &format!("p{index}"),
-            &format!("uid-{index}"),
-            round as u64 + 1,
-        );
-        update.metadata.resource_version = versions[index];
-        let written = store
-            .update(update, versions[index], &change("update"))
-            .await
-            .expect("update");
-        versions[index] = written.metadata.resource_version;
-    }
+    update_pods(&store, &mut versions, updates, 7).await;
     // Each update is a group of its own: the store revision, the object's
     // row, its history revision and the time index of history, its watch
     // event and the event time index, and the database header: 7.2 pages
@@ -480,11 +467,12 @@ async fn an_update_and_its_step_log_write_no_page_of_an_index_by_object() {
     );
 }
 
-/// Updates pods `p0`… round-robin, `updates` times; `versions` holds each
-/// pod's resource version and is kept current.
-async fn update_round_robin(store: &SqliteStore, versions: &mut [u64], updates: usize) {
+/// Updates pods `p0`…, `updates` times, each a new spec: the `n`th update
+/// goes to pod `n * stride` (modulo the pods). `versions` holds each pod's
+/// resource version and is kept current.
+async fn update_pods(store: &SqliteStore, versions: &mut [u64], updates: usize, stride: usize) {
     for round in 0..updates {
-        let index = round % versions.len();
+        let index = (round * stride) % versions.len();
         let mut update = pod(
             &format!("p{index}"),
             &format!("uid-{index}"),
@@ -507,7 +495,7 @@ async fn frames_per_update(
 ) -> f64 {
     const UPDATES: usize = 80;
     restart_wal(path);
-    update_round_robin(store, versions, UPDATES).await;
+    update_pods(store, versions, UPDATES, 1).await;
     wal_frames(path) as f64 / UPDATES as f64
 }
 
@@ -524,7 +512,8 @@ async fn an_update_past_a_full_event_ring_writes_no_more_pages_than_before() {
     let mut versions = create_pods(&store, 40).await;
     let before = frames_per_update(&store, &path, &mut versions).await;
 
-    // Around the ring once more, quickly: these commits are not synced.
+    // Fill the ring and go 100 revisions past it, quickly: these commits
+    // are not synced.
     store
         .shared
         .db
@@ -534,7 +523,7 @@ async fn an_update_past_a_full_event_ring_writes_no_more_pages_than_before() {
     let written = versions.iter().max().copied().unwrap_or(0);
     let past_the_ring = super::events::EVENT_SLOTS + 100 - written;
     let updates = usize::try_from(past_the_ring).expect("small");
-    update_round_robin(&store, &mut versions, updates).await;
+    update_pods(&store, &mut versions, updates, 1).await;
     store
         .shared
         .db

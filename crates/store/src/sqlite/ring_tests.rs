@@ -4,24 +4,15 @@
 
 use std::time::Duration;
 
-use corral_api::{AuthorClass, Kind, Object};
+use corral_api::{Kind, Object};
 use futures::StreamExt;
 use rusqlite::Connection;
 use serde_json::json;
 
 use super::events::{EVENT_SLOTS, slot_ranges};
+use super::tests::change;
 use super::{SqliteStore, schema};
-use crate::{ChangeMeta, Store, StoreError, WatchFilter, WatchStream};
-
-fn change() -> ChangeMeta {
-    ChangeMeta {
-        author: "alice".into(),
-        class: AuthorClass::External,
-        message: String::new(),
-        time: chrono::DateTime::UNIX_EPOCH,
-        always_record: false,
-    }
-}
+use crate::{Store, StoreError, WatchFilter, WatchStream};
 
 fn pod(name: &str, n: u64) -> Object {
     let mut object = Object::new(Kind::Pod, Some("default"), name, json!({"n": n}));

@@ -14,7 +14,7 @@ fn store_with_capacity(capacity: usize) -> SqliteStore {
     SqliteStore::from_connection(conn, None, capacity).expect("store")
 }
 
-fn change() -> ChangeMeta {
+pub(super) fn change() -> ChangeMeta {
     ChangeMeta {
         author: "alice".into(),
         class: AuthorClass::External,
