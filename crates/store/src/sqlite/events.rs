@@ -22,7 +22,9 @@ use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
 use crate::{EventType, EventWindow, StoreError};
 
 /// Rows in the event ring, and so the largest count window: the default
-/// window's count. Schema version 8 names the same number in SQL.
+/// window's count. Schema version 8 names the same number in SQL, and a
+/// database's rows sit in the slots it gives: changing it needs a
+/// migration that moves every row to its new slot.
 pub(super) const EVENT_SLOTS: u64 = EventWindow::DEFAULT.count;
 
 /// How far write time must move before the age window is applied again.

@@ -64,6 +64,24 @@ fn expired_through(outcome: Result<WatchStream, StoreError>) -> u64 {
     }
 }
 
+/// The migration to the ring puts each event in the slot the code reads
+/// it from.
+#[test]
+fn the_migration_slots_events_as_the_store_does() {
+    let slotted = format!("resource_version % {EVENT_SLOTS}, resource_version");
+    assert!(
+        schema::SCHEMA_V8.contains(&slotted),
+        "{}",
+        schema::SCHEMA_V8
+    );
+    let compacted = format!("(SELECT value FROM meta WHERE key = 'revision') - {EVENT_SLOTS}");
+    assert!(
+        schema::SCHEMA_V8.contains(&compacted),
+        "{}",
+        schema::SCHEMA_V8
+    );
+}
+
 #[test]
 fn revisions_map_to_one_slot_range_or_two_where_they_wrap() {
     assert_eq!(slot_ranges(1, 10), [(1, 10)]);

@@ -197,7 +197,7 @@ INSERT INTO meta (key, value) SELECT 'step_logs_indexed', COALESCE(MAX(seq), 0) 
 /// the newest 10,000 revisions past `events_compacted`; if a lagging
 /// window left more, the newest win their slots and the log starts after
 /// the ones they displace.
-const SCHEMA_V8: &str = "
+pub(super) const SCHEMA_V8: &str = "
 CREATE TABLE event_slots (
     slot             INTEGER PRIMARY KEY,
     resource_version INTEGER NOT NULL,
