@@ -34,7 +34,8 @@ async fn assert_quiet(stream: &mut WatchStream) {
     assert!(next.is_err(), "no event past the newest, got {next:?}");
 }
 
-/// Updates pod `p` until the store revision is `newest`; returns it.
+/// Updates `object` until the store revision is `newest`; returns it as
+/// last written.
 async fn update_until(store: &SqliteStore, mut object: Object, newest: u64) -> Object {
     while object.metadata.resource_version < newest {
         object.spec = json!({"n": object.metadata.resource_version});

@@ -191,7 +191,8 @@ INSERT INTO meta (key, value) SELECT 'step_logs_indexed', COALESCE(MAX(seq), 0) 
 /// event of store revision `rv` is written over slot `rv % 10000`, which
 /// holds the event of `rv - 10000` (outside every window), so a write no
 /// longer deletes the oldest events at the head of the table while it
-/// appends its own at the tail: about a fifth of the pages a write wrote.
+/// appends its own at the tail (an update alone in its group wrote 11.7
+/// pages past a full window, 6.7 in the ring).
 /// The count window is kept by `events_compacted` alone; there is no index
 /// by revision (a revision's slot is known). The events kept are those of
 /// the newest 10,000 revisions past `events_compacted`; if a lagging
