@@ -29,6 +29,7 @@ mod schema;
 mod specs;
 mod steplogs;
 mod tokens;
+mod wal_vfs;
 mod watch;
 mod writer;
 
@@ -137,7 +138,14 @@ impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and migrates its
     /// schema.
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
-        let mut conn = Connection::open(path)?;
+        // The writer's WAL frames reach the kernel a commit at a time
+        // (design 0059); readers open the file with SQLite's own VFS.
+        wal_vfs::register()?;
+        let mut conn = Connection::open_with_flags_and_vfs(
+            path,
+            rusqlite::OpenFlags::default(),
+            wal_vfs::NAME,
+        )?;
         schema::prepare(&mut conn, true)?;
         Self::from_connection(conn, Some(path.to_path_buf()), BROADCAST_CAPACITY)
     }
