@@ -82,6 +82,17 @@ fn value(key: i64, round: i64) -> Vec<u8> {
         .collect()
 }
 
+/// Inserts rows `keys` with their values of write number `round`.
+fn insert(conn: &Connection, keys: std::ops::Range<i64>, round: i64) {
+    for key in keys {
+        conn.execute(
+            "INSERT INTO t (k, v) VALUES (?1, ?2)",
+            params![key, value(key, round)],
+        )
+        .expect("write");
+    }
+}
+
 fn rows(conn: &Connection) -> i64 {
     conn.query_row("SELECT count(*) FROM t", [], |row| row.get(0))
         .expect("count")
@@ -152,26 +163,14 @@ fn a_rolled_back_spill_and_unsynced_commits_leave_readers_a_whole_database() {
     let reader = reader(&path);
 
     let tx = writer.unchecked_transaction().expect("begin");
-    for key in 0..400 {
-        tx.execute(
-            "INSERT INTO t (k, v) VALUES (?1, ?2)",
-            params![key, value(key, 0)],
-        )
-        .expect("write");
-    }
+    insert(&tx, 0..400, 0);
     // The transaction read back its own spilled pages to get here.
     assert_eq!(rows(&tx), 400);
     tx.rollback().expect("rollback");
     assert_eq!(rows(&reader), 0);
 
     let tx = writer.unchecked_transaction().expect("begin");
-    for key in 0..5 {
-        tx.execute(
-            "INSERT INTO t (k, v) VALUES (?1, ?2)",
-            params![key, value(key, 1)],
-        )
-        .expect("write");
-    }
+    insert(&tx, 0..5, 1);
     tx.commit().expect("commit");
     assert_eq!(rows(&reader), 5);
     assert_eq!(row(&reader, 4), Some(value(4, 1)));
@@ -181,12 +180,7 @@ fn a_rolled_back_spill_and_unsynced_commits_leave_readers_a_whole_database() {
         .pragma_update(None, "synchronous", "OFF")
         .expect("synchronous off");
     for key in 5..60 {
-        writer
-            .execute(
-                "INSERT INTO t (k, v) VALUES (?1, ?2)",
-                params![key, value(key, 2)],
-            )
-            .expect("write");
+        insert(&writer, key..key + 1, 2);
         assert_eq!(row(&reader, key), Some(value(key, 2)), "row {key}");
     }
     drop(reader);
