@@ -24,11 +24,12 @@
 //! commit fails and nobody is told it succeeded.
 //!
 //! The store's write connection is `synchronous=FULL`, so each commit is
-//! handed on at its sync and the barrier finds nothing held. A connection
-//! that does not sync its commits is still correct: its commit is handed
-//! on at the barrier. If that write fails there is no way to fail the
-//! commit any more (the barrier returns nothing), and going on would
-//! publish frames that are not in the file, so the process aborts.
+//! handed on at its sync and the barrier finds nothing held (at most the
+//! frames a rolled-back transaction spilled, which nothing will read). A
+//! connection that does not sync its commits is still correct: its commit
+//! is handed on at the barrier. If a write fails there, there is no way
+//! to fail the commit any more (the barrier returns nothing), and going on
+//! could publish frames that are not in the file, so the process aborts.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::mem::size_of;
