@@ -1,7 +1,8 @@
 //! Object reads, and the object writes the writer thread applies inside
-//! its group transaction: they bump the store revision, write the object,
-//! append its watch event and, when the spec changed, a history revision.
-//! They never commit.
+//! its group transaction: each takes the store revision the writer hands
+//! it, writes the object, appends its watch event and, when the spec
+//! changed, a history revision. They never commit, and they do not record
+//! the store revision: the writer does, once per group.
 //!
 //! Each write first reads, checks and encodes everything it will write,
 //! and only then writes: a write that fails for its own reasons (a
@@ -237,12 +238,12 @@ pub(super) fn create(
     mut object: Object,
     parts: EncodedParts,
     change: &ChangeMeta,
+    resource_version: u64,
 ) -> Result<Applied, Failure> {
     let key = object.key();
     if exists(conn, &key)? {
         return Err(StoreError::AlreadyExists { key }.into());
     }
-    let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
     object.metadata.revision = 1;
     object.metadata.resource_version = resource_version;
@@ -339,11 +340,11 @@ pub(super) fn update(
     parts: EncodedParts,
     expected: u64,
     change: &ChangeMeta,
+    resource_version: u64,
 ) -> Result<Applied, Failure> {
     let key = object.key();
     let stored = load_head(conn, &key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     check_version(&key, expected, stored.resource_version)?;
-    let resource_version = next_revision(conn)?;
     normalize_namespace(&mut object, &key);
     let spec_changed =
         change.always_record || !is_stored_spec(conn, specs, &key, &stored, parts.spec())?;
@@ -390,12 +391,12 @@ pub(super) fn delete(
     key: &ObjectKey,
     expected: Option<u64>,
     change: &ChangeMeta,
+    resource_version: u64,
 ) -> Result<Applied, Failure> {
     let mut object = load(conn, key)?.ok_or_else(|| StoreError::NotFound { key: key.clone() })?;
     if let Some(expected) = expected {
         check_version(key, expected, object.metadata.resource_version)?;
     }
-    let resource_version = next_revision(conn)?;
     let uid = object.metadata.uid.clone();
     // The deletion record repeats the last spec under the next revision.
     let new = NewRevision {
@@ -447,11 +448,6 @@ fn check_version(key: &ObjectKey, expected: u64, actual: u64) -> Result<(), Stor
     }
 }
 
-/// The store revision the next write takes ([`Rows::write`] records it).
-fn next_revision(conn: &Connection) -> Result<u64, StoreError> {
-    Ok(schema::get_meta(conn, META_REVISION)? + 1)
-}
-
 /// Stores the namespace the key uses, so `get` returns what `list` filters on.
 fn normalize_namespace(object: &mut Object, key: &ObjectKey) {
     object.metadata.namespace = key.kind.is_namespaced().then(|| key.namespace.clone());
@@ -482,7 +478,6 @@ impl Rows<'_> {
     /// Writes the rows. An error here leaves the transaction partly written.
     fn write(&self, conn: &Connection) -> Result<(), StoreError> {
         let key = self.key;
-        schema::set_meta(conn, META_REVISION, self.resource_version)?;
         if let Some(revision) = self.revision {
             history::insert(conn, revision)?;
         }

@@ -6,7 +6,9 @@
 //! encodes everything before it writes a row, so one that fails for its
 //! own reasons has changed nothing and is answered with its error while
 //! the others go on (a statement failing mid-write fails the group: see
-//! [`objects::Failure`]). Then a batch of new step-log entries is indexed
+//! [`objects::Failure`]). Each object write takes the next store
+//! revision from the thread, which keeps the last committed one and
+//! records the group's newest once. Then a batch of new step-log entries is indexed
 //! when enough have gathered, the watch-event window is
 //! applied, the transaction commits (`synchronous=FULL`: one fsync for the
 //! group), the group's events are broadcast in store-revision order, and
@@ -29,6 +31,7 @@ use tokio::sync::oneshot;
 use super::encoded::EncodedParts;
 use super::events::{self, EventPruner};
 use super::objects::{self, Applied, Failure};
+use super::schema::{self, META_REVISION};
 use super::specs::SpecCache;
 use super::{Database, steplogs};
 use crate::{ChangeMeta, StoreError, WatchEvent};
@@ -114,6 +117,10 @@ pub(super) fn spawn(
 struct WriterState {
     specs: SpecCache,
     pruner: EventPruner,
+    /// The store revision of the last committed write; read from the
+    /// database when unknown (at the first group, and after a group
+    /// failed). Only this thread's writes move it.
+    revision: Option<u64>,
 }
 
 fn run(db: &Database, queue: &mpsc::Receiver<Request>) {
@@ -133,6 +140,7 @@ fn run(db: &Database, queue: &mpsc::Receiver<Request>) {
         }));
         if committed.is_err() {
             state.specs.abort();
+            state.revision = None;
             tracing::error!("the sqlite writer panicked applying a group of writes; they failed");
         }
     }
@@ -158,6 +166,7 @@ fn commit_group(db: &Database, state: &mut WriterState, group: Vec<Request>) {
         }
         Err(error) => {
             state.specs.abort();
+            state.revision = None;
             tracing::error!(%error, writes = size, "sqlite group commit failed");
             let message = format!("sqlite commit of a group of {size} writes failed: {error}");
             for reply in replies {
@@ -193,14 +202,25 @@ fn apply_group(
     writes: Vec<Write>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let committed = match state.revision {
+        Some(revision) => revision,
+        None => schema::get_meta(&tx, META_REVISION)?,
+    };
+    // The store revision of the group's last object write so far: each
+    // takes the next one, and one that fails alone takes none.
+    let mut revision = committed;
     let mut results = Vec::with_capacity(writes.len());
     let mut newest_time = None;
     for write in writes {
         let time = write.time();
+        let takes_revision = !matches!(write, Write::StepLogs(_));
         let mut staged = SpecCache::default();
-        match apply(&tx, &state.specs, &mut staged, write) {
+        match apply(&tx, &state.specs, &mut staged, write, revision + 1) {
             Ok(applied) => {
                 state.specs.take_staged(&mut staged);
+                if takes_revision {
+                    revision += 1;
+                }
                 if applied.event.is_some() {
                     newest_time = newest_time.max(time);
                 }
@@ -211,17 +231,24 @@ fn apply_group(
             Err(Failure::Group(error)) => return Err(error),
         }
     }
+    if revision != committed {
+        schema::set_meta(&tx, META_REVISION, revision)?;
+    }
     steplogs::index_tail(&tx, false)?;
     events::prune(&tx, db.window(), newest_time, &mut state.pruner)?;
     tx.commit()?;
+    state.revision = Some(revision);
     Ok(results)
 }
 
+/// Applies one write of a group; an object write takes store revision
+/// `next`.
 fn apply(
     conn: &Connection,
     cache: &SpecCache,
     staged: &mut SpecCache,
     write: Write,
+    next: u64,
 ) -> Result<Applied, Failure> {
     let mut specs = objects::Specs { cache, staged };
     match write {
@@ -232,7 +259,7 @@ fn apply(
             logs,
         } => {
             let logs = steplogs::encode(&logs)?;
-            let applied = objects::create(conn, &mut specs, object, parts, &change)?;
+            let applied = objects::create(conn, &mut specs, object, parts, &change, next)?;
             steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(applied)
         }
@@ -244,7 +271,8 @@ fn apply(
             logs,
         } => {
             let logs = steplogs::encode(&logs)?;
-            let applied = objects::update(conn, &mut specs, object, parts, expected, &change)?;
+            let applied =
+                objects::update(conn, &mut specs, object, parts, expected, &change, next)?;
             steplogs::insert(conn, &logs).map_err(Failure::Group)?;
             Ok(applied)
         }
@@ -252,7 +280,7 @@ fn apply(
             key,
             expected,
             change,
-        } => objects::delete(conn, &mut specs, &key, expected, &change),
+        } => objects::delete(conn, &mut specs, &key, expected, &change, next),
         Write::StepLogs(entries) => {
             let logs = steplogs::encode(&entries)?;
             steplogs::insert(conn, &logs).map_err(Failure::Group)?;
