@@ -536,3 +536,46 @@ async fn an_update_past_a_full_event_ring_writes_no_more_pages_than_before() {
         "{after:.2} WAL pages per update past a full ring, {before:.2} before it"
     );
 }
+
+/// The writer checkpoints the WAL once it holds
+/// [`schema::WRITER_CHECKPOINT_PAGES`] pages, not SQLite's default 1,000
+/// (design 0060): the WAL grows past 1,000 pages without being started
+/// over, and no further than a group past the threshold.
+#[tokio::test]
+async fn the_writer_checkpoints_the_wal_at_its_own_threshold() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let store = SqliteStore::open(&path).expect("open");
+    let mut versions = create_pods(&store, 40).await;
+    restart_wal(&path);
+    store
+        .shared
+        .db
+        .writer()
+        .pragma_update(None, "synchronous", "OFF")
+        .expect("synchronous off");
+    let threshold = u64::try_from(schema::WRITER_CHECKPOINT_PAGES).expect("positive");
+    // With SQLite's default the WAL would start over at about 1,000 pages
+    // and its file would stop growing there.
+    let mut largest = 0;
+    let mut updates = 0;
+    while largest < 2 * 1000 {
+        update_pods(&store, &mut versions, 50, 1).await;
+        updates += 50;
+        largest = wal_frames(&path);
+        assert!(
+            updates <= 2_000,
+            "the WAL file stopped growing at {largest} pages ({updates} updates): checkpointed early"
+        );
+    }
+    // Write about twice the threshold's pages: the WAL is checkpointed and
+    // started over, so its file ends about as large as the threshold.
+    let per_update = largest / updates.max(1) as u64;
+    let more = usize::try_from(2 * threshold / per_update.max(1)).expect("small");
+    update_pods(&store, &mut versions, more, 1).await;
+    let frames = wal_frames(&path);
+    assert!(
+        (threshold..threshold + 100).contains(&frames),
+        "the WAL file holds {frames} pages after {more} more updates; the threshold is {threshold}"
+    );
+}
