@@ -540,7 +540,8 @@ async fn an_update_past_a_full_event_ring_writes_no_more_pages_than_before() {
 /// The writer checkpoints the WAL once it holds
 /// [`schema::WRITER_CHECKPOINT_PAGES`] pages, not SQLite's default 1,000
 /// (design 0060): the WAL grows past 1,000 pages without being started
-/// over, and no further than a group past the threshold.
+/// over, and once it has been, its file is no larger than the threshold
+/// and the commit that crossed it.
 #[tokio::test]
 async fn the_writer_checkpoints_the_wal_at_its_own_threshold() {
     let dir = tempfile::tempdir().expect("temp dir");
