@@ -487,6 +487,17 @@ async fn update_pods(store: &SqliteStore, versions: &mut [u64], updates: usize, 
     }
 }
 
+/// Sets the writer's `synchronous` mode: `OFF` to fill a table quickly
+/// with commits that are not synced, `FULL` to go back.
+fn set_writer_synchronous(store: &SqliteStore, mode: &str) {
+    store
+        .shared
+        .db
+        .writer()
+        .pragma_update(None, "synchronous", mode)
+        .expect("set synchronous");
+}
+
 /// WAL pages per update over 80 round-robin updates, from an empty WAL.
 async fn frames_per_update(
     store: &SqliteStore,
@@ -514,22 +525,12 @@ async fn an_update_past_a_full_event_ring_writes_no_more_pages_than_before() {
 
     // Fill the ring and go 100 revisions past it, quickly: these commits
     // are not synced.
-    store
-        .shared
-        .db
-        .writer()
-        .pragma_update(None, "synchronous", "OFF")
-        .expect("synchronous off");
+    set_writer_synchronous(&store, "OFF");
     let written = versions.iter().max().copied().unwrap_or(0);
     let past_the_ring = super::events::EVENT_SLOTS + 100 - written;
     let updates = usize::try_from(past_the_ring).expect("small");
     update_pods(&store, &mut versions, updates, 1).await;
-    store
-        .shared
-        .db
-        .writer()
-        .pragma_update(None, "synchronous", "FULL")
-        .expect("synchronous full");
+    set_writer_synchronous(&store, "FULL");
     let after = frames_per_update(&store, &path, &mut versions).await;
     assert!(
         after <= before + 0.25,
@@ -549,12 +550,7 @@ async fn the_writer_checkpoints_the_wal_at_its_own_threshold() {
     let store = SqliteStore::open(&path).expect("open");
     let mut versions = create_pods(&store, 40).await;
     restart_wal(&path);
-    store
-        .shared
-        .db
-        .writer()
-        .pragma_update(None, "synchronous", "OFF")
-        .expect("synchronous off");
+    set_writer_synchronous(&store, "OFF");
     let threshold = u64::try_from(schema::WRITER_CHECKPOINT_PAGES).expect("positive");
     // With SQLite's default the WAL would start over at about 1,000 pages
     // and its file would stop growing there.
