@@ -551,12 +551,13 @@ async fn the_writer_checkpoints_the_wal_at_its_own_threshold() {
     let mut versions = create_pods(&store, 40).await;
     restart_wal(&path);
     set_writer_synchronous(&store, "OFF");
+    const SQLITE_DEFAULT_PAGES: u64 = 1_000;
     let threshold = u64::try_from(schema::WRITER_CHECKPOINT_PAGES).expect("positive");
     // With SQLite's default the WAL would start over at about 1,000 pages
     // and its file would stop growing there.
     let mut largest = 0;
     let mut updates = 0;
-    while largest < 2 * 1000 {
+    while largest < 2 * SQLITE_DEFAULT_PAGES {
         update_pods(&store, &mut versions, 50, 1).await;
         updates += 50;
         largest = wal_frames(&path);
@@ -566,9 +567,10 @@ async fn the_writer_checkpoints_the_wal_at_its_own_threshold() {
         );
     }
     // Write about twice the threshold's pages: the WAL is checkpointed and
-    // started over, so its file ends about as large as the threshold.
-    let per_update = largest / updates.max(1) as u64;
-    let more = usize::try_from(2 * threshold / per_update.max(1)).expect("small");
+    // started over, so its file ends about as large as the threshold. (At
+    // least one page an update: over 2,000 pages in at most 2,000.)
+    let per_update = largest / updates as u64;
+    let more = usize::try_from(2 * threshold / per_update).expect("small");
     update_pods(&store, &mut versions, more, 1).await;
     let frames = wal_frames(&path);
     assert!(
