@@ -11,14 +11,18 @@
 //! count window moves `events_compacted` only, and the ring drops what it
 //! passed over as later writes take their slots; no write deletes at the
 //! head of the table while it appends at the tail. The age window still
-//! deletes (it binds only when writes are rare), found on the `events_time`
-//! index at most once per second of write time, so nothing scans the log.
+//! deletes (it binds only when writes are rare), at most once per second of
+//! write time, by store revision: the writer keeps a mark of the change
+//! times per second of writes ([`EventPruner`]), so the log needs no index
+//! by time and nothing scans it (design 0061).
+
+use std::collections::VecDeque;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use corral_api::ObjectKey;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::schema::{self, META_EVENTS_COMPACTED, META_REVISION, to_i64, to_u64};
+use super::schema::{self, META_EVENTS_COMPACTED, to_i64};
 use crate::{EventType, EventWindow, StoreError};
 
 /// Rows in the event ring, and so the largest count window: the default
@@ -96,21 +100,112 @@ fn forget(conn: &Connection, through: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// When the age window was last applied, in write time.
+/// What the writer knows of the events' change times, so the age window
+/// needs no index by time (design 0061): marks in store-revision order, one
+/// per [`AGE_PRUNE_EVERY`] of write time, each the newest store revision
+/// written by then and the latest change time of any event through it.
+/// Kept in memory: a writer that starts (or whose group failed) seeds it
+/// with the newest event's time, so events written before it go no sooner
+/// than that time's age, never too soon.
 #[derive(Debug, Default)]
 pub(super) struct EventPruner {
+    /// When the age window was last applied, in write time.
     last_age_prune: Option<DateTime<Utc>>,
+    /// The marks, oldest first; their times never decrease.
+    marks: VecDeque<Mark>,
+    /// Whether the marks were seeded since this pruner was made.
+    seeded: bool,
+    /// Every row through this store revision is deleted; `None` until the
+    /// age window first deleted since this pruner was made.
+    deleted_through: Option<u64>,
+}
+
+/// Every event through store revision `through` has a change time no
+/// later than `latest` (milliseconds); the first of them since the mark
+/// before has none earlier than `first`.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    first: i64,
+    latest: i64,
+    through: u64,
+}
+
+impl EventPruner {
+    /// Seeds the marks with the time of the event at `committed`, the store
+    /// revision before this group.
+    fn seed(&mut self, conn: &Connection, committed: u64) -> Result<(), StoreError> {
+        self.seeded = true;
+        let time: Option<i64> = conn
+            .prepare_cached("SELECT time FROM events WHERE slot = ?1 AND resource_version = ?2")?
+            .query_row(params![slot(committed), to_i64(committed)], |row| {
+                row.get(0)
+            })
+            .optional()?;
+        if let Some(time) = time {
+            self.mark(time, committed);
+        }
+        Ok(())
+    }
+
+    /// Records that the events through `through` were written by change
+    /// time `time` (milliseconds).
+    fn mark(&mut self, time: i64, through: u64) {
+        let latest = self.marks.back().map_or(time, |last| last.latest.max(time));
+        match self.marks.back_mut() {
+            Some(last) if time < last.first + AGE_PRUNE_EVERY.num_milliseconds() => {
+                last.latest = latest;
+                last.through = through;
+            }
+            _ => self.marks.push_back(Mark {
+                first: time,
+                latest,
+                through,
+            }),
+        }
+    }
+
+    /// Drops the marks the ring has overwritten the events of, given the
+    /// newest store revision: their rows are gone without a delete.
+    fn forget_overwritten(&mut self, newest: u64) {
+        let overwritten = newest.saturating_sub(EVENT_SLOTS);
+        while self
+            .marks
+            .front()
+            .is_some_and(|mark| mark.through <= overwritten)
+        {
+            self.marks.pop_front();
+        }
+    }
+
+    /// Takes the marks older than `cutoff` (milliseconds) and returns the
+    /// newest store revision they cover (0 if none).
+    fn take_older_than(&mut self, cutoff: i64) -> u64 {
+        let mut through = 0;
+        while let Some(mark) = self.marks.front().filter(|mark| mark.latest < cutoff) {
+            through = mark.through;
+            self.marks.pop_front();
+        }
+        through
+    }
 }
 
 /// Applies the window after a group of writes, inside its transaction.
-/// `newest_time` is the latest change time among the group's events.
+/// `committed` is the store revision before the group, `newest` after it,
+/// and `newest_time` the latest change time among the group's events.
 pub(super) fn prune(
     conn: &Connection,
     window: EventWindow,
+    (committed, newest): (u64, u64),
     newest_time: Option<DateTime<Utc>>,
     pruner: &mut EventPruner,
 ) -> Result<(), StoreError> {
-    let newest = schema::get_meta(conn, META_REVISION)?;
+    if !pruner.seeded {
+        pruner.seed(conn, committed)?;
+    }
+    if let Some(time) = newest_time {
+        pruner.mark(schema::time_to_millis(time), newest);
+    }
+    pruner.forget_overwritten(newest);
     // The store keeps the count within 1..=EVENT_SLOTS.
     let mut through = newest.saturating_sub(window.count);
     if let Some(now) = newest_time {
@@ -119,20 +214,22 @@ pub(super) fn prune(
             .is_none_or(|last| now >= last + AGE_PRUNE_EVERY || now < last);
         if due {
             pruner.last_age_prune = Some(now);
-            through = through.max(drop_aged(conn, window, now)?);
+            through = through.max(drop_aged(conn, window, now, newest, pruner)?);
         }
     }
     forget(conn, through)
 }
 
-/// Deletes the events older than the window's age at `now` and returns the
-/// newest store revision among them (0 if none): everything through it is
-/// forgotten, so the log still starts at one revision even if change times
-/// are not in revision order.
+/// Deletes the events older than the window's age at `now` (by the marks)
+/// and returns the newest store revision among them (0 if none):
+/// everything through it is forgotten, so the log still starts at one
+/// revision even if change times are not in revision order.
 fn drop_aged(
     conn: &Connection,
     window: EventWindow,
     now: DateTime<Utc>,
+    newest: u64,
+    pruner: &mut EventPruner,
 ) -> Result<u64, StoreError> {
     let Some(cutoff) = TimeDelta::from_std(window.max_age)
         .ok()
@@ -140,19 +237,24 @@ fn drop_aged(
     else {
         return Ok(0);
     };
-    let cutoff = schema::time_to_millis(cutoff);
-    let through: Option<i64> = conn
-        .prepare_cached(
-            "SELECT max(resource_version) FROM events INDEXED BY events_time WHERE time < ?1",
-        )?
-        .query_row([cutoff], |row| row.get(0))
-        .optional()?
-        .flatten();
-    if through.is_some() {
-        conn.prepare_cached("DELETE FROM events INDEXED BY events_time WHERE time < ?1")?
-            .execute([cutoff])?;
+    let through = pruner.take_older_than(schema::time_to_millis(cutoff));
+    // The rows a ring behind are overwritten already; those deleted before
+    // are gone.
+    let after = pruner
+        .deleted_through
+        .unwrap_or(0)
+        .max(newest.saturating_sub(EVENT_SLOTS));
+    if through > after {
+        let mut delete = conn.prepare_cached(
+            "DELETE FROM events
+             WHERE slot BETWEEN ?1 AND ?2 AND resource_version > ?3 AND resource_version <= ?4",
+        )?;
+        for (first, last) in slot_ranges(after + 1, through) {
+            delete.execute(params![first, last, to_i64(after), to_i64(through)])?;
+        }
+        pruner.deleted_through = Some(through);
     }
-    Ok(through.map_or(0, to_u64))
+    Ok(through)
 }
 
 pub(super) fn event_type_text(event_type: EventType) -> &'static str {

@@ -1,6 +1,7 @@
 //! The watch-event ring of schema version 8 (design 0057): a revision's
 //! event in its slot, replays across the end of the ring, a table that
-//! stays one ring long, and the migration from the version 7 log.
+//! stays one ring long, and the migration from the version 7 log; and the
+//! age window of version 9, kept without an index by time (design 0061).
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use serde_json::json;
 use super::events::{EVENT_SLOTS, slot_ranges};
 use super::tests::change;
 use super::{SqliteStore, schema};
-use crate::{Store, StoreError, WatchFilter, WatchStream};
+use crate::{ChangeMeta, EventWindow, Store, StoreError, WatchFilter, WatchStream};
 
 fn pod(name: &str, n: u64) -> Object {
     let mut object = Object::new(Kind::Pod, Some("default"), name, json!({"n": n}));
@@ -235,6 +236,155 @@ async fn a_version_7_log_longer_than_a_ring_keeps_the_newest_ring() {
         assert_eq!(next_version(&mut watch).await, expected);
     }
     assert_quiet(&mut watch).await;
+}
+
+/// A change made `minute` minutes after the epoch.
+fn at_minute(minute: i64) -> ChangeMeta {
+    ChangeMeta {
+        time: chrono::DateTime::UNIX_EPOCH + chrono::TimeDelta::minutes(minute),
+        ..change()
+    }
+}
+
+/// Creates pod `name` at `minute`; returns its store revision.
+async fn create_at(store: &SqliteStore, name: &str, minute: i64) -> u64 {
+    store
+        .create(pod(name, 0), &at_minute(minute))
+        .await
+        .expect("create")
+        .metadata
+        .resource_version
+}
+
+const TEN_MINUTES: EventWindow = EventWindow {
+    count: EVENT_SLOTS,
+    max_age: Duration::from_secs(10 * 60),
+};
+
+/// With a window of ten minutes, a write at minute 13 deletes the rows of
+/// the events of minutes 0–2 (found by the writer's marks, not an index)
+/// and keeps minute 3 on; a watch from before them is expired.
+#[tokio::test]
+async fn the_age_window_deletes_the_rows_of_the_aged_events() {
+    let store = SqliteStore::open_in_memory().expect("open");
+    store.set_event_window(TEN_MINUTES);
+    let mut versions = Vec::new();
+    for minute in 0..5 {
+        versions.push(create_at(&store, &format!("p{minute}"), minute).await);
+    }
+    assert_eq!(event_rows(&store), 5);
+    versions.push(create_at(&store, "p13", 13).await);
+    assert_eq!(
+        event_rows(&store),
+        3,
+        "the events of minutes 0, 1 and 2 are deleted"
+    );
+    assert_eq!(
+        expired_through(store.watch(WatchFilter::default(), versions[1]).await),
+        versions[2]
+    );
+    let mut watch = store
+        .watch(WatchFilter::default(), versions[2])
+        .await
+        .expect("a watch from the window's start");
+    for &expected in &versions[3..] {
+        assert_eq!(next_version(&mut watch).await, expected);
+    }
+    assert_quiet(&mut watch).await;
+    // A later write in the same minute deletes nothing more.
+    versions.push(create_at(&store, "q13", 13).await);
+    assert_eq!(event_rows(&store), 4);
+}
+
+/// A store opened again knows its events' times only from the newest:
+/// the older ones go when that one is old, never sooner than their own
+/// age.
+#[tokio::test]
+async fn after_a_restart_the_age_window_drops_older_events_by_the_newest_time() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let mut versions = Vec::new();
+    {
+        let store = SqliteStore::open(&path).expect("open");
+        store.set_event_window(TEN_MINUTES);
+        for minute in 0..5 {
+            versions.push(create_at(&store, &format!("p{minute}"), minute).await);
+        }
+    }
+    let store = SqliteStore::open(&path).expect("open again");
+    store.set_event_window(TEN_MINUTES);
+    // At minute 13 the events of minutes 0–2 are old, but the store
+    // reopened knows only that all five were written by minute 4.
+    versions.push(create_at(&store, "p13", 13).await);
+    assert_eq!(event_rows(&store), 6);
+    let mut watch = store
+        .watch(WatchFilter::default(), 0)
+        .await
+        .expect("nothing is forgotten yet");
+    for &expected in &versions {
+        assert_eq!(next_version(&mut watch).await, expected);
+    }
+    // At minute 15 minute 4 is old: all five go, minute 13's stays.
+    versions.push(create_at(&store, "p15", 15).await);
+    assert_eq!(event_rows(&store), 2);
+    assert_eq!(
+        expired_through(store.watch(WatchFilter::default(), versions[3]).await),
+        versions[4]
+    );
+    let mut watch = store
+        .watch(WatchFilter::default(), versions[4])
+        .await
+        .expect("a watch from the window's start");
+    for &expected in &versions[5..] {
+        assert_eq!(next_version(&mut watch).await, expected);
+    }
+    assert_quiet(&mut watch).await;
+}
+
+/// Change times out of revision order (a clock stepped back) keep the
+/// window one prefix of revisions: an event is forgotten with every event
+/// before it, once the latest change time up to it is old.
+#[tokio::test]
+async fn the_age_window_forgets_a_prefix_when_change_times_step_back() {
+    let store = SqliteStore::open_in_memory().expect("open");
+    store.set_event_window(TEN_MINUTES);
+    let five = create_at(&store, "p5", 5).await;
+    let one = create_at(&store, "p1", 1).await;
+    let twelve = create_at(&store, "p12", 12).await;
+    // At minute 12 minute 1 is old but minute 5, before it, is not: both
+    // stay.
+    assert_eq!(event_rows(&store), 3);
+    let sixteen = create_at(&store, "p16", 16).await;
+    assert_eq!(event_rows(&store), 2);
+    assert_eq!(
+        expired_through(store.watch(WatchFilter::default(), five).await),
+        one
+    );
+    let mut watch = store
+        .watch(WatchFilter::default(), one)
+        .await
+        .expect("a watch from the window's start");
+    assert_eq!(next_version(&mut watch).await, twelve);
+    assert_eq!(next_version(&mut watch).await, sixteen);
+    assert_quiet(&mut watch).await;
+}
+
+/// Version 9 drops the index of the events by time.
+#[test]
+fn the_version_9_migration_drops_the_event_time_index() {
+    let conn = Connection::open_in_memory().expect("open");
+    schema::create_at(&conn, 8).expect("version 8");
+    let indexes = |conn: &Connection| -> i64 {
+        conn.query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND name = 'events_time'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("count indexes")
+    };
+    assert_eq!(indexes(&conn), 1);
+    let store = migrated(conn);
+    assert_eq!(indexes(&store.shared.db.writer()), 0);
 }
 
 /// Brings `conn` to the current schema and opens a store on it.

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use crate::StoreError;
 
 /// The schema this code writes; kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// How long a connection waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,6 +24,10 @@ pub(super) const META_EVENTS_COMPACTED: &str = "events_compacted";
 /// `meta` key of the newest step-log `seq` in `step_logs_by_object`: every
 /// entry up to it is found there, every later one only in `step_logs`.
 pub(super) const META_STEP_LOGS_INDEXED: &str = "step_logs_indexed";
+/// `meta` key of the newest step-log `seq` given out: the writer numbers
+/// entries on from it, so a number is never given twice, even after the
+/// newest entries were deleted (design 0061).
+pub(super) const META_STEP_LOGS_SEQ: &str = "step_logs_seq";
 
 pub(super) const SCHEMA_V1: &str = "
 CREATE TABLE meta (
@@ -222,9 +226,50 @@ ALTER TABLE event_slots RENAME TO events;
 CREATE INDEX events_time ON events (time);
 ";
 
+/// Version 9: no index of the events by change time (design 0061). The
+/// age window finds the events it drops by the marks of change time the
+/// writer keeps per second of writes, and deletes them by store revision;
+/// the index cost every write a row in a b-tree of its own (about a tenth
+/// of a group's WAL pages).
+const SCHEMA_V9: &str = "
+DROP INDEX events_time;
+";
+
+/// Version 10: the step log without `AUTOINCREMENT` (design 0061). The
+/// writer numbers the entries itself, on from the `step_logs_seq` mark it
+/// keeps in `meta` (whose page every group writes anyway), instead of
+/// SQLite reading and writing the `sqlite_sequence` row at every insert
+/// (a page of its own in every commit). The mark starts past every number
+/// given out before: the table's, `sqlite_sequence`'s and the index mark.
+pub(super) const SCHEMA_V10: &str = "
+CREATE TABLE step_logs_v10 (
+    seq         INTEGER PRIMARY KEY,
+    object_uid  TEXT NOT NULL,
+    time        TEXT NOT NULL,
+    workflow_id TEXT NOT NULL,
+    workflow    TEXT NOT NULL,
+    step        TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    level       TEXT NOT NULL,
+    message     TEXT NOT NULL,
+    fields      TEXT NOT NULL
+);
+INSERT INTO step_logs_v10
+    (seq, object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
+    SELECT seq, object_uid, time, workflow_id, workflow, step, owner, level, message, fields
+    FROM step_logs ORDER BY seq;
+INSERT INTO meta (key, value) SELECT 'step_logs_seq', max(
+    COALESCE((SELECT MAX(seq) FROM step_logs), 0),
+    COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'step_logs'), 0),
+    COALESCE((SELECT value FROM meta WHERE key = 'step_logs_indexed'), 0));
+DROP TABLE step_logs;
+ALTER TABLE step_logs_v10 RENAME TO step_logs;
+";
+
 /// The migrations, in order: entry `n` brings version `n` to `n + 1`.
-const MIGRATIONS: [&str; 8] = [
+const MIGRATIONS: [&str; 10] = [
     SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_V6, SCHEMA_V7, SCHEMA_V8,
+    SCHEMA_V9, SCHEMA_V10,
 ];
 
 /// Gives an empty database the schema of an older `version`, as that

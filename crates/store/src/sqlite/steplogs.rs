@@ -15,7 +15,7 @@ use rusqlite::{Connection, params};
 use serde_json::Value;
 
 use super::schema::{
-    self, META_STEP_LOGS_INDEXED, corrupt_json, time_from_text, time_to_text, to_u64,
+    self, META_STEP_LOGS_INDEXED, corrupt_json, time_from_text, time_to_text, to_i64, to_u64,
 };
 use crate::{StepLogFilter, StoreError};
 
@@ -38,18 +38,26 @@ pub(super) fn encode(entries: &[StepLogEntry]) -> Result<EncodedEntries<'_>, Sto
     Ok(EncodedEntries { entries, fields })
 }
 
-/// Appends encoded entries inside the writer's transaction.
-pub(super) fn insert(conn: &Connection, encoded: &EncodedEntries<'_>) -> Result<(), StoreError> {
+/// Appends encoded entries inside the writer's transaction, numbered on
+/// from `seq` (the newest number given out), which ends at the last one
+/// given.
+pub(super) fn insert(
+    conn: &Connection,
+    encoded: &EncodedEntries<'_>,
+    seq: &mut u64,
+) -> Result<(), StoreError> {
     if encoded.entries.is_empty() {
         return Ok(());
     }
     let mut insert = conn.prepare_cached(
         "INSERT INTO step_logs
-         (object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+         (seq, object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
     for (entry, fields) in encoded.entries.iter().zip(&encoded.fields) {
+        *seq += 1;
         insert.execute(params![
+            to_i64(*seq),
             entry.object_uid,
             time_to_text(entry.time),
             entry.workflow_id,

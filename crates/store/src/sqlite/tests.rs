@@ -582,3 +582,112 @@ fn the_bundled_sqlite_is_built_to_sync_with_fdatasync() {
         "LIBSQLITE3_FLAGS={flags:?}"
     );
 }
+
+/// The writer numbers step-log entries on from the newest number it gave
+/// out, kept in `meta`, not from the newest row: after the newest entries
+/// were indexed and deleted (an object's log going with it), new entries
+/// still get numbers past the index mark, and read back, before and after
+/// the store is opened again.
+#[tokio::test]
+async fn step_log_numbers_are_never_given_twice() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let messages = |logs: Vec<corral_api::workflow::StepLogEntry>| -> Vec<String> {
+        logs.into_iter().map(|entry| entry.message).collect()
+    };
+    {
+        let store = SqliteStore::open(&path).expect("open");
+        store
+            .append_step_logs(&[entry("uid-a", "a1"), entry("uid-a", "a2")])
+            .await
+            .expect("append a");
+        store
+            .append_step_logs(&[entry("uid-b", "b1"), entry("uid-b", "b2")])
+            .await
+            .expect("append b");
+        // Everything indexed, then the newest entries (b's) deleted, as
+        // when b's log goes with b.
+        store
+            .shared
+            .db
+            .writer()
+            .execute_batch(
+                "INSERT INTO step_logs_by_object (object_uid, seq)
+                     SELECT object_uid, seq FROM step_logs;
+                 UPDATE meta SET value = 4 WHERE key = 'step_logs_indexed';
+                 DELETE FROM step_logs WHERE object_uid = 'uid-b';
+                 DELETE FROM step_logs_by_object WHERE object_uid = 'uid-b';",
+            )
+            .expect("index, then delete b's entries");
+        store
+            .append_step_logs(&[entry("uid-c", "c1")])
+            .await
+            .expect("append c");
+        let logs = store
+            .step_logs("uid-c", &crate::StepLogFilter::default())
+            .await
+            .expect("c's log");
+        assert_eq!(messages(logs), ["c1"]);
+    }
+    let store = SqliteStore::open(&path).expect("open again");
+    store
+        .append_step_logs(&[entry("uid-c", "c2")])
+        .await
+        .expect("append c again");
+    let logs = store
+        .step_logs("uid-c", &crate::StepLogFilter::default())
+        .await
+        .expect("c's log");
+    assert_eq!(messages(logs), ["c1", "c2"]);
+    let numbers: Vec<i64> = {
+        let conn = store.shared.db.writer();
+        let mut statement = conn
+            .prepare("SELECT seq FROM step_logs ORDER BY seq")
+            .expect("prepare");
+        statement
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("numbers")
+    };
+    assert_eq!(numbers, [1, 2, 5, 6]);
+}
+
+/// Version 10 rebuilds the step log without `AUTOINCREMENT` and starts
+/// the writer's numbers past every number given out: here
+/// `sqlite_sequence`'s, above the newest row left.
+#[test]
+fn the_version_10_migration_numbers_on_past_sqlite_sequence() {
+    let mut conn = rusqlite::Connection::open_in_memory().expect("open");
+    super::schema::create_at(&conn, 9).expect("version 9");
+    conn.execute_batch(
+        "INSERT INTO step_logs (object_uid, time, workflow_id, workflow, step, owner, level, message, fields)
+             VALUES ('uid-a', '1970-01-01T00:00:00Z', 'start-1', 'start', 'x/a', 'x', 'info', 'a1', '{}'),
+                    ('uid-a', '1970-01-01T00:00:00Z', 'start-1', 'start', 'x/a', 'x', 'info', 'a2', '{}'),
+                    ('uid-b', '1970-01-01T00:00:00Z', 'start-1', 'start', 'x/a', 'x', 'info', 'b1', '{}');
+         DELETE FROM step_logs WHERE object_uid = 'uid-b';",
+    )
+    .expect("a version 9 step log");
+    super::schema::prepare(&mut conn, false).expect("migrate");
+    let seq = super::schema::get_meta(&conn, super::schema::META_STEP_LOGS_SEQ).expect("mark");
+    assert_eq!(seq, 3);
+    let autoincrement: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'step_logs' AND sql LIKE '%AUTOINCREMENT%'",
+            [],
+            |row| row.get(0),
+        )
+        .expect("schema");
+    assert_eq!(autoincrement, 0);
+    let kept: Vec<String> = {
+        let mut statement = conn
+            .prepare("SELECT message FROM step_logs ORDER BY seq")
+            .expect("prepare");
+        statement
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("messages")
+    };
+    assert_eq!(kept, ["a1", "a2"]);
+}

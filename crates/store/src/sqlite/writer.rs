@@ -8,10 +8,12 @@
 //! the others go on (a statement failing mid-write fails the group: see
 //! [`objects::Failure`]). Each object write takes the next store
 //! revision from the thread, which keeps the last committed one and
-//! records the group's newest once. Then a batch of new step-log entries is indexed
-//! when enough have gathered, the watch-event window is
-//! applied, the transaction commits (`synchronous=FULL`: one fsync for the
-//! group), the group's events are broadcast in store-revision order, and
+//! records the group's newest once; step-log entries are numbered the
+//! same way. Then a batch of new step-log entries is indexed when enough
+//! have gathered, the watch-event window is applied (by the change-time
+//! marks the thread keeps: [`EventPruner`]), the transaction commits
+//! (`synchronous=FULL`: one fsync for the group), the group's events are
+//! broadcast in store-revision order, and
 //! every caller is answered. While one group is being fsynced the next one
 //! queues up, so under concurrency groups grow by themselves and a single
 //! writer pays no added latency.
@@ -31,7 +33,7 @@ use tokio::sync::oneshot;
 use super::encoded::EncodedParts;
 use super::events::{self, EventPruner};
 use super::objects::{self, Applied, Failure};
-use super::schema::{self, META_REVISION};
+use super::schema::{self, META_REVISION, META_STEP_LOGS_SEQ};
 use super::specs::SpecCache;
 use super::{Database, steplogs};
 use crate::{ChangeMeta, StoreError, WatchEvent};
@@ -121,6 +123,19 @@ struct WriterState {
     /// database when unknown (at the first group, and after a group
     /// failed). Only this thread's writes move it.
     revision: Option<u64>,
+    /// The newest step-log `seq` given out, the same way.
+    step_seq: Option<u64>,
+}
+
+impl WriterState {
+    /// Forgets what a group that failed may have left half-known: the
+    /// next group reads it from the database again.
+    fn reset(&mut self) {
+        self.specs.abort();
+        self.revision = None;
+        self.step_seq = None;
+        self.pruner = EventPruner::default();
+    }
 }
 
 fn run(db: &Database, queue: &mpsc::Receiver<Request>) {
@@ -139,8 +154,7 @@ fn run(db: &Database, queue: &mpsc::Receiver<Request>) {
             commit_group(db, &mut state, group);
         }));
         if committed.is_err() {
-            state.specs.abort();
-            state.revision = None;
+            state.reset();
             tracing::error!("the sqlite writer panicked applying a group of writes; they failed");
         }
     }
@@ -165,8 +179,7 @@ fn commit_group(db: &Database, state: &mut WriterState, group: Vec<Request>) {
             results
         }
         Err(error) => {
-            state.specs.abort();
-            state.revision = None;
+            state.reset();
             tracing::error!(%error, writes = size, "sqlite group commit failed");
             let message = format!("sqlite commit of a group of {size} writes failed: {error}");
             for reply in replies {
@@ -206,6 +219,11 @@ fn apply_group(
         Some(revision) => revision,
         None => schema::get_meta(&tx, META_REVISION)?,
     };
+    let committed_seq = match state.step_seq {
+        Some(seq) => seq,
+        None => schema::get_meta(&tx, META_STEP_LOGS_SEQ)?,
+    };
+    let mut seq = committed_seq;
     // The store revision of the group's last object write so far: each
     // takes the next one, and one that fails alone takes none.
     let mut revision = committed;
@@ -215,7 +233,14 @@ fn apply_group(
         let time = write.time();
         let takes_revision = !matches!(write, Write::StepLogs(_));
         let mut staged = SpecCache::default();
-        match apply(&tx, &state.specs, &mut staged, write, revision + 1) {
+        match apply(
+            &tx,
+            &state.specs,
+            &mut staged,
+            write,
+            revision + 1,
+            &mut seq,
+        ) {
             Ok(applied) => {
                 state.specs.take_staged(&mut staged);
                 if takes_revision {
@@ -234,21 +259,32 @@ fn apply_group(
     if revision != committed {
         schema::set_meta(&tx, META_REVISION, revision)?;
     }
+    if seq != committed_seq {
+        schema::set_meta(&tx, META_STEP_LOGS_SEQ, seq)?;
+    }
     steplogs::index_tail(&tx, false)?;
-    events::prune(&tx, db.window(), newest_time, &mut state.pruner)?;
+    events::prune(
+        &tx,
+        db.window(),
+        (committed, revision),
+        newest_time,
+        &mut state.pruner,
+    )?;
     tx.commit()?;
     state.revision = Some(revision);
+    state.step_seq = Some(seq);
     Ok(results)
 }
 
 /// Applies one write of a group; an object write takes store revision
-/// `next`.
+/// `next`, and its step-log entries the numbers after `seq`.
 fn apply(
     conn: &Connection,
     cache: &SpecCache,
     staged: &mut SpecCache,
     write: Write,
     next: u64,
+    seq: &mut u64,
 ) -> Result<Applied, Failure> {
     let mut specs = objects::Specs { cache, staged };
     match write {
@@ -260,7 +296,7 @@ fn apply(
         } => {
             let logs = steplogs::encode(&logs)?;
             let applied = objects::create(conn, &mut specs, object, parts, &change, next)?;
-            steplogs::insert(conn, &logs).map_err(Failure::Group)?;
+            steplogs::insert(conn, &logs, seq).map_err(Failure::Group)?;
             Ok(applied)
         }
         Write::Update {
@@ -273,7 +309,7 @@ fn apply(
             let logs = steplogs::encode(&logs)?;
             let applied =
                 objects::update(conn, &mut specs, object, parts, expected, &change, next)?;
-            steplogs::insert(conn, &logs).map_err(Failure::Group)?;
+            steplogs::insert(conn, &logs, seq).map_err(Failure::Group)?;
             Ok(applied)
         }
         Write::Delete {
@@ -283,7 +319,7 @@ fn apply(
         } => objects::delete(conn, &mut specs, &key, expected, &change, next),
         Write::StepLogs(entries) => {
             let logs = steplogs::encode(&entries)?;
-            steplogs::insert(conn, &logs).map_err(Failure::Group)?;
+            steplogs::insert(conn, &logs, seq).map_err(Failure::Group)?;
             Ok(Applied {
                 written: Written::StepLogs,
                 event: None,
