@@ -105,8 +105,8 @@ fn forget(conn: &Connection, through: u64) -> Result<(), StoreError> {
 /// per [`AGE_PRUNE_EVERY`] of write time, each the newest store revision
 /// written by then and the latest change time of any event through it.
 /// Kept in memory: a writer that starts (or whose group failed) seeds it
-/// with the newest event's time, so events written before it go no sooner
-/// than that time's age, never too soon.
+/// with the newest event's time, so the events written before it go once
+/// that time is old: late rather than early.
 #[derive(Debug, Default)]
 pub(super) struct EventPruner {
     /// When the age window was last applied, in write time.
@@ -121,8 +121,8 @@ pub(super) struct EventPruner {
 }
 
 /// Every event through store revision `through` has a change time no
-/// later than `latest` (milliseconds); the first of them since the mark
-/// before has none earlier than `first`.
+/// later than `latest` (milliseconds). `first` is the change time that
+/// opened the mark: the writes of the next second join it.
 #[derive(Debug, Clone, Copy)]
 struct Mark {
     first: i64,
