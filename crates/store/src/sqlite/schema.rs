@@ -241,7 +241,7 @@ DROP INDEX events_time;
 /// SQLite reading and writing the `sqlite_sequence` row at every insert
 /// (a page of its own in every commit). The mark starts past every number
 /// given out before: the table's, `sqlite_sequence`'s and the index mark.
-pub(super) const SCHEMA_V10: &str = "
+const SCHEMA_V10: &str = "
 CREATE TABLE step_logs_v10 (
     seq         INTEGER PRIMARY KEY,
     object_uid  TEXT NOT NULL,
