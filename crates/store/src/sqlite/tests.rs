@@ -691,3 +691,46 @@ fn the_version_10_migration_numbers_on_past_sqlite_sequence() {
     };
     assert_eq!(kept, ["a1", "a2"]);
 }
+
+/// Two stores opened on one file (two servers, or a tool beside one)
+/// take turns writing: each writer notices the other's commits and reads
+/// the store revision and the step-log numbers again, so revisions keep
+/// rising and no number is given twice.
+#[tokio::test]
+async fn two_stores_on_one_file_take_turns_without_reusing_numbers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store.db");
+    let stores = [
+        SqliteStore::open(&path).expect("open"),
+        SqliteStore::open(&path).expect("open a second time"),
+    ];
+    let mut object = Object::new(Kind::Pod, None, "p", json!({"n": 0}));
+    object.metadata.uid = "uid-p".into();
+    let mut current = stores[0]
+        .create_logged(object, &change(), &[entry("uid-p", "0")])
+        .await
+        .expect("create");
+    let mut versions = vec![current.metadata.resource_version];
+    for turn in 1..=6_u64 {
+        let store = &stores[usize::try_from(turn % 2).expect("small")];
+        let mut next = current.clone();
+        next.spec = json!({"n": turn});
+        current = store
+            .update_logged(
+                next,
+                current.metadata.resource_version,
+                &change(),
+                &[entry("uid-p", &turn.to_string())],
+            )
+            .await
+            .unwrap_or_else(|error| panic!("turn {turn}: {error}"));
+        versions.push(current.metadata.resource_version);
+    }
+    assert_eq!(versions, (1..=7).collect::<Vec<u64>>());
+    let logs = stores[1]
+        .step_logs("uid-p", &crate::StepLogFilter::default())
+        .await
+        .expect("logs");
+    let messages: Vec<String> = logs.into_iter().map(|entry| entry.message).collect();
+    assert_eq!(messages, ["0", "1", "2", "3", "4", "5", "6"]);
+}

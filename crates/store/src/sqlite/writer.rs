@@ -125,6 +125,10 @@ struct WriterState {
     revision: Option<u64>,
     /// The newest step-log `seq` given out, the same way.
     step_seq: Option<u64>,
+    /// `PRAGMA data_version` at the last group: it moves when another
+    /// connection to the file (another store opened on it, in this process
+    /// or another) commits, and then what this thread keeps is read again.
+    data_version: Option<i64>,
 }
 
 impl WriterState {
@@ -132,6 +136,12 @@ impl WriterState {
     /// next group reads it from the database again.
     fn reset(&mut self) {
         self.specs.abort();
+        self.forget_counters();
+    }
+
+    /// Forgets the counters and marks kept between groups, which another
+    /// writer of the file may have moved on.
+    fn forget_counters(&mut self) {
         self.revision = None;
         self.step_seq = None;
         self.pruner = EventPruner::default();
@@ -215,6 +225,11 @@ fn apply_group(
     writes: Vec<Write>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let data_version: i64 = tx.query_row("PRAGMA data_version", [], |row| row.get(0))?;
+    if state.data_version != Some(data_version) {
+        state.forget_counters();
+        state.data_version = Some(data_version);
+    }
     let committed = match state.revision {
         Some(revision) => revision,
         None => schema::get_meta(&tx, META_REVISION)?,
