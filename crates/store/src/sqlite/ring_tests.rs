@@ -256,6 +256,18 @@ async fn create_at(store: &SqliteStore, name: &str, minute: i64) -> u64 {
         .resource_version
 }
 
+/// Asserts a watch from `after` replays exactly `expected`, then is quiet.
+async fn assert_replays(store: &SqliteStore, after: u64, expected: &[u64]) {
+    let mut watch = store
+        .watch(WatchFilter::default(), after)
+        .await
+        .unwrap_or_else(|error| panic!("a watch from {after}: {error}"));
+    for &version in expected {
+        assert_eq!(next_version(&mut watch).await, version);
+    }
+    assert_quiet(&mut watch).await;
+}
+
 const TEN_MINUTES: EventWindow = EventWindow {
     count: EVENT_SLOTS,
     max_age: Duration::from_secs(10 * 60),
@@ -283,14 +295,7 @@ async fn the_age_window_deletes_the_rows_of_the_aged_events() {
         expired_through(store.watch(WatchFilter::default(), versions[1]).await),
         versions[2]
     );
-    let mut watch = store
-        .watch(WatchFilter::default(), versions[2])
-        .await
-        .expect("a watch from the window's start");
-    for &expected in &versions[3..] {
-        assert_eq!(next_version(&mut watch).await, expected);
-    }
-    assert_quiet(&mut watch).await;
+    assert_replays(&store, versions[2], &versions[3..]).await;
     // A later write in the same minute deletes nothing more.
     versions.push(create_at(&store, "q13", 13).await);
     assert_eq!(event_rows(&store), 4);
@@ -317,13 +322,7 @@ async fn after_a_restart_the_age_window_drops_older_events_by_the_newest_time() 
     // reopened knows only that all five were written by minute 4.
     versions.push(create_at(&store, "p13", 13).await);
     assert_eq!(event_rows(&store), 6);
-    let mut watch = store
-        .watch(WatchFilter::default(), 0)
-        .await
-        .expect("nothing is forgotten yet");
-    for &expected in &versions {
-        assert_eq!(next_version(&mut watch).await, expected);
-    }
+    assert_replays(&store, 0, &versions).await;
     // At minute 15 minute 4 is old: all five go, minute 13's stays.
     versions.push(create_at(&store, "p15", 15).await);
     assert_eq!(event_rows(&store), 2);
@@ -331,14 +330,7 @@ async fn after_a_restart_the_age_window_drops_older_events_by_the_newest_time() 
         expired_through(store.watch(WatchFilter::default(), versions[3]).await),
         versions[4]
     );
-    let mut watch = store
-        .watch(WatchFilter::default(), versions[4])
-        .await
-        .expect("a watch from the window's start");
-    for &expected in &versions[5..] {
-        assert_eq!(next_version(&mut watch).await, expected);
-    }
-    assert_quiet(&mut watch).await;
+    assert_replays(&store, versions[4], &versions[5..]).await;
 }
 
 /// Change times out of revision order (a clock stepped back) keep the
@@ -360,13 +352,7 @@ async fn the_age_window_forgets_a_prefix_when_change_times_step_back() {
         expired_through(store.watch(WatchFilter::default(), five).await),
         one
     );
-    let mut watch = store
-        .watch(WatchFilter::default(), one)
-        .await
-        .expect("a watch from the window's start");
-    assert_eq!(next_version(&mut watch).await, twelve);
-    assert_eq!(next_version(&mut watch).await, sixteen);
-    assert_quiet(&mut watch).await;
+    assert_replays(&store, one, &[twelve, sixteen]).await;
 }
 
 /// Version 9 drops the index of the events by time.

@@ -499,6 +499,17 @@ fn entry(uid: &str, message: &str) -> corral_api::workflow::StepLogEntry {
     }
 }
 
+/// The messages of `uid`'s step log, in order.
+async fn log_messages(store: &SqliteStore, uid: &str) -> Vec<String> {
+    store
+        .step_logs(uid, &crate::StepLogFilter::default())
+        .await
+        .unwrap_or_else(|error| panic!("{uid}'s log: {error}"))
+        .into_iter()
+        .map(|entry| entry.message)
+        .collect()
+}
+
 #[tokio::test]
 async fn a_logged_write_and_its_log_land_together_or_not_at_all() {
     let store = store_with_capacity(16);
@@ -592,9 +603,6 @@ fn the_bundled_sqlite_is_built_to_sync_with_fdatasync() {
 async fn step_log_numbers_are_never_given_twice() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("store.db");
-    let messages = |logs: Vec<corral_api::workflow::StepLogEntry>| -> Vec<String> {
-        logs.into_iter().map(|entry| entry.message).collect()
-    };
     {
         let store = SqliteStore::open(&path).expect("open");
         store
@@ -623,22 +631,14 @@ async fn step_log_numbers_are_never_given_twice() {
             .append_step_logs(&[entry("uid-c", "c1")])
             .await
             .expect("append c");
-        let logs = store
-            .step_logs("uid-c", &crate::StepLogFilter::default())
-            .await
-            .expect("c's log");
-        assert_eq!(messages(logs), ["c1"]);
+        assert_eq!(log_messages(&store, "uid-c").await, ["c1"]);
     }
     let store = SqliteStore::open(&path).expect("open again");
     store
         .append_step_logs(&[entry("uid-c", "c2")])
         .await
         .expect("append c again");
-    let logs = store
-        .step_logs("uid-c", &crate::StepLogFilter::default())
-        .await
-        .expect("c's log");
-    assert_eq!(messages(logs), ["c1", "c2"]);
+    assert_eq!(log_messages(&store, "uid-c").await, ["c1", "c2"]);
     let numbers: Vec<i64> = {
         let conn = store.shared.db.writer();
         let mut statement = conn
@@ -727,10 +727,8 @@ async fn two_stores_on_one_file_take_turns_without_reusing_numbers() {
         versions.push(current.metadata.resource_version);
     }
     assert_eq!(versions, (1..=7).collect::<Vec<u64>>());
-    let logs = stores[1]
-        .step_logs("uid-p", &crate::StepLogFilter::default())
-        .await
-        .expect("logs");
-    let messages: Vec<String> = logs.into_iter().map(|entry| entry.message).collect();
-    assert_eq!(messages, ["0", "1", "2", "3", "4", "5", "6"]);
+    assert_eq!(
+        log_messages(&stores[1], "uid-p").await,
+        ["0", "1", "2", "3", "4", "5", "6"]
+    );
 }
