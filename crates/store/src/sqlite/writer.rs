@@ -225,7 +225,9 @@ fn apply_group(
     writes: Vec<Write>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let data_version: i64 = tx.query_row("PRAGMA data_version", [], |row| row.get(0))?;
+    let data_version: i64 = tx
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |row| row.get(0))?;
     if state.data_version != Some(data_version) {
         state.forget_counters();
         state.data_version = Some(data_version);
