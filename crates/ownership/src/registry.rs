@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use corral_api::fieldpath::path_matches;
+use corral_api::fieldpath::{PathPattern, path_matches, split};
 use corral_api::kinds::ControllerSpec;
 use corral_api::{Kind, Object};
 use serde::{Deserialize, Serialize};
@@ -89,6 +89,10 @@ pub struct Registry {
     /// The default table and every registration, parsed once: every write
     /// asks `owner_of` for each changed path.
     all_rules: Vec<Rule>,
+    /// Each of `all_rules`' paths split once, with its specificity (the
+    /// deeper pattern decides): `owner_of` matches a path against them
+    /// without splitting a pattern.
+    patterns: Vec<(PathPattern, usize)>,
     /// [`Registry::effective_rules`], computed once: every read served to a
     /// controller asks which fields it owns.
     effective: Vec<Rule>,
@@ -108,9 +112,18 @@ impl Registry {
         let mut registry = Registry {
             controllers,
             all_rules: Vec::new(),
+            patterns: Vec::new(),
             effective: Vec::new(),
         };
         registry.all_rules = registry.build_rules();
+        registry.patterns = registry
+            .all_rules
+            .iter()
+            .map(|rule| {
+                let path = &rule.field.path;
+                (PathPattern::new(path), segment_count(path))
+            })
+            .collect();
         registry.effective = registry.build_effective_rules();
         registry
     }
@@ -178,16 +191,15 @@ impl Registry {
 
     /// Who owns a concrete path (`spec.containers[0].image`) of `kind`.
     pub fn owner_of(&self, kind: Kind, path: &str) -> Owner {
+        let path = split(path);
         self.all_rules
             .iter()
-            .filter(|rule| rule.field.kind == kind && path_matches(&rule.field.path, path))
-            .max_by_key(|rule| {
-                (
-                    segment_count(&rule.field.path),
-                    rule.source == Source::Registered,
-                )
+            .zip(&self.patterns)
+            .filter(|(rule, (pattern, _))| rule.field.kind == kind && pattern.matches(&path))
+            .max_by_key(|(rule, (_, specificity))| {
+                (*specificity, rule.source == Source::Registered)
             })
-            .map_or(Owner::Unowned, |rule| rule.owner.clone())
+            .map_or(Owner::Unowned, |(rule, _)| rule.owner.clone())
     }
 
     /// The rules in effect: every rule that still decides some path (a
