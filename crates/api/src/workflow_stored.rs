@@ -145,6 +145,15 @@ impl StoredInstance {
             && self.steps.get(step).is_some_and(|s| s.state.awaits_retry())
     }
 
+    /// Whether nothing of this instance ever happened: no step was claimed
+    /// or reached, each one it keeps only ready (or still waiting). Such an
+    /// instance, superseded, leaves `status.workflow`.
+    pub fn never_began(&self) -> bool {
+        self.steps
+            .values()
+            .all(|step| matches!(step.state, StepState::Ready { .. }) && step.attempts == 0)
+    }
+
     /// The steps in `phase` (`ready`, `running`, …), by name.
     pub fn steps_in(&self, phase: &str) -> impl Iterator<Item = &str> {
         self.steps

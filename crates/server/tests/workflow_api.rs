@@ -60,6 +60,7 @@ async fn creating_a_pod_creates_its_start_instance_in_the_same_write() {
 async fn a_spec_change_adds_an_update_instance_and_cancels_the_running_start() {
     let h = Harness::new().await;
     h.create_pod("web", "img:1").await;
+    h.claim_placement("web").await;
     h.bind("web", "node-1").await;
     h.clock.advance(TimeDelta::seconds(5));
     h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:2")))
@@ -90,9 +91,19 @@ async fn new_instances_keep_the_newest_few_and_leave_finished_ones_as_stored() {
     h.create_pod("web", "img:0").await;
     h.bind("web", "node-1").await;
     let instances = |pod: &Value| pod["status"]["workflow"]["instances"].clone();
+    let node = h.token("node-1", Role::Node).await;
     let mut before = Value::Null;
     for image in 1..=6 {
         h.clock.advance(TimeDelta::seconds(5));
+        if image > 1 {
+            // The node begins each update before the next supersedes it.
+            h.step_ok(
+                "web",
+                &node,
+                json!({"action": "claim", "step": "node/pull-image"}),
+            )
+            .await;
+        }
         before = h.ok("GET", &format!("{PODS}/web"), None).await;
         h.ok(
             "PUT",
@@ -136,6 +147,63 @@ async fn new_instances_keep_the_newest_few_and_leave_finished_ones_as_stored() {
 }
 
 #[tokio::test]
+async fn an_instance_superseded_before_it_began_leaves_status_and_its_log_says_so() {
+    let h = Harness::new().await;
+    h.create_pod("web", "img:0").await;
+    h.claim_placement("web").await;
+    h.bind("web", "node-1").await;
+    let node = h.token("node-1", Role::Node).await;
+    // start-1 began (the scheduler claimed its step) and update-2 begins
+    // (the node claims a step); update-3 and update-4 are superseded
+    // before anyone claimed any of theirs.
+    h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:1")))
+        .await;
+    let claim = |workflow: &str| json!({"action": "claim", "step": "node/pull-image", "workflow": workflow});
+    h.step_ok("web", &node, claim("update-2")).await;
+    for image in 2..=4 {
+        h.ok(
+            "PUT",
+            &format!("{PODS}/web"),
+            Some(pod("web", &format!("img:{image}"))),
+        )
+        .await;
+    }
+    let status = h.workflows("web").await;
+    let kept: Vec<(&str, &str)> = status
+        .instances
+        .iter()
+        .map(|i| (i.id.as_str(), i.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            ("start-1", "cancelled"),
+            ("update-2", "cancelled"),
+            ("update-5", "running")
+        ]
+    );
+    // The step log still tells what happened to the ones that left.
+    for (left, by) in [("update-3", "update-4"), ("update-4", "update-5")] {
+        let logs = h.logs("web", &format!("?workflow={left}")).await;
+        assert!(
+            logs.iter().any(|entry| entry
+                .message
+                .contains(&format!("cancelled: superseded by {by}"))),
+            "{left}: {logs:?}"
+        );
+    }
+    // A step of one that left is refused as finished, not as unknown.
+    let (code, answer) = h.step("web", &node, claim("update-3")).await;
+    assert_eq!(code, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        answer.to_string().contains("superseded by update-5"),
+        "{answer}"
+    );
+    let (code, answer) = h.step("web", &node, claim("update-9")).await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "{answer}");
+}
+
+#[tokio::test]
 async fn a_spec_change_of_a_pod_on_no_node_starts_it_again_from_placement() {
     // A pod waiting for a node (too big for every node, say) whose spec is
     // fixed: an update's node steps would wait for a node nobody chose.
@@ -145,10 +213,10 @@ async fn a_spec_change_of_a_pod_on_no_node_starts_it_again_from_placement() {
     h.ok("PUT", &format!("{PODS}/web"), Some(pod("web", "img:2")))
         .await;
     let status = h.workflows("web").await;
+    // The first start never began (no node took it): it left.
     let ids: Vec<&str> = status.instances.iter().map(|i| i.id.as_str()).collect();
-    assert_eq!(ids, ["start-1", "start-2"]);
-    assert_eq!(status.instances[0].outcome.as_str(), "cancelled");
-    let latest = &status.instances[1];
+    assert_eq!(ids, ["start-2"]);
+    let latest = &status.instances[0];
     assert_eq!(latest.revision, 2);
     assert_eq!(phase(latest, "scheduler/place"), "ready");
     assert_eq!(phase(latest, "node/pull-image"), "waiting");

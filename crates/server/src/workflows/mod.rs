@@ -197,7 +197,9 @@ fn fence_reported(current: &Object, next: &Object) -> bool {
 
 /// Adds a new instance of `workflow` serving `revision` to `object`'s
 /// status, if its kind has that workflow; a running older one is
-/// cancelled. Returns the log entries to store once the object is written.
+/// cancelled, and leaves status if none of its steps was ever claimed
+/// (design 0062). Returns the log entries to store once the object is
+/// written.
 ///
 /// Only the running instances are decoded and encoded again: the finished
 /// ones (most of the kept ones) stay the JSON they are, as no write changes
@@ -225,7 +227,15 @@ pub(crate) async fn begin(
     let (instance, created) = corral_workflow::instantiate(&definition, &id, &uid, revision, now);
     let mut logs = Vec::new();
     let reason = format!("superseded by {id}");
+    // Superseded before any of its steps was claimed, an instance did
+    // nothing: it leaves status (its step log keeps its lines, the last
+    // one saying what superseded it), so quick changes in a row do not push
+    // the instances that did something out of the kept few.
+    let mut idle = Vec::new();
     for (index, mut older) in running {
+        if older.never_began() {
+            idle.push(index);
+        }
         match hydrate(server, &older, &uid).await {
             Ok(mut full) => {
                 logs.extend(corral_workflow::cancel(&mut full, now, &reason));
@@ -240,6 +250,11 @@ pub(crate) async fn begin(
             }
         }
         kept[index] = encode(&older);
+    }
+    // `running` lists instances oldest first: removed newest first, each
+    // index still names its instance.
+    for index in idle.into_iter().rev() {
+        kept.remove(index);
     }
     kept.push(encode(&corral_workflow::dehydrate(&instance, &name)));
     let excess = kept.len().saturating_sub(KEPT_INSTANCES);

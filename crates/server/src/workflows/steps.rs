@@ -370,10 +370,19 @@ fn choose(status: &StoredWorkflows, key: &ObjectKey, id: Option<&str>) -> Result
             .position(|instance| instance.id == id)
             .ok_or_else(|| {
                 let kept: Vec<&str> = status.instances.iter().map(|i| i.id.as_str()).collect();
-                ApiError::NotFound(format!(
-                    "{key} has no workflow instance {id} (kept: {})",
-                    kept.join(", ")
-                ))
+                let kept = kept.join(", ");
+                // An instance older than the newest was superseded and left
+                // (it never began, or the kept few moved past it): it is
+                // finished, as a cancelled one still kept is.
+                match status.latest() {
+                    Some(newest) if superseded(id, newest.revision) => ApiError::Conflict(format!(
+                        "{key}: workflow instance {id} was superseded by {} (kept: {kept})",
+                        newest.id
+                    )),
+                    _ => ApiError::NotFound(format!(
+                        "{key} has no workflow instance {id} (kept: {kept})"
+                    )),
+                }
             });
     }
     let newest = status.instances.len() - 1;
@@ -382,6 +391,14 @@ fn choose(status: &StoredWorkflows, key: &ObjectKey, id: Option<&str>) -> Result
         .iter()
         .rposition(|instance| instance.outcome == WorkflowOutcome::Running)
         .unwrap_or(newest))
+}
+
+/// Whether instance `id` (`{workflow}-{revision}`) serves a revision
+/// older than `newest`.
+fn superseded(id: &str, newest: u64) -> bool {
+    id.rsplit_once('-')
+        .and_then(|(_, revision)| revision.parse::<u64>().ok())
+        .is_some_and(|revision| revision < newest)
 }
 
 /// The status a refused transition maps to, with the engine's message.

@@ -139,6 +139,14 @@ impl Harness {
         assert_eq!(status, StatusCode::OK, "{value}");
     }
 
+    /// The scheduler claims pod `name`'s placement: its start instance
+    /// has begun.
+    pub async fn claim_placement(&self, name: &str) {
+        let scheduler = self.token("scheduler", Role::Controller).await;
+        let claim = json!({"action": "claim", "step": "scheduler/place"});
+        self.step_ok(name, &scheduler, claim).await;
+    }
+
     pub async fn register_slow_mount(&self) {
         let body = json!({
             "kind": "Controller",

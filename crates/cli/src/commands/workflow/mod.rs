@@ -105,12 +105,18 @@ pub async fn load_instance(
         Some(id) => {
             let kept: Vec<&str> = stored.instances.iter().map(|i| i.id.as_str()).collect();
             bail!(
-                "{} has no workflow instance {id} (kept: {})",
+                "{} has no workflow instance {id} (kept: {}); what an instance no longer kept \
+                 did is in its step log: corral logs {}{} --steps --workflow {id}",
                 display_name(key),
                 if kept.is_empty() {
                     "none".to_string()
                 } else {
                     kept.join(", ")
+                },
+                display_name(key),
+                match key.namespace.as_str() {
+                    "" | "default" => String::new(),
+                    namespace => format!(" -n {namespace}"),
                 }
             )
         }
