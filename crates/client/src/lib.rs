@@ -202,12 +202,19 @@ impl Client {
         let mut request = built.map_err(|source| self.transport(source))?;
         let mut tries_left = self.servers.len();
         loop {
-            let spare = request.try_clone();
-            let from = self.server().to_string();
+            // A copy to send elsewhere only when there is an elsewhere: with
+            // one server (most clients) a request is not copied.
+            let spare = (tries_left > 1)
+                .then(|| {
+                    request
+                        .try_clone()
+                        .map(|spare| (spare, self.server().to_string()))
+                })
+                .flatten();
             match http.execute(request).await {
                 Ok(response) => return Ok(response),
                 Err(source) if source.is_connect() && tries_left > 1 => {
-                    let Some(mut next) = spare else {
+                    let Some((mut next, from)) = spare else {
                         return Err(self.transport(source));
                     };
                     let index = self.current.load(Ordering::Relaxed);
