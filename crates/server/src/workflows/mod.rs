@@ -233,13 +233,13 @@ pub(crate) async fn begin(
     // the instances that did something out of the kept few.
     let mut idle = Vec::new();
     for (index, mut older) in running {
-        if older.never_began() {
-            idle.push(index);
-        }
+        let began = !older.never_began();
         match hydrate(server, &older, &uid).await {
             Ok(mut full) => {
                 logs.extend(corral_workflow::cancel(&mut full, now, &reason));
-                older = corral_workflow::dehydrate(&full, &older.definition);
+                if began {
+                    older = corral_workflow::dehydrate(&full, &older.definition);
+                }
             }
             Err(error) => {
                 tracing::warn!(object = %object.key(), instance = %older.id, %error,
@@ -249,7 +249,12 @@ pub(crate) async fn begin(
                 older.steps.clear();
             }
         }
-        kept[index] = encode(&older);
+        // One that leaves is not encoded again only to be removed.
+        if began {
+            kept[index] = encode(&older);
+        } else {
+            idle.push(index);
+        }
     }
     // `running` lists instances oldest first: removed newest first, each
     // index still names its instance.
