@@ -7,7 +7,9 @@
 //!   merging of steps registered by `Controller` objects ([`definition_for`]);
 //! - validation: unknown references and ordering cycles are errors that name
 //!   them ([`validate`]);
-//! - the engine ([`instantiate`], [`tick`]), the owners' transitions
+//! - the engine ([`instantiate`], [`tick`]; [`Fresh`] and
+//!   [`cancel_never_began`], the same without the graph work, for the
+//!   instances most writes begin and cancel), the owners' transitions
 //!   ([`claim`], [`complete`], [`fail`], [`append_log`]), a person's
 //!   [`retry`] and [`skip`], with the rule of who may move which step ([`may_act`],
 //!   [`check_write`]);
@@ -22,6 +24,7 @@ mod builtin;
 mod definition;
 mod duration;
 mod engine;
+mod fresh;
 mod graph;
 mod node_step;
 mod owner;
@@ -37,6 +40,7 @@ pub use builtin::{BUILTIN_WORKFLOWS, builtin};
 pub use definition::{DefinitionError, ENGINE_OWNER, WorkflowDefinition, validate};
 pub use duration::format_duration;
 pub use engine::{backoff, cancel, instantiate, next_deadline, record, tick};
+pub use fresh::{Fresh, cancel_never_began};
 pub use node_step::{JoinStep, NodeStep, PodStep, UnknownNodeStep, VmStep};
 pub use owner::{
     MIGRATION_SOURCE_OWNER, NODE_OWNER, WriteError, acting_node_field, check_write, may_act,

@@ -10,7 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use corral_api::kinds::ControllerSpec;
 use corral_api::{AuthorClass, Kind, Object, ObjectKey};
 use corral_store::{ChangeMeta, StoreError};
-use corral_workflow::{RegisteredController, WorkflowDefinition};
+use corral_workflow::{Fresh, RegisteredController, WorkflowDefinition};
 
 use crate::Server;
 
@@ -22,6 +22,8 @@ pub struct Definitions {
     /// (kind, workflow) → the current definition's name, and the watch
     /// cache's count of `Controller` changes it was made at.
     current: RwLock<HashMap<(Kind, String), (u64, String)>>,
+    /// Stored definitions' new instances, by name, worked out once.
+    fresh: RwLock<HashMap<String, Arc<Fresh>>>,
 }
 
 impl Definitions {
@@ -31,6 +33,25 @@ impl Definitions {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+    }
+
+    /// The new instance of the definition stored as `name`, worked out
+    /// the first time it is asked for.
+    pub(super) fn fresh(&self, name: &str, definition: &WorkflowDefinition) -> Arc<Fresh> {
+        let known = self
+            .fresh
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned();
+        known.unwrap_or_else(|| {
+            let fresh = Arc::new(Fresh::new(definition, name));
+            self.fresh
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(name.to_string(), fresh.clone());
+            fresh
+        })
     }
 
     fn remembered(&self, name: &str) -> Option<Arc<WorkflowDefinition>> {

@@ -224,7 +224,10 @@ pub(crate) async fn begin(
         }
     };
     let id = format!("{workflow}-{revision}");
-    let (instance, created) = corral_workflow::instantiate(&definition, &id, &uid, revision, now);
+    let (instance, created) = server
+        .definitions
+        .fresh(&name, &definition)
+        .instance(&definition, &name, &id, &uid, revision, now);
     let mut logs = Vec::new();
     let reason = format!("superseded by {id}");
     // Superseded before any of its steps was claimed, an instance did
@@ -234,6 +237,18 @@ pub(crate) async fn begin(
     let mut idle = Vec::new();
     for (index, mut older) in running {
         let began = !older.never_began();
+        if !began && older.definition == name {
+            // Nothing of it to hydrate: its line says so of its goal.
+            logs.extend(corral_workflow::cancel_never_began(
+                &definition,
+                &older,
+                &uid,
+                now,
+                &reason,
+            ));
+            idle.push(index);
+            continue;
+        }
         match hydrate(server, &older, &uid).await {
             Ok(mut full) => {
                 logs.extend(corral_workflow::cancel(&mut full, now, &reason));
@@ -261,7 +276,7 @@ pub(crate) async fn begin(
     for index in idle.into_iter().rev() {
         kept.remove(index);
     }
-    kept.push(encode(&corral_workflow::dehydrate(&instance, &name)));
+    kept.push(encode(&instance));
     let excess = kept.len().saturating_sub(KEPT_INSTANCES);
     kept.drain(..excess);
     logs.extend(created);

@@ -2,6 +2,7 @@
 //! public API with a fake clock.
 
 mod engine;
+mod fresh;
 mod ownership;
 mod render;
 mod retry;
