@@ -26,10 +26,11 @@ use crate::stored::dehydrate;
 /// and waiting steps (one whose goal is reached at once) is instantiated
 /// each time instead.
 #[derive(Debug, Clone)]
-pub struct Fresh {
-    /// The stored instance and its log at [`REFERENCE`], if stamping them
-    /// is exact.
-    stamped: Option<(StoredInstance, Vec<StepLogEntry>)>,
+pub enum Fresh {
+    /// The stored instance and its log at [`REFERENCE`], to stamp.
+    Stamped(StoredInstance, Vec<StepLogEntry>),
+    /// The definition and the name it is stored under, to instantiate.
+    Instantiated(WorkflowDefinition, String),
 }
 
 /// The time [`Fresh`] works a new instance out at.
@@ -49,33 +50,29 @@ impl Fresh {
                     && step.first_started_at.is_none()
             })
             && logs.iter().all(|entry| entry.time == REFERENCE);
-        Fresh {
-            stamped: exact.then_some((stored, logs)),
+        if exact {
+            Fresh::Stamped(stored, logs)
+        } else {
+            Fresh::Instantiated(definition.clone(), name.to_string())
         }
     }
 
-    /// Whether new instances are stamped (not instantiated each time).
-    #[cfg(test)]
-    pub(crate) fn stamps(&self) -> bool {
-        self.stamped.is_some()
-    }
-
-    /// The new instance `id` of `definition` (the one this was made of)
-    /// serving `revision` of the object `object_uid`, begun at `now`, as
-    /// stored, and the log entries of its first transitions: what
-    /// [`instantiate`] then [`dehydrate`] give.
+    /// The new instance `id` serving `revision` of the object `object_uid`,
+    /// begun at `now`, as stored, and the log entries of its first
+    /// transitions: what [`instantiate`] then [`dehydrate`] give.
     pub fn instance(
         &self,
-        definition: &WorkflowDefinition,
-        name: &str,
         id: &str,
         object_uid: &str,
         revision: u64,
         now: DateTime<Utc>,
     ) -> (StoredInstance, Vec<StepLogEntry>) {
-        let Some((stored, logs)) = &self.stamped else {
-            let (instance, logs) = instantiate(definition, id, object_uid, revision, now);
-            return (dehydrate(&instance, name), logs);
+        let (stored, logs) = match self {
+            Fresh::Stamped(stored, logs) => (stored, logs),
+            Fresh::Instantiated(definition, name) => {
+                let (instance, logs) = instantiate(definition, id, object_uid, revision, now);
+                return (dehydrate(&instance, name), logs);
+            }
         };
         let mut stored = stored.clone();
         stored.id = id.to_string();

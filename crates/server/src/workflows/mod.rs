@@ -227,7 +227,7 @@ pub(crate) async fn begin(
     let (instance, created) = server
         .definitions
         .fresh(&name, &definition)
-        .instance(&definition, &name, &id, &uid, revision, now);
+        .instance(&id, &uid, revision, now);
     let mut logs = Vec::new();
     let reason = format!("superseded by {id}");
     // Superseded before any of its steps was claimed, an instance did

@@ -48,14 +48,18 @@ fn a_fresh_instance_stamped_is_what_the_engine_makes_and_stores() {
         let name = definition_name(&definition);
         let fresh = Fresh::new(&definition, &name);
         let reached_at_once = definition.goal == "done";
-        assert_eq!(fresh.stamps(), !reached_at_once, "{name}");
+        assert_eq!(
+            matches!(fresh, Fresh::Stamped(..)),
+            !reached_at_once,
+            "{name}"
+        );
         for (id, uid, revision, now) in [
             ("start-1", "uid-1", 1, at(0)),
             ("update-7", "uid-2", 7, at(86_400_123)),
         ] {
             let (instance, logs) = instantiate(&definition, id, uid, revision, now);
             let expected = (dehydrate(&instance, &name), logs);
-            let stamped = fresh.instance(&definition, &name, id, uid, revision, now);
+            let stamped = fresh.instance(id, uid, revision, now);
             assert_eq!(stamped, expected, "{name} {id}");
         }
     }
