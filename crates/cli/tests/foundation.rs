@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Cluster, pod_manifest, wait_for};
+use common::{Cluster, pod_manifest, wait_for, wait_for_explained};
 use serde_json::Value;
 
 #[test]
@@ -429,9 +429,12 @@ fn stdin_manifests_namespaces_and_delete() {
     // A pod its node took stops through its stop workflow; --wait
     // returns once it is gone. (Deleted before the scheduler placed it, it
     // would be removed at once, with nothing to stop.)
-    wait_for(
+    // The node may still be joining: placement waits for it. Should it
+    // not come, the failure says why the pod is not placed and how the
+    // node stands.
+    wait_for_explained(
         "the scheduler to place pod/team-a/web",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || {
             let pod: Value = serde_json::from_str(
                 &cluster.ok(&["get", "pod/web", "-n", "team-a", "-o", "json"]),
@@ -441,6 +444,18 @@ fn stdin_manifests_namespaces_and_delete() {
                 .as_str()
                 .filter(|node| !node.is_empty())
                 .map(|_| ())
+        },
+        || {
+            let shown = |args: &[&str]| {
+                let output = cluster.corral(args);
+                format!(
+                    "$ corral {}\n{}{}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            };
+            shown(&["why", "pod/web", "-n", "team-a"]) + &shown(&["get", "nodes"])
         },
     );
     let deleted = cluster.ok(&["delete", "pod/web", "-n", "team-a", "--wait"]);

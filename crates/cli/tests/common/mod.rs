@@ -251,16 +251,29 @@ pub fn cleanup_node(data_dir: &Path) {
 
 /// Polls `check` every 100 ms until it returns `Some`, or panics with
 /// `what` after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, check: impl FnMut() -> Option<T>) -> T {
+    wait_for_explained(what, timeout, check, String::new)
+}
+
+/// [`wait_for`], adding to the failure what `explain` finds once the time
+/// is up (`corral why` of what did not happen, say).
+pub fn wait_for_explained<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+    explain: impl FnOnce() -> String,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {
             return value;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                explain()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
