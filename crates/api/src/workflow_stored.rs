@@ -163,8 +163,9 @@ impl StoredInstance {
     }
 }
 
-/// A stored step's state and its attempts so far.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// A stored step's state and its attempts so far. It reads back in one
+/// pass ([`FlatStep`]), as every write reads the running instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredStep {
     #[serde(flatten)]
@@ -179,4 +180,101 @@ pub struct StoredStep {
     /// the current attempt's start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_started_at: Option<DateTime<Utc>>,
+}
+
+/// A stored step as its JSON has it: the state's fields beside the
+/// step's own, decoded in one pass. Derived, `#[serde(flatten)]` with the
+/// state's `phase` tag buffers the step's map, then the state's, on every
+/// decode; this reads each field once and builds the state from `phase`.
+/// It accepts and refuses what the derived form would: unknown fields are
+/// ignored, a field the phase needs is required, an unknown phase is
+/// refused (`workflow_tests.rs` holds the two side by side).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct FlatStep {
+    phase: Phase,
+    #[serde(default)]
+    on: Vec<String>,
+    since: Option<DateTime<Utc>>,
+    claimed_by: Option<String>,
+    attempt: Option<u32>,
+    deadline: Option<DateTime<Utc>>,
+    started: Option<DateTime<Utc>>,
+    finished: Option<DateTime<Utc>>,
+    note: Option<String>,
+    error: Option<String>,
+    at: Option<DateTime<Utc>>,
+    next_retry_at: Option<DateTime<Utc>>,
+    dependency: Option<String>,
+    cause: Option<String>,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default)]
+    retry_base: u32,
+    first_started_at: Option<DateTime<Utc>>,
+}
+
+/// The tag of [`StepState`].
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Phase {
+    Waiting,
+    Ready,
+    Running,
+    Done,
+    Failed,
+    TimedOut,
+    Blocked,
+}
+
+impl<'de> Deserialize<'de> for StoredStep {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        fn needs<T, E: Error>(value: Option<T>, field: &'static str) -> Result<T, E> {
+            value.ok_or_else(|| E::missing_field(field))
+        }
+        let flat = FlatStep::deserialize(deserializer)?;
+        let state = match flat.phase {
+            Phase::Waiting => StepState::Waiting { on: flat.on },
+            Phase::Ready => StepState::Ready {
+                since: needs(flat.since, "since")?,
+            },
+            Phase::Running => StepState::Running {
+                claimed_by: needs(flat.claimed_by, "claimedBy")?,
+                since: needs(flat.since, "since")?,
+                attempt: needs(flat.attempt, "attempt")?,
+                deadline: flat.deadline,
+            },
+            Phase::Done => StepState::Done {
+                started: needs(flat.started, "started")?,
+                finished: needs(flat.finished, "finished")?,
+                attempt: needs(flat.attempt, "attempt")?,
+                note: flat.note,
+            },
+            Phase::Failed => StepState::Failed {
+                error: needs(flat.error, "error")?,
+                started: needs(flat.started, "started")?,
+                at: needs(flat.at, "at")?,
+                attempt: needs(flat.attempt, "attempt")?,
+                next_retry_at: flat.next_retry_at,
+            },
+            Phase::TimedOut => StepState::TimedOut {
+                started: needs(flat.started, "started")?,
+                at: needs(flat.at, "at")?,
+                attempt: needs(flat.attempt, "attempt")?,
+                next_retry_at: flat.next_retry_at,
+            },
+            Phase::Blocked => StepState::Blocked {
+                dependency: needs(flat.dependency, "dependency")?,
+                cause: needs(flat.cause, "cause")?,
+                at: needs(flat.at, "at")?,
+            },
+        };
+        Ok(StoredStep {
+            state,
+            attempts: flat.attempts,
+            retry_base: flat.retry_base,
+            first_started_at: flat.first_started_at,
+        })
+    }
 }

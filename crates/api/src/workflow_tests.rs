@@ -166,3 +166,153 @@ fn running_instances_are_read_alone_as_the_whole_status_reads_them() {
         );
     }
 }
+
+/// What `StoredStep` decoded as when it was derived: the state flattened
+/// beside the step's own fields.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DerivedStep {
+    #[serde(flatten)]
+    state: StepState,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default)]
+    retry_base: u32,
+    #[serde(default)]
+    first_started_at: Option<DateTime<Utc>>,
+}
+
+#[test]
+fn a_stored_step_decodes_in_one_pass_as_the_flattened_form_did() {
+    let t = |seconds: i64| DateTime::<Utc>::from_timestamp(1_767_225_600 + seconds, 0).unwrap();
+    let states = [
+        StepState::Waiting { on: Vec::new() },
+        StepState::Waiting {
+            on: vec!["scheduler/place".into(), "network".into()],
+        },
+        StepState::Ready { since: t(1) },
+        StepState::Running {
+            claimed_by: "node-1".into(),
+            since: t(2),
+            attempt: 2,
+            deadline: Some(t(30)),
+        },
+        StepState::Running {
+            claimed_by: "ipam".into(),
+            since: t(2),
+            attempt: 1,
+            deadline: None,
+        },
+        StepState::Done {
+            started: t(2),
+            finished: t(3),
+            attempt: 1,
+            note: Some("node-1".into()),
+        },
+        StepState::Failed {
+            error: "image not found".into(),
+            started: t(2),
+            at: t(4),
+            attempt: 1,
+            next_retry_at: Some(t(5)),
+        },
+        StepState::Failed {
+            error: "no space left".into(),
+            started: t(2),
+            at: t(4),
+            attempt: 2,
+            next_retry_at: None,
+        },
+        StepState::TimedOut {
+            started: t(2),
+            at: t(32),
+            attempt: 3,
+            next_retry_at: Some(t(40)),
+        },
+        StepState::TimedOut {
+            started: t(2),
+            at: t(32),
+            attempt: 3,
+            next_retry_at: None,
+        },
+        StepState::Blocked {
+            dependency: "image".into(),
+            cause: "node/pull-image".into(),
+            at: t(4),
+        },
+    ];
+    for state in states {
+        for (attempts, retry_base, first_started_at) in [(0, 0, None), (3, 1, Some(t(0)))] {
+            let step = StoredStep {
+                state: state.clone(),
+                attempts,
+                retry_base,
+                first_started_at,
+            };
+            let json = serde_json::to_value(&step).expect("serializes");
+            let derived = DerivedStep::deserialize(&json).expect("the derived form decodes");
+            let decoded = StoredStep::deserialize(&json).expect("decodes");
+            assert_eq!(decoded, step, "{json}");
+            assert_eq!(
+                (
+                    decoded.state,
+                    decoded.attempts,
+                    decoded.retry_base,
+                    decoded.first_started_at
+                ),
+                (
+                    derived.state,
+                    derived.attempts,
+                    derived.retry_base,
+                    derived.first_started_at
+                ),
+                "{json}"
+            );
+        }
+    }
+    // Accepted and refused alike: fields it does not know, nulls for
+    // what is optional; a missing field the phase needs, an unknown phase,
+    // no phase, a field of the wrong type.
+    let cases = [
+        (
+            serde_json::json!({"phase": "ready", "since": "2026-01-01T00:00:01Z", "claimedBy": "x", "later": 1}),
+            true,
+        ),
+        (
+            serde_json::json!({"phase": "running", "claimedBy": "x", "since": "2026-01-01T00:00:01Z", "attempt": 1, "deadline": null}),
+            true,
+        ),
+        (serde_json::json!({"phase": "waiting"}), true),
+        (serde_json::json!({"phase": "ready"}), false),
+        (
+            serde_json::json!({"phase": "running", "since": "2026-01-01T00:00:01Z", "attempt": 1}),
+            false,
+        ),
+        (
+            serde_json::json!({"phase": "blocked", "dependency": "a", "at": "2026-01-01T00:00:01Z"}),
+            false,
+        ),
+        (
+            serde_json::json!({"phase": "paused", "since": "2026-01-01T00:00:01Z"}),
+            false,
+        ),
+        (serde_json::json!({"since": "2026-01-01T00:00:01Z"}), false),
+        (
+            serde_json::json!({"phase": "ready", "since": "yesterday"}),
+            false,
+        ),
+        (
+            serde_json::json!({"phase": "done", "started": "2026-01-01T00:00:01Z", "finished": "2026-01-01T00:00:02Z", "attempt": "one"}),
+            false,
+        ),
+    ];
+    for (json, accepted) in cases {
+        let derived = DerivedStep::deserialize(&json).ok();
+        let decoded = StoredStep::deserialize(&json).ok();
+        assert_eq!(derived.is_some(), accepted, "the derived form: {json}");
+        assert_eq!(decoded.is_some(), accepted, "{json}");
+        if let (Some(derived), Some(decoded)) = (derived, decoded) {
+            assert_eq!(decoded.state, derived.state, "{json}");
+        }
+    }
+}
