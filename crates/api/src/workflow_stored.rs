@@ -163,8 +163,9 @@ impl StoredInstance {
     }
 }
 
-/// A stored step's state and its attempts so far. It reads back in one
-/// pass ([`FlatStep`]), as every write reads the running instances.
+/// A stored step's state and its attempts so far. It decodes in one pass
+/// (its own `Deserialize`, below), as every write reads the running
+/// instances.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StoredStep {

@@ -27,7 +27,7 @@ use crate::stored::dehydrate;
 /// each time instead.
 #[derive(Debug, Clone)]
 pub enum Fresh {
-    /// The stored instance and its log at [`REFERENCE`], to stamp.
+    /// The stored instance and its log at a reference time, to stamp.
     Stamped(StoredInstance, Vec<StepLogEntry>),
     /// The definition and the name it is stored under, to instantiate.
     Instantiated(WorkflowDefinition, String),

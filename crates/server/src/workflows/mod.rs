@@ -238,7 +238,8 @@ pub(crate) async fn begin(
     for (index, mut older) in running {
         let began = !older.never_began();
         if !began && older.definition == name {
-            // Nothing of it to hydrate: its line says so of its goal.
+            // Nothing of it happened: the line cancelling it is written
+            // from its stored form, not from it hydrated.
             logs.extend(corral_workflow::cancel_never_began(
                 &definition,
                 &older,
