@@ -236,26 +236,23 @@ pub(crate) async fn begin(
     // the instances that did something out of the kept few.
     let mut idle = Vec::new();
     for (index, mut older) in running {
-        let began = !older.never_began();
-        if !began && older.definition == name {
+        if older.never_began() {
             // Nothing of it happened: the line cancelling it is written
-            // from its stored form, not from it hydrated.
-            logs.extend(corral_workflow::cancel_never_began(
-                &definition,
-                &older,
-                &uid,
-                now,
-                &reason,
-            ));
+            // from its stored form, without hydrating it.
+            match definitions::named(server, &older.definition).await {
+                Ok(its) => logs.extend(corral_workflow::cancel_never_began(
+                    &its, &older, &uid, now, &reason,
+                )),
+                Err(error) => tracing::warn!(object = %object.key(), instance = %older.id,
+                    %error, "cancelled without its definition"),
+            }
             idle.push(index);
             continue;
         }
         match hydrate(server, &older, &uid).await {
             Ok(mut full) => {
                 logs.extend(corral_workflow::cancel(&mut full, now, &reason));
-                if began {
-                    older = corral_workflow::dehydrate(&full, &older.definition);
-                }
+                older = corral_workflow::dehydrate(&full, &older.definition);
             }
             Err(error) => {
                 tracing::warn!(object = %object.key(), instance = %older.id, %error,
@@ -265,12 +262,7 @@ pub(crate) async fn begin(
                 older.steps.clear();
             }
         }
-        // One that leaves is not encoded again only to be removed.
-        if began {
-            kept[index] = encode(&older);
-        } else {
-            idle.push(index);
-        }
+        kept[index] = encode(&older);
     }
     // `running` lists instances oldest first: removed newest first, each
     // index still names its instance.
